@@ -15,7 +15,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from vllmfit import catalog, memory
+from vllmfit.core import memory
+from vllmfit.sources import catalog
 
 GIB = 1 << 30
 ROOT = Path(__file__).resolve().parents[1]

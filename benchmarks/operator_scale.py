@@ -106,7 +106,8 @@ def deployments(n: int, rnd: random.Random) -> list[dict[str, Any]]:
 
 
 def budget_of(product: str) -> int:
-    from vllmfit import catalog, memory
+    from vllmfit.core import memory
+    from vllmfit.sources import catalog
 
     return memory.budget_bytes(catalog.gpu_for_label(product, None).cuda_total_bytes)
 

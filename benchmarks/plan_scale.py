@@ -28,8 +28,9 @@ import resource
 import statistics
 import time
 
-from vllmfit import catalog, defaults, placement
-from vllmfit.api import VLLMDeploymentSpec
+from vllmfit.core import defaults, placement
+from vllmfit.core.api import VLLMDeploymentSpec
+from vllmfit.sources import catalog
 
 PRODUCTS = (
     ("NVIDIA-H100-80GB-HBM3", 4, "large"),

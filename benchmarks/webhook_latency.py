@@ -35,8 +35,9 @@ sys.path.insert(0, str(ROOT / "tests" / "webhook"))
 
 from webhook_harness import FakeStore, Harness, admission_review, gfd_node, vllmd
 
-from vllmfit import catalog, placement
+from vllmfit.core import placement
 from vllmfit.operator import webhook
+from vllmfit.sources import catalog
 
 MIX = [
     {"model": "meta-llama/Llama-3.1-8B-Instruct", "maxModelLen": 8192, "maxNumSeqs": 16},

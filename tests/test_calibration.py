@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from vllmfit import catalog, memory
+from vllmfit.core import memory
+from vllmfit.sources import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
 CAL = ROOT.parent / "shared" / "calibration" / "vllm_startup_logs.jsonl"

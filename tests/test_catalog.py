@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from vllmfit import catalog
-from vllmfit.defaults import MIB
-from vllmfit.modelarch import count_params
+from vllmfit.core.defaults import MIB
+from vllmfit.core.modelarch import count_params
+from vllmfit.sources import catalog
 
 RAW_MODELS = catalog._load_yaml("models.yaml")
 RAW_GPUS = catalog._load_yaml("gpus.yaml")

@@ -18,7 +18,8 @@ import jsonschema
 import pytest
 import yaml
 
-from vllmfit import api, crdgen
+from vllmfit.cli import crdgen
+from vllmfit.core import api
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = crdgen.render_crd()
@@ -36,7 +37,7 @@ def test_committed_crd_is_up_to_date(directory, name):
     path = ROOT / directory / name
     assert path.is_file(), f"{path.relative_to(ROOT)} is missing: run `make crds`"
     assert path.read_text() == RENDERED[name], (
-        f"{path.relative_to(ROOT)} differs from what operator/vllmfit/api.py generates: run `make crds`"
+        f"{path.relative_to(ROOT)} differs from what operator/vllmfit/core/api.py generates: run `make crds`"
     )
 
 

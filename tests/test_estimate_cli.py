@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from vllmfit import cli
+from vllmfit import main as cli
 
 LLAMA8 = "meta-llama/Llama-3.1-8B-Instruct"
 

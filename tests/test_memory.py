@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllmfit import catalog, defaults, memory
-from vllmfit.memory import Settings
+from vllmfit.core import defaults, memory
+from vllmfit.core.memory import Settings
+from vllmfit.sources import catalog
 
 GIB = 1 << 30
 H100_T = 85_031_714_816  # cudaMemGetInfo total of an H100 80GB HBM3 (79.19 GiB in the calibration logs)
@@ -247,7 +248,7 @@ def test_fp8_kv_halves_kv_bytes_per_token(name, tp):
 @given(st.sampled_from(MODELS), st.sampled_from([1024, 8192, 32768]), st.integers(1, 64),
        st.floats(16, 200), st.floats(1, 100))
 def test_a_larger_gpu_never_turns_a_fit_into_a_misfit(name, length, seqs, gib, extra_gib):
-    from vllmfit.modelarch import GpuType
+    from vllmfit.core.modelarch import GpuType
 
     m = catalog.model(name)
     s = Settings(max_model_len=min(length, m.max_model_len), max_num_seqs=seqs)

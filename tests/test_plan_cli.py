@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vllmfit import cli
+from vllmfit import main as cli
 
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "cluster.yaml")
 GIB = 1 << 30

@@ -1,5 +1,5 @@
 import sys
 
-from vllmfit.cli import main
+from vllmfit.main import main
 
 sys.exit(main())

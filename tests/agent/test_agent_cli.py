@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from agent_fakes import FakeCoreV1Api, scenario
 
-from vllmfit import agent, cli
-from vllmfit.api import GpuInventory
+from vllmfit import main as cli
+from vllmfit.agent import main as agent_main
+from vllmfit.agent import nvml as agent_nvml
+from vllmfit.core.api import GpuInventory
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,8 +54,8 @@ def test_once_json_without_driver_subprocess():
 @pytest.fixture
 def fake_collect(tmp_path, monkeypatch):
     fake = scenario(tmp_path)
-    real = agent.collect
-    monkeypatch.setattr(agent, "collect", lambda *a, **k: real(fake, tmp_path))
+    real = agent_nvml.collect
+    monkeypatch.setattr(agent_main, "collect", lambda *a, **k: real(fake, tmp_path))
     return fake
 
 
@@ -80,7 +82,7 @@ def test_once_table(fake_collect, capsys, monkeypatch):
 
 def test_once_publish(fake_collect, monkeypatch, capsys):
     api = FakeCoreV1Api()
-    monkeypatch.setattr(agent, "core_v1_api", lambda: api)
+    monkeypatch.setattr(agent_main, "core_v1_api", lambda: api)
     monkeypatch.setenv("NODE_NAME", "gpu-node-7")
     assert cli.main(["agent", "--once", "--publish", "--output", "json"]) == 0
     [(name, body, _)] = api.calls
@@ -119,7 +121,7 @@ def test_collect_matches_nvidia_smi():
         timeout=60,
     ).stdout
     smi = [[c.strip() for c in line.split(",")] for line in out.strip().splitlines()]
-    inv = agent.collect()
+    inv = agent_nvml.collect()
     assert inv.nvml is True and len(inv.gpus) == len(smi)
     mib = 1 << 20
     for g, (index, uuid, name, total, used) in zip(inv.gpus, smi, strict=True):

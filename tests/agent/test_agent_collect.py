@@ -1,4 +1,4 @@
-"""vllmfit.agent.collect with FakeNVML and a fake /proc tree; cgroup parsing; the real pynvml here."""
+"""vllmfit.agent_nvml.collect with FakeNVML and a fake /proc tree; cgroup parsing; the real pynvml here."""
 
 from __future__ import annotations
 
@@ -33,8 +33,10 @@ from agent_fakes import (
     scenario,
 )
 
-from vllmfit import agent
-from vllmfit.api import GpuInventory
+from vllmfit.agent import cgroups as agent_cgroups
+from vllmfit.agent import nvml as agent_nvml
+from vllmfit.agent import publish as agent_publish
+from vllmfit.core.api import GpuInventory
 
 NOW = datetime(2025, 3, 4, 5, 6, 7, 891000, tzinfo=UTC)
 
@@ -42,7 +44,7 @@ NOW = datetime(2025, 3, 4, 5, 6, 7, 891000, tzinfo=UTC)
 @pytest.fixture
 def inv(tmp_path):
     fake = scenario(tmp_path)
-    out = agent.collect(nvml=fake, proc_root=tmp_path, now=NOW)
+    out = agent_nvml.collect(nvml=fake, proc_root=tmp_path, now=NOW)
     assert fake.init_calls == 1 and fake.shutdown_calls == 1 and not fake.initialized
     return out
 
@@ -102,7 +104,7 @@ def test_process_listing_not_supported(inv):
 
 
 def test_json_round_trip(inv):
-    text = agent.to_json(inv)
+    text = agent_publish.to_json(inv)
     assert GpuInventory.model_validate_json(text) == inv
     doc = json.loads(text)
     assert "sampledAt" in doc and "driverVersion" in doc
@@ -119,9 +121,9 @@ def test_json_round_trip(inv):
 def test_memory_v1_fallback_when_no_v2(tmp_path):
     gpu = FakeGpu("GPU-x", "Tesla T4", 15 * GIB, used=2 * GIB, reserved=300 * MIB, mig_slots=None)
     old = FakeNVML([gpu], memory_v2=False)
-    assert agent.collect(old, tmp_path, NOW).gpus[0].used_bytes == 2 * GIB + 300 * MIB
+    assert agent_nvml.collect(old, tmp_path, NOW).gpus[0].used_bytes == 2 * GIB + 300 * MIB
     gpu.fail["nvmlDeviceGetMemoryInfo_v2"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
-    g = agent.collect(FakeNVML([gpu]), tmp_path, NOW).gpus[0]
+    g = agent_nvml.collect(FakeNVML([gpu]), tmp_path, NOW).gpus[0]
     assert (g.used_bytes, g.error, g.mig_enabled) == (2 * GIB + 300 * MIB, None, False)
 
 
@@ -134,14 +136,14 @@ def test_memory_v1_fallback_when_no_v2(tmp_path):
     ],
 )
 def test_init_failure_gives_no_nvml_inventory(tmp_path, code, reason):
-    inv = agent.collect(FakeNVML([], init_error=code), tmp_path, NOW)
+    inv = agent_nvml.collect(FakeNVML([], init_error=code), tmp_path, NOW)
     assert (inv.nvml, inv.gpus, inv.error) == (False, [], f"NVML not available: {reason}")
-    assert agent.no_nvml_reason(inv) == reason
+    assert agent_nvml.no_nvml_reason(inv) == reason
 
 
 def test_device_count_failure(tmp_path):
     fake = FakeNVML([], count_error=pynvml.NVML_ERROR_UNKNOWN)
-    inv = agent.collect(fake, tmp_path, NOW)
+    inv = agent_nvml.collect(fake, tmp_path, NOW)
     assert (inv.nvml, inv.gpus, inv.error) == (True, [], "device count: Unknown Error")
     assert fake.shutdown_calls == 1
 
@@ -161,7 +163,7 @@ def test_other_per_call_errors(tmp_path):
         FakeGpu("GPU-d", "NVIDIA L4", 24 * GIB, 1 * GIB, fail={"nvmlDeviceGetMemoryInfo": no_perm}),
         FakeGpu("GPU-e", "NVIDIA L4", 24 * GIB, 1 * GIB, procs=[FakeProc(9, 1 * GIB)], mig_slots=[]),
     ]
-    inv = agent.collect(FakeNVML(gpus), tmp_path, NOW)
+    inv = agent_nvml.collect(FakeNVML(gpus), tmp_path, NOW)
     assert [(g.uuid, g.product, g.total_bytes, g.error) for g in inv.gpus] == [
         ("", "", 0, "handle: GPU is lost"),
         ("GPU-b", "", 24 * GIB, "name: Insufficient Permissions"),
@@ -183,7 +185,7 @@ def test_mig_slot_errors(tmp_path):
         fail={"nvmlDeviceGetComputeRunningProcesses": pynvml.NVML_ERROR_NO_PERMISSION},
     )
     gpu = FakeGpu("GPU-m", "NVIDIA H100 80GB HBM3", H100_TOTAL, 0, mig_enabled=True, mig_slots=[None, bad])
-    g = agent.collect(FakeNVML([gpu]), tmp_path, NOW).gpus[0]
+    g = agent_nvml.collect(FakeNVML([gpu]), tmp_path, NOW).gpus[0]
     assert [(m.index, m.profile, m.total_bytes) for m in g.mig_devices] == [(1, "1g.10gb", 10 * GIB)]
     assert g.error == "mig 1 processes: Insufficient Permissions"
 
@@ -224,11 +226,11 @@ _C = "0123456789abcdef" * 4
     ],
 )
 def test_parse_cgroup(text, expected):
-    assert agent.parse_cgroup(text) == expected
+    assert agent_cgroups.parse_cgroup(text) == expected
 
 
 def test_pod_of_pid_unreadable(tmp_path):
-    assert agent.pod_of_pid(424242, tmp_path) == (None, None)
+    assert agent_cgroups.pod_of_pid(424242, tmp_path) == (None, None)
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has an NVIDIA driver")
@@ -240,7 +242,7 @@ def test_real_pynvml_without_driver_gives_clean_inventory():
     else:  # pragma: no cover - a driver without nvidia-smi
         pynvml.nvmlShutdown()
         pytest.skip("NVML initialises on this machine")
-    inv = agent.collect(now=NOW)
+    inv = agent_nvml.collect(now=NOW)
     assert (inv.nvml, inv.gpus) == (False, [])
     assert inv.error == f"NVML not available: {expected}"
     assert "NVML" in expected or "Driver" in expected

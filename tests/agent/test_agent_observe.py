@@ -1,4 +1,4 @@
-"""vllmfit.observe: attribution arithmetic against hand-computed numbers, unit indices, staleness, drift."""
+"""vllmfit.core.observe: attribution arithmetic against hand-computed numbers, unit indices, staleness, drift."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from agent_fakes import GIB, MIB, MIG0, POD_A, POD_B, POD_C, POD_D, UUID0, VLLMFIT_PODS, scenario
 
-from vllmfit import agent, observe
-from vllmfit.api import GpuInventory, InventoryGpu, InventoryMigDevice, InventoryProcess
+from vllmfit.agent import nvml as agent_nvml
+from vllmfit.core import observe
+from vllmfit.core.api import GpuInventory, InventoryGpu, InventoryMigDevice, InventoryProcess
 
 NOW = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
 
@@ -67,7 +68,7 @@ def test_attribute_hand_built_inventory():
 
 
 def test_attribute_collected_scenario(tmp_path):
-    inv = agent.collect(scenario(tmp_path), tmp_path, NOW)
+    inv = agent_nvml.collect(scenario(tmp_path), tmp_path, NOW)
     a = observe.attribute(inv, VLLMFIT_PODS)
     # GPU 0 (H100): used 52.25 GiB; ns/llama = 40 GiB (pid 1001) + 0 (pid 1004, unknown bytes);
     # foreign processes = 10 (POD_B) + 1 (host) + 0.5 (exited pid) = 11.5 GiB;

@@ -12,8 +12,9 @@ import urllib.request
 import pytest
 from agent_fakes import GIB, MIB, FakeCoreV1Api, FakeGpu, FakeNVML, FakeProc, scenario
 
-from vllmfit import agent
-from vllmfit.api import GpuInventory, InventoryGpu
+from vllmfit.agent import main as agent_main
+from vllmfit.agent import publish as agent_publish
+from vllmfit.core.api import GpuInventory, InventoryGpu
 
 ANNOTATION = "vllmfit.dev/gpu-inventory"  # written out: the test must not take it from the code under test
 
@@ -34,7 +35,7 @@ class Clock:
 def test_publish_is_a_merge_patch_of_only_the_annotation():
     api = FakeCoreV1Api()
     inv = _inv()
-    agent.publish(inv, "node-a", api)
+    agent_publish.publish(inv, "node-a", api)
     [(name, body, kwargs)] = api.calls
     assert name == "node-a"
     assert list(body) == ["metadata"] and list(body["metadata"]) == ["annotations"]
@@ -47,18 +48,18 @@ def test_publish_is_a_merge_patch_of_only_the_annotation():
 
 def test_changed_ignores_sampled_at_and_jitter():
     base = _inv()
-    assert agent.changed(None, base)
-    assert not agent.changed(base, _inv(sampled_at="2025-01-01T00:00:29Z"))
-    assert not agent.changed(base, _inv(used=10 * GIB + 63 * MIB))
-    assert not agent.changed(base, _inv(used=10 * GIB - 63 * MIB))
-    assert agent.changed(base, _inv(used=10 * GIB + 64 * MIB))
-    assert agent.changed(base, _inv(product="other"))
-    assert agent.changed(base, _inv(nvml=False))
+    assert agent_publish.changed(None, base)
+    assert not agent_publish.changed(base, _inv(sampled_at="2025-01-01T00:00:29Z"))
+    assert not agent_publish.changed(base, _inv(used=10 * GIB + 63 * MIB))
+    assert not agent_publish.changed(base, _inv(used=10 * GIB - 63 * MIB))
+    assert agent_publish.changed(base, _inv(used=10 * GIB + 64 * MIB))
+    assert agent_publish.changed(base, _inv(product="other"))
+    assert agent_publish.changed(base, _inv(nvml=False))
 
 
 def test_publisher_on_change_and_every_30s():
     api, clock = FakeCoreV1Api(), Clock()
-    pub = agent.Publisher(api, "node-a", clock=clock)
+    pub = agent_publish.Publisher(api, "node-a", clock=clock)
     assert pub.offer(_inv()) is True  # first sample
     clock.t += 10
     assert pub.offer(_inv(used=10 * GIB + 10 * MIB, sampled_at="2025-01-01T00:00:10Z")) is False  # jitter
@@ -75,7 +76,7 @@ def test_publisher_on_change_and_every_30s():
 
 def test_publisher_drift_accumulates_against_last_published():
     api, clock = FakeCoreV1Api(), Clock()
-    pub = agent.Publisher(api, "n", clock=clock)
+    pub = agent_publish.Publisher(api, "n", clock=clock)
     pub.offer(_inv(used=0))
     published = [pub.offer(_inv(used=k * 40 * MIB)) for k in range(1, 4)]  # 40, 80, 120 MiB
     assert published == [False, True, False]  # 80 MiB >= 64 MiB from 0; 120 is 40 from 80
@@ -83,7 +84,7 @@ def test_publisher_drift_accumulates_against_last_published():
 
 def test_publisher_retries_after_api_error(caplog):
     api, clock = FakeCoreV1Api(fail=1), Clock()
-    pub = agent.Publisher(api, "n", clock=clock)
+    pub = agent_publish.Publisher(api, "n", clock=clock)
     assert pub.offer(_inv()) is False and pub.failures == 1
     assert "cannot patch node n: connection refused" in caplog.text
     assert pub.offer(_inv()) is True and len(api.calls) == 1
@@ -91,7 +92,7 @@ def test_publisher_retries_after_api_error(caplog):
 
 def test_health_status():
     clock = Clock()
-    h = agent.Health(window_s=60, clock=clock)
+    h = agent_main.Health(window_s=60, clock=clock)
     assert h.status() == (503, "no NVML: no NVML sample yet\n")
     h.mark(GpuInventory(sampled_at="x", nvml=False, error="NVML not available: Driver Not Loaded"))
     assert h.status() == (503, "no NVML: Driver Not Loaded\n")
@@ -104,7 +105,7 @@ def test_health_status():
 
 def test_liveness_ignores_nvml_but_not_a_stuck_loop():
     clock = Clock()
-    h = agent.Health(window_s=60, clock=clock, live_window_s=150)
+    h = agent_main.Health(window_s=60, clock=clock, live_window_s=150)
     h.mark(GpuInventory(sampled_at="x", nvml=False, error="NVML not available: Driver Not Loaded"))
     clock.t += 150
     assert h.liveness() == (200, "ok\n") and h.status()[0] == 503  # unready, but alive: no restarts
@@ -116,8 +117,8 @@ def test_liveness_ignores_nvml_but_not_a_stuck_loop():
 
 def test_health_http_endpoint():
     clock = Clock()
-    h = agent.Health(window_s=60, clock=clock)
-    server = agent.serve_health(h, 0, host="127.0.0.1")
+    h = agent_main.Health(window_s=60, clock=clock)
+    server = agent_main.serve_health(h, 0, host="127.0.0.1")
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         with pytest.raises(urllib.error.HTTPError) as e:
@@ -138,7 +139,7 @@ def test_health_http_endpoint():
 
 def test_run_once_publishes_one_sample(tmp_path):
     api = FakeCoreV1Api()
-    assert agent.run("node-a", 30, once=True, nvml=scenario(tmp_path), proc_root=tmp_path, api=api) == 0
+    assert agent_main.run("node-a", 30, once=True, nvml=scenario(tmp_path), proc_root=tmp_path, api=api) == 0
     [(name, body, _)] = api.calls
     inv = GpuInventory.model_validate_json(body["metadata"]["annotations"][ANNOTATION])
     assert name == "node-a" and len(inv.gpus) == 4 and inv.gpus[0].processes[0].pid == 1001
@@ -148,7 +149,7 @@ def test_run_without_nvml_keeps_publishing_nvml_false(tmp_path):
     api, stop = FakeCoreV1Api(), threading.Event()
     fake = FakeNVML([], init_error=12)
     t = threading.Thread(
-        target=agent.run, args=("n", 0.005), kwargs={"nvml": fake, "api": api, "stop": stop, "refresh_s": 0.0}
+        target=agent_main.run, args=("n", 0.005), kwargs={"nvml": fake, "api": api, "stop": stop, "refresh_s": 0.0}
     )
     t.start()
     while fake.init_calls < 3 and t.is_alive():
@@ -172,14 +173,14 @@ def test_run_stops_cleanly_on_sigterm(tmp_path):
     api = KillingApi()
     gpu = FakeGpu("GPU-0", "NVIDIA L4", 24 * GIB, 1 * GIB, procs=[FakeProc(7, GIB)])
     before = signal.getsignal(signal.SIGTERM)
-    assert agent.run("n", 0.001, nvml=FakeNVML([gpu]), proc_root=tmp_path, api=api, refresh_s=0.0) == 0
+    assert agent_main.run("n", 0.001, nvml=FakeNVML([gpu]), proc_root=tmp_path, api=api, refresh_s=0.0) == 0
     assert signal.getsignal(signal.SIGTERM) is before  # handler restored
     assert len(api.calls) == 2  # stopped right after the signal
 
 
 def test_run_rejects_bad_interval():
     with pytest.raises(ValueError):
-        agent.run("n", 0, api=FakeCoreV1Api())
+        agent_main.run("n", 0, api=FakeCoreV1Api())
 
 
 def test_publish_through_the_real_kubernetes_client(monkeypatch):
@@ -198,7 +199,7 @@ def test_publish_through_the_real_kubernetes_client(monkeypatch):
 
     monkeypatch.setattr(api.api_client, "call_api", call_api)
     with pytest.raises(Sent):
-        agent.publish(_inv(), "gpu-node-1", api)
+        agent_publish.publish(_inv(), "gpu-node-1", api)
     assert sent["method"] == "PATCH" and sent["url"].endswith("/api/v1/nodes/gpu-node-1")
     assert sent["headers"]["Content-Type"] == "application/merge-patch+json"
     assert list(sent["body"]["metadata"]["annotations"]) == [ANNOTATION]

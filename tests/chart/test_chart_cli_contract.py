@@ -9,7 +9,7 @@ from .conftest import VALUE_SETS, pod_specs
 
 
 def _parser():
-    from vllmfit import cli
+    from vllmfit import main as cli
 
     parser = cli.build_parser()
     commands = next(a for a in parser._actions if a.dest == "command").choices

@@ -516,7 +516,7 @@ def test_chart_crds_equal_repository_crds():
 
 
 def test_rendered_crd_is_the_generated_one(render):
-    from vllmfit import crdgen
+    from vllmfit.cli import crdgen
 
     crd = one(render(), "CustomResourceDefinition", "vllmdeployments.vllmfit.dev")
     assert crd == crdgen.render_crd()

@@ -22,7 +22,7 @@ import kopf
 import pytest
 from kubernetes_asyncio import client
 
-from vllmfit import api, placement
+from vllmfit.core import api, placement
 from vllmfit.operator import handlers  # registers the handlers in Kopf's default registry
 from vllmfit.operator.state import get_store
 
@@ -268,6 +268,6 @@ def used_from_statuses(statuses: list[dict[str, Any]]) -> dict[tuple[str, int], 
 
 
 def budget(product: str = H100) -> int:
-    from vllmfit import catalog
+    from vllmfit.sources import catalog
 
     return placement.GpuSlot("n", 0, catalog.gpu(product)).budget_bytes

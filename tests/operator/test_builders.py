@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 
-from vllmfit import api, catalog, defaults, placement
-from vllmfit.memory import Footprint
-from vllmfit.operator import builders
-from vllmfit.operator.state import Record
+from vllmfit.core import api, defaults, placement
+from vllmfit.core.memory import Footprint
+from vllmfit.operator import builders, report
+from vllmfit.operator.record import Record
+from vllmfit.sources import catalog
 
 GIB = 1 << 30
 H100 = catalog.gpu("NVIDIA-H100-80GB-HBM3")
@@ -206,17 +207,17 @@ def test_headroom_counts_every_neighbour_on_the_gpu() -> None:
     ledger.restore("ns/a", [placement.Booking("ns/a", 0, "gpu-a", 0, fp(20))])
     ledger.restore("ns/b", [placement.Booking("ns/b", 0, "gpu-a", 0, fp(30))])
     budget = int(0.90 * H100.cuda_total_bytes) - 2 * GIB  # ADR-0002, computed here
-    [g] = builders.gpu_headroom(ledger, "ns/a")
+    [g] = report.gpu_headroom(ledger, "ns/a")
     assert (g.budget_bytes, g.used_bytes, g.headroom_bytes) == (budget, 50 * GIB, budget - 50 * GIB)
-    assert builders.headroom_text([g]) == f"{(budget - 50 * GIB) / GIB:.1f} GiB"
+    assert report.headroom_text([g]) == f"{(budget - 50 * GIB) / GIB:.1f} GiB"
     assert builders.neighbours(ledger, {("gpu-a", 0)}) == {"ns/a", "ns/b"}
 
 
 def test_bookings_survive_a_round_trip_through_the_status() -> None:
     bookings = [placement.Booking("ns/a", 0, "gpu-a", 0, fp(20)), placement.Booking("ns/a", 1, "gpu-a", 1, fp(7))]
-    entries = builders.memory_entries(bookings)
+    entries = report.memory_entries(bookings)
     status = api.VLLMDeploymentStatus(memory=entries)
-    back = builders.bookings_from_status("ns/a", api.VLLMDeploymentStatus.model_validate(
+    back = placement.bookings_from_status("ns/a", api.VLLMDeploymentStatus.model_validate(
         status.model_dump(by_alias=True, mode="json")))
     assert [(b.replica, b.node, b.index, b.footprint.total) for b in back] == [
         (0, "gpu-a", 0, 20 * GIB), (1, "gpu-a", 1, 7 * GIB)]
@@ -229,8 +230,8 @@ def test_status_of_an_admitted_deployment() -> None:
     ledger.restore("team-a/other", [placement.Booking("team-a/other", 0, "gpu-a", 1, fp(10))])
     rec = Record("team-a/llama", {}, ("", "team-a/llama"), generation=3, observed_generation=3, admitted=True,
                  outcome="Admitted", placement=[replica([UUIDS[1]], (1,))], flags=FLAGS, vllm_version="0.33")
-    rec.conditions = builders.set_condition([], "Ready", "True", "Serving", "1/1 replica ready", "t0", 3)
-    st = builders.status(rec, ledger)
+    rec.conditions = report.set_condition([], "Ready", "True", "Serving", "1/1 replica ready", "t0", 3)
+    st = report.status(rec, ledger)
     budget = int(0.90 * H100.cuda_total_bytes) - defaults.RESERVE_BYTES
     assert st["phase"] == "Running"
     assert (st["node"], st["gpuList"], st["observedGeneration"]) == ("gpu-a", "1", 3)
@@ -244,7 +245,7 @@ def test_status_of_an_admitted_deployment() -> None:
 def test_status_of_an_unschedulable_deployment_clears_its_placement() -> None:
     rec = Record("ns/x", {}, ("", "ns/x"), outcome="Unschedulable", reasons=["gpu-a: GPU 0 needs 90 GiB"],
                  suggestions=["maxModelLen: 8192"], placement=[replica()], flags=FLAGS)
-    st = builders.status(rec, placement.Ledger([h100_node()]))
+    st = report.status(rec, placement.Ledger([h100_node()]))
     assert st["phase"] == "Unschedulable"
     assert st["node"] is None and st["gpuList"] is None and st["flags"] is None and st["headroom"] is None
     assert st["placement"] == [] and st["memory"] == [] and st["gpus"] == []
@@ -253,17 +254,17 @@ def test_status_of_an_unschedulable_deployment_clears_its_placement() -> None:
 
 def test_failed_pods_make_an_admitted_deployment_failed() -> None:
     rec = Record("ns/x", {}, ("", "ns/x"), admitted=True, failed=True, placement=[replica()], flags=FLAGS)
-    assert builders.phase(rec) == "Failed"
+    assert report.phase(rec) == "Failed"
 
 
 def test_conditions_move_their_transition_time_only_when_status_changes() -> None:
-    c = builders.set_condition([], "Admitted", "False", "Unschedulable", "no room", "t1", 1)
-    c = builders.set_condition(c, "Admitted", "False", "Rejected", "bad spec", "t2", 2)
+    c = report.set_condition([], "Admitted", "False", "Unschedulable", "no room", "t1", 1)
+    c = report.set_condition(c, "Admitted", "False", "Rejected", "bad spec", "t2", 2)
     [a] = c
     assert (a.status, a.reason, a.message, a.last_transition_time, a.observed_generation) == (
         "False", "Rejected", "bad spec", "t1", 2)
-    c = builders.set_condition(c, "Admitted", "True", "Admitted", "ok", "t3", 3)
+    c = report.set_condition(c, "Admitted", "True", "Admitted", "ok", "t3", 3)
     assert c[0].last_transition_time == "t3"
-    c = builders.set_condition(c, "Ready", "False", "Pending", "", "t4")
-    c = builders.set_condition(c, "Placed", "True", "Placed", "", "t4")
+    c = report.set_condition(c, "Ready", "False", "Pending", "", "t4")
+    c = report.set_condition(c, "Placed", "True", "Placed", "", "t4")
     assert [x.type for x in c] == ["Admitted", "Placed", "Ready"]

@@ -1,4 +1,4 @@
-"""vllmfit.hub against a local Hub (http.server on 127.0.0.1, HF_ENDPOINT pointed at it)."""
+"""vllmfit.sources.hub against a local Hub (http.server on 127.0.0.1, HF_ENDPOINT pointed at it)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import pytest
 from hubserver import HubServer
 from huggingface_hub import constants
 
-from vllmfit import api, hub, modelarch
-from vllmfit.operator.state import ModelResolutionError, Store
+from vllmfit.core import api, modelarch
+from vllmfit.operator.record import ModelResolutionError
+from vllmfit.operator.state import Store
+from vllmfit.sources import hub
 
 CONFIG: dict[str, Any] = {
     "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "num_hidden_layers": 24, "hidden_size": 896,

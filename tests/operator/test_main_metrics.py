@@ -11,9 +11,10 @@ from opkit import H100, Cluster, Operator, node, vd
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllmfit import catalog, cli
+from vllmfit import main as cli
 from vllmfit.operator import main
 from vllmfit.operator.state import get_store
+from vllmfit.sources import catalog
 
 GIB = 1 << 30
 BUDGET = int(0.90 * catalog.gpu(H100).cuda_total_bytes) - 2 * GIB
@@ -101,7 +102,7 @@ def test_kopf_run_module_serves_the_operator() -> None:
     from kubernetes_asyncio import client
     from opkit import VD, Emulator
 
-    from vllmfit import api
+    from vllmfit.core import api
 
     loop = asyncio.new_event_loop()
     started, stop = threading.Event(), asyncio.Event()

@@ -9,9 +9,10 @@ from typing import Any
 import kmock
 from opkit import DEPLOYMENTS, H100, SERVICES, VD, Cluster, Operator, node, used_from_statuses, vd
 
-from vllmfit import api, catalog, defaults
-from vllmfit.operator import handlers
+from vllmfit.core import api, defaults
+from vllmfit.operator import handlers, report
 from vllmfit.operator.state import get_store
+from vllmfit.sources import catalog
 
 GIB = 1 << 30
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
@@ -432,8 +433,7 @@ async def test_a_status_written_by_the_previous_active_replica_is_booked_not_dou
         cluster: Cluster, operator: Operator) -> None:
     """Fail-over: the object was admitted by a peer (its handling annotation and its status are
     there); this operator never saw it being created, and must still count its GPU memory."""
-    from vllmfit import placement as pl
-    from vllmfit.operator import builders
+    from vllmfit.core import placement as pl
     from vllmfit.operator.state import Store
 
     await cluster.create(node("gpu-a", gpus=1))
@@ -443,7 +443,7 @@ async def test_a_status_written_by_the_previous_active_replica_is_booked_not_dou
     rec = peer.upsert(obj)
     req = await peer.request_for(handlers.parse(obj))
     handlers.apply_decision(peer, rec, req, pl.decide(peer.ledger, req), handlers.Effects())
-    obj["status"] = builders.status(rec, peer.ledger)
+    obj["status"] = report.status(rec, peer.ledger)
     obj["metadata"]["annotations"] = {"vllmfit.dev/last-handled-configuration": json.dumps(
         {"spec": obj["spec"], "metadata": {}})}
     obj["metadata"]["finalizers"] = ["vllmfit.dev/finalizer"]

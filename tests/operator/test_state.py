@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
-from vllmfit import api, catalog, placement
-from vllmfit.operator import builders, handlers
-from vllmfit.operator.state import ModelResolutionError, Store, pruned, record_from_object
+from vllmfit.core import api, placement
+from vllmfit.operator import handlers, report
+from vllmfit.operator.record import ModelResolutionError, pruned, record_from_object
+from vllmfit.operator.state import Store
+from vllmfit.sources import catalog
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
@@ -68,7 +70,7 @@ def admitted_status(store: Store, name: str, **spec: Any) -> dict[str, Any]:
     rec = store.upsert(body(name, **spec))
     fx = handlers.Effects()
     handlers.apply_decision(store, rec, req, d, fx)
-    return builders.status(rec, store.ledger)
+    return report.status(rec, store.ledger)
 
 
 def test_rebuild_restores_the_same_ledger_from_statuses_and_nodes() -> None:
@@ -113,7 +115,7 @@ def test_an_update_that_does_not_fit_keeps_the_admitted_spec() -> None:
     req = placement.request_from_object(big, catalog.model(QWEN7))
     fx = handlers.Effects()
     handlers.apply_decision(store, rec, req, placement.decide(store.ledger, req), fx)
-    st = builders.status(rec, store.ledger)
+    st = report.status(rec, store.ledger)
     assert st["phase"] == "Admitted" and st["flags"] == flags.model_dump(by_alias=True, mode="json")
     assert store.ledger.bookings_of("ns/x") == before
     admitted = next(c for c in st["conditions"] if c["type"] == "Admitted")

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from vllmfit import catalog, memory, placement
-from vllmfit.api import VLLMDeploymentSpec
-from vllmfit.defaults import GIB
-from vllmfit.modelarch import GpuType
+from vllmfit.core import memory, placement
+from vllmfit.core.api import VLLMDeploymentSpec
+from vllmfit.core.defaults import GIB
+from vllmfit.core.modelarch import GpuType
+from vllmfit.sources import catalog
 
 H100 = catalog.gpu("NVIDIA-H100-80GB-HBM3")
 A100_40 = catalog.gpu("NVIDIA-A100-SXM4-40GB")

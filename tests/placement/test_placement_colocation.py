@@ -22,7 +22,7 @@ from placement_fakes import (
     start_order_ok,
 )
 
-from vllmfit import placement
+from vllmfit.core import placement
 
 
 def _procs(

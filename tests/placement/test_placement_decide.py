@@ -8,8 +8,9 @@ import re
 import pytest
 from placement_fakes import A100_40, H100, L4, LLAMA_8B, QWEN_05B, check_invariant, node, request
 
-from vllmfit import catalog, defaults, memory, placement
-from vllmfit.api import GpuInventory, InventoryGpu, InventoryMigDevice, InventoryProcess
+from vllmfit.core import defaults, memory, placement
+from vllmfit.core.api import GpuInventory, InventoryGpu, InventoryMigDevice, InventoryProcess
+from vllmfit.sources import catalog
 
 SMALL = {"maxModelLen": 8192, "maxNumSeqs": 8}
 

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from placement_fakes import A100_40, H100, L4, LLAMA_8B, QWEN_05B, QWEN_7B, check_invariant, node, request
 
-from vllmfit import placement
+from vllmfit.core import placement
+from vllmfit.core.placement import search
 
 GIB = 1 << 30
 TYPES = (H100, A100_40, L4)
@@ -99,8 +100,8 @@ def test_no_gpu_is_ever_over_budget(cluster: list, ops: list) -> None:
             s = placement.settings_from_spec(req.spec)
             if not req.spec.placement.node_selector and len(ledger.nodes) and d.phase != "Rejected":
                 for spread in (False, True):
-                    fast = placement._search(ledger, req, s, None, spread)
-                    scan = placement._search(ledger, req, s, ledger.node_set(ledger.nodes), spread)
+                    fast = search._search(ledger, req, s, None, spread)
+                    scan = search._search(ledger, req, s, ledger.node_set(ledger.nodes), spread)
                     assert fast == scan
             if d.admitted:
                 ledger.book(d)

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 from placement_fakes import H100, L4, LLAMA_8B, QWEN_05B, node, request
 from rich.console import Console
 
-from vllmfit import memory, placement, render
+from vllmfit.cli import render
+from vllmfit.core import memory, placement
 
 
 @given(st.lists(st.integers(0, 10**12), min_size=1, max_size=12), st.integers(1, 200))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from placement_fakes import H100, LLAMA_8B, QWEN_05B, check_invariant, node, request
 
-from vllmfit import placement
+from vllmfit.core import placement
 
 SMALL = {"maxModelLen": 8192, "maxNumSeqs": 8}
 

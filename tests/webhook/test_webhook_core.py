@@ -16,10 +16,11 @@ import pytest
 import yaml
 from webhook_harness import H100, gfd_node
 
-from vllmfit import api, catalog, memory, placement
-from vllmfit.defaults import GIB
-from vllmfit.memory import fmt_gib
+from vllmfit.core import api, memory, placement
+from vllmfit.core.defaults import GIB
+from vllmfit.core.memory import fmt_gib
 from vllmfit.operator import webhook
+from vllmfit.sources import catalog
 
 MODEL_8B = "meta-llama/Llama-3.1-8B-Instruct"
 

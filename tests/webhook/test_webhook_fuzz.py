@@ -23,8 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from webhook_harness import FUZZ_COUNTS, FakeStore, Harness, admission_review, gfd_node
 
-from vllmfit import api, catalog
+from vllmfit.core import api
 from vllmfit.operator import webhook
+from vllmfit.sources import catalog
 
 EXAMPLES = int(os.environ.get("VLLMFIT_FUZZ_EXAMPLES", "300"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,

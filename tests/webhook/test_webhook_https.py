@@ -23,10 +23,11 @@ import pytest
 import yaml
 from webhook_harness import H100, FakeStore, Harness, admission_review, gfd_node, parser, vllmd
 
-from vllmfit import api, catalog, memory, placement
-from vllmfit.defaults import GIB
-from vllmfit.memory import fmt_gib
+from vllmfit.core import api, memory, placement
+from vllmfit.core.defaults import GIB
+from vllmfit.core.memory import fmt_gib
 from vllmfit.operator import certs, webhook
+from vllmfit.sources import catalog
 
 MODEL_8B = "meta-llama/Llama-3.1-8B-Instruct"
 CRD = Path(__file__).resolve().parents[2] / "crds" / "vllmdeployments.vllmfit.dev.yaml"

@@ -23,8 +23,9 @@ import kmock
 import kopf
 from kubernetes_asyncio import client as kclient
 
-from vllmfit import api, catalog, placement
+from vllmfit.core import api, placement
 from vllmfit.operator import certs, webhook
+from vllmfit.sources import catalog
 
 RESOURCE = f"{api.GROUP}/{api.VERSION}/{api.PLURAL}"
 VWC = "admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
@@ -37,7 +38,7 @@ H100 = "NVIDIA-H100-80GB-HBM3"
 
 
 class ModelResolutionError(LookupError):
-    """The test double's stand-in for vllmfit.operator.state.ModelResolutionError."""
+    """The test double's stand-in for vllmfit.operator.record.ModelResolutionError."""
 
 
 def gfd_node(name: str, count: int = 8, product: str = H100) -> dict[str, Any]:

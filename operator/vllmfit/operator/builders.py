@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from vllmfit import api, memory
-from vllmfit.memory import Footprint, fmt_gib
-from vllmfit.placement import Booking, Decision, Ledger
-
-if TYPE_CHECKING:
-    from vllmfit.operator.state import Record
+from vllmfit.backends import binding
+from vllmfit.backends.binding import GPU_RESOURCE
+from vllmfit.core import api, memory
+from vllmfit.core.placement import Ledger
 
 PORT = 8000
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -28,10 +26,6 @@ LABEL_DEPLOYMENT = f"{api.GROUP}/deployment"
 LABEL_REPLICA = f"{api.GROUP}/replica"
 ANNOTATION_PLACEMENT = f"{api.GROUP}/placement"
 ANNOTATION_PINNING = f"{api.GROUP}/pinning"
-PIN_DEVICE_PLUGIN = "device-plugin"
-PIN_VISIBLE_DEVICES = "visible-devices"
-GPU_RESOURCE = "nvidia.com/gpu"
-RUNTIME_CLASS = "nvidia"
 MAX_NAME = 56  # <name>-<replica> must stay a DNS label (63) with room for up to 6 digits
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -163,15 +157,11 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
     resources = {k: dict(v) for k, v in (spec.resources or {}).items() if isinstance(v, dict)}
     for part in resources.values():
         part.pop(GPU_RESOURCE, None)
-    pod: dict[str, Any] = {}
-    if exclusive:
-        resources.setdefault("limits", {})[GPU_RESOURCE] = n_gpus
-    else:
-        uuids = [g.uuid for g in replica.gpus]
-        devices = ",".join(u for u in uuids if u) if all(uuids) else ",".join(str(g.index) for g in replica.gpus)
-        env += [{"name": "NVIDIA_VISIBLE_DEVICES", "value": devices},
-                {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}]
-        pod["runtimeClassName"] = RUNTIME_CLASS
+    gpu = binding.bind(replica, n_gpus, exclusive=exclusive)
+    if gpu.limits:
+        resources.setdefault("limits", {}).update(gpu.limits)
+    env += gpu.env
+    pod: dict[str, Any] = dict(gpu.pod)
     probe = {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 5}
     container = {
         "name": "vllm",
@@ -193,7 +183,6 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
         "containers": [container],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],  # NCCL / TP workers use /dev/shm
     })
-    mode = PIN_DEVICE_PLUGIN if exclusive else PIN_VISIBLE_DEVICES
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -201,7 +190,7 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
             "name": deployment_name(name, replica.replica),
             "namespace": obj.metadata.namespace,
             "labels": pod_labels,
-            "annotations": {ANNOTATION_PLACEMENT: where, ANNOTATION_PINNING: mode},
+            "annotations": {ANNOTATION_PLACEMENT: where, ANNOTATION_PINNING: gpu.mode},
         },
         "spec": {
             "replicas": 1,
@@ -229,62 +218,7 @@ def service(obj: api.VLLMDeployment) -> dict[str, Any]:
     }
 
 
-# --- Decisions -> status parts -----------------------------------------------------------------
-
-
-def placement_from(decision: Decision, ledger: Ledger) -> list[api.ReplicaPlacement]:
-    out = []
-    for r in decision.replicas:
-        gpus = []
-        for i in r.gpus:
-            slot = ledger.slot(r.node, i)
-            gpus.append(api.GpuRef(index=i, uuid=slot.uuid if slot else None,
-                                   product=slot.gpu.product if slot else ""))
-        out.append(api.ReplicaPlacement(replica=r.replica, node=r.node, gpus=gpus))
-    return out
-
-
-def api_flags(flags: memory.Flags | None) -> api.Flags | None:
-    if flags is None:
-        return None
-    return api.Flags(max_model_len=flags.max_model_len, max_num_seqs=flags.max_num_seqs,
-                     gpu_memory_utilization=flags.gpu_memory_utilization,
-                     kv_cache_memory_bytes=flags.kv_cache_memory_bytes,
-                     max_num_batched_tokens=flags.max_num_batched_tokens)
-
-
-def memory_entries(bookings: Iterable[Booking]) -> list[api.GpuMemory]:
-    return [api.GpuMemory(node=b.node, index=b.index, replica=b.replica, weights_bytes=b.footprint.weights,
-                          kv_cache_bytes=b.footprint.kv_cache, activation_bytes=b.footprint.activation,
-                          overhead_bytes=b.footprint.overhead, total_bytes=b.footprint.total)
-            for b in sorted(bookings, key=lambda b: (b.replica, b.node, b.index))]
-
-
-def bookings_from_status(key: str, status: api.VLLMDeploymentStatus) -> list[Booking]:
-    """The ledger entries a status records (operator start-up). Totals are kept exactly: the
-    overhead absorbs any difference between total and the sum of the parts."""
-    out = []
-    for m in status.memory:
-        parts = m.weights_bytes + m.kv_cache_bytes + m.activation_bytes
-        fp = Footprint(weights=m.weights_bytes, kv_cache=m.kv_cache_bytes, activation=m.activation_bytes,
-                       cuda_context=m.total_bytes - parts, non_torch=0, cuda_graphs=0)
-        out.append(Booking(key, m.replica, m.node, m.index, fp))
-    return out
-
-
-def gpu_headroom(ledger: Ledger, key: str) -> list[api.GpuHeadroom]:
-    gpus = sorted({(b.node, b.index) for b in ledger.bookings_of(key)})
-    out = []
-    for node, i in gpus:
-        slot = ledger.slot(node, i)
-        budget = slot.budget_bytes if slot else 0
-        out.append(api.GpuHeadroom(node=node, index=i, budget_bytes=budget, used_bytes=ledger.used_bytes(node, i),
-                                   headroom_bytes=ledger.headroom_bytes(node, i)))
-    return out
-
-
-def headroom_text(gpus: Sequence[api.GpuHeadroom]) -> str | None:
-    return fmt_gib(min(g.headroom_bytes for g in gpus)) if gpus else None
+# --- Ledger queries ----------------------------------------------------------------------------
 
 
 def neighbours(ledger: Ledger, gpus: Iterable[tuple[str, int]]) -> set[str]:
@@ -295,53 +229,3 @@ def gpus_of(ledger: Ledger, key: str) -> set[tuple[str, int]]:
     return {(b.node, b.index) for b in ledger.bookings_of(key)}
 
 
-# --- Conditions and status ---------------------------------------------------------------------
-
-
-def set_condition(conditions: Sequence[api.Condition], type_: str, status: str, reason: str, message: str,
-                  now: str, generation: int | None = None) -> list[api.Condition]:
-    """Replace the condition of `type_`; lastTransitionTime changes only when status does."""
-    old = next((c for c in conditions if c.type == type_), None)
-    since = old.last_transition_time if old is not None and old.status == status else now
-    new = api.Condition(type=type_, status=status, reason=reason, message=message,  # type: ignore[arg-type]
-                        last_transition_time=since, observed_generation=generation)
-    out = [c for c in conditions if c.type != type_] + [new]
-    order = {"Admitted": 0, "Placed": 1, "Ready": 2, "MemoryDrift": 3}
-    return sorted(out, key=lambda c: order.get(c.type, 9))
-
-
-def phase(rec: Record) -> str:
-    if not rec.admitted:
-        return rec.outcome
-    ready = next((c for c in rec.conditions if c.type == "Ready"), None)
-    if rec.failed:
-        return "Failed"
-    if ready is not None and ready.status == "True":
-        return "Running"
-    return "Admitted"
-
-
-def status(rec: Record, ledger: Ledger) -> dict[str, Any]:
-    """The whole status of a VLLMDeployment, as a merge patch (None removes a field)."""
-    gpus = gpu_headroom(ledger, rec.key)
-    placement = rec.placement if rec.admitted else []
-    nodes = list(dict.fromkeys(p.node for p in placement))
-    st = api.VLLMDeploymentStatus(
-        phase=phase(rec),  # type: ignore[arg-type]
-        observed_generation=rec.observed_generation,
-        vllm_version=rec.vllm_version,
-        node=",".join(nodes) or None,
-        gpu_list=";".join(",".join(str(g.index) for g in p.gpus) for p in placement) or None,
-        placement=placement,
-        flags=rec.flags if rec.admitted else None,
-        memory=memory_entries(ledger.bookings_of(rec.key)),
-        gpus=gpus,
-        headroom=headroom_text(gpus),
-        observed=rec.observed,
-        pod_uids=sorted(set(rec.pod_uids.values())),
-        reasons=rec.reasons,
-        suggestions=rec.suggestions,
-        warnings=rec.warnings,
-        conditions=rec.conditions,
-    )
-    return st.model_dump(by_alias=True, mode="json")

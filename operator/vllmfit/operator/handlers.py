@@ -24,10 +24,13 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiException
 
-from vllmfit import api, catalog, defaults, memory, observe, placement
-from vllmfit.operator import builders, metrics, pods
-from vllmfit.operator.state import ModelResolutionError, Record, Store, get_store, key_of
-from vllmfit.placement import Decision, Request
+from vllmfit.backends import binding
+from vllmfit.core import api, defaults, memory, observe, placement
+from vllmfit.core.placement import Decision, Request
+from vllmfit.operator import builders, metrics, pods, report
+from vllmfit.operator.record import ModelResolutionError, Record, key_of
+from vllmfit.operator.state import Store, get_store
+from vllmfit.sources import catalog
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +91,7 @@ def refresh_ready(rec: Record, t: str) -> None:
     else:
         health = pods.summarize(rec.pods.values(), len(rec.placement))
         rec.failed = health.failed
-    rec.conditions = builders.set_condition(rec.conditions, "Ready", "True" if health.ready else "False",
+    rec.conditions = report.set_condition(rec.conditions, "Ready", "True" if health.ready else "False",
                                             health.reason, health.message, t, rec.generation)
 
 
@@ -101,13 +104,13 @@ def not_admitted(rec: Record, phase: str, reason: str, message: str, fx: Effects
     if rec.admitted:
         reason = f"Update{reason}"
         message = f"spec generation {rec.generation} is not applied; still serving the admitted spec: {message}"
-        rec.conditions = builders.set_condition(rec.conditions, "Admitted", "False", reason, message, t,
+        rec.conditions = report.set_condition(rec.conditions, "Admitted", "False", reason, message, t,
                                                 rec.generation)
     else:
         rec.outcome, rec.placement, rec.flags, rec.warnings = phase, [], None, list(warnings)
-        rec.conditions = builders.set_condition(rec.conditions, "Admitted", "False" if phase != "Pending" else
+        rec.conditions = report.set_condition(rec.conditions, "Admitted", "False" if phase != "Pending" else
                                                 "Unknown", reason, message, t, rec.generation)
-        rec.conditions = builders.set_condition(rec.conditions, "Placed", "False", "NotPlaced", message, t,
+        rec.conditions = report.set_condition(rec.conditions, "Placed", "False", "NotPlaced", message, t,
                                                 rec.generation)
         fx.sync.add(rec.key)  # delete Deployments it may have had
     rec.waiting = phase == "Unschedulable"
@@ -128,16 +131,16 @@ def apply_decision(store: Store, rec: Record, req: Request, d: Decision, fx: Eff
         ledger.book(d)
         rec.admitted, rec.outcome, rec.waiting = True, "Admitted", False
         rec.admitted_request = req
-        rec.placement = builders.placement_from(d, ledger)
-        rec.flags = builders.api_flags(d.flags)
+        rec.placement = report.placement_from(d, ledger)
+        rec.flags = report.api_flags(d.flags)
         rec.vllm_version = memory.parse_version(req.spec.image)[0].label
         rec.reasons, rec.suggestions, rec.warnings = [], [], list(d.warnings)
         new = [builders.placement_text(p) for p in rec.placement]
         moved = bool(old) and old != new
         where = "; ".join(f"replica {p.replica}: {builders.placement_text(p)}" for p in rec.placement) or "no replicas"
-        rec.conditions = builders.set_condition(rec.conditions, "Admitted", "True", "Admitted", d.message, t,
+        rec.conditions = report.set_condition(rec.conditions, "Admitted", "True", "Admitted", d.message, t,
                                                 rec.generation)
-        rec.conditions = builders.set_condition(rec.conditions, "Placed", "True",
+        rec.conditions = report.set_condition(rec.conditions, "Placed", "True",
                                                 "Moved" if moved or d.moved else "Placed", where, t, rec.generation)
         message = d.message + (f"; warnings: {'; '.join(d.warnings)}" if d.warnings else "")
         if moved:
@@ -218,7 +221,7 @@ async def apply_deployment(apps: client.AppsV1Api, make: Callable[[bool], dict[s
     existing = await apps.read_namespaced_deployment(meta["name"], meta["namespace"])
     annotations = (existing.metadata.annotations or {}) if existing.metadata else {}
     same_place = annotations.get(builders.ANNOTATION_PLACEMENT) == meta["annotations"][builders.ANNOTATION_PLACEMENT]
-    was_exclusive = annotations.get(builders.ANNOTATION_PINNING) == builders.PIN_DEVICE_PLUGIN
+    was_exclusive = annotations.get(builders.ANNOTATION_PINNING) == binding.PIN_DEVICE_PLUGIN
     if same_place and was_exclusive != exclusive:
         manifest = make(was_exclusive)
         kopf.adopt(manifest, owner=dict(owner))  # type: ignore[arg-type]
@@ -448,7 +451,7 @@ def attribute(store: Store, node: str, body: Mapping[str, Any], t: str) -> None:
                             f"{memory.fmt_gib(b.footprint.total)}")
         rec.observed = [o for o in rec.observed if o.node != node] + entries
         if entries or warn:
-            rec.conditions = builders.set_condition(
+            rec.conditions = report.set_condition(
                 rec.conditions, "MemoryDrift", "True" if warn else "False",
                 "AbovePrediction" if warn else "WithinPrediction",
                 "; ".join(warn) or "observed GPU memory is within the prediction", t, rec.generation)

@@ -13,7 +13,7 @@ import os
 import socket
 from typing import Any
 
-from vllmfit import defaults
+from vllmfit.core import defaults
 
 
 def peering_priority(name: str) -> int:

@@ -5,7 +5,7 @@
   on a GPU: the second one decides against a ledger that already holds the first one's bookings.
 - `Store.ready` is set once `rebuild` has restored the ledger from the API at start-up (the nodes,
   and the `status.memory` of every admitted VLLMDeployment, which are its bookings).
-- A `Record` keeps what the operator knows about one VLLMDeployment; `builders.status(record,
+- A `Record` keeps what the operator knows about one VLLMDeployment; `report.status(record,
   ledger)` turns it into `.status`. The status writer task writes the status of every key
   marked dirty, one write per key at a time and always from the current record, so a neighbour's
   headroom is never overwritten by an older computation.
@@ -23,11 +23,13 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllmfit import api, catalog, defaults, placement
-from vllmfit.modelarch import ModelArch, ModelConfigError, parse_hf_config
-from vllmfit.operator import builders
+from vllmfit.core import api, defaults, placement
+from vllmfit.core.modelarch import ModelArch, ModelConfigError, parse_hf_config
+from vllmfit.core.placement import Ledger, Request
+from vllmfit.operator import report
 from vllmfit.operator.pods import PodHealth
-from vllmfit.placement import Ledger, Request
+from vllmfit.operator.record import ModelResolutionError, Record, key_of, pruned, record_from_object
+from vllmfit.sources import catalog
 
 logger = logging.getLogger(__name__)
 
@@ -35,104 +37,11 @@ MERGE_PATCH = "application/merge-patch+json"
 WRITERS = 16  # concurrent status writes
 
 
-class ModelResolutionError(Exception):
-    """The model of a spec cannot be resolved (message: one user-facing line). `transient`:
-    it may resolve later (Hub unreachable, ConfigMap not there yet)."""
-
-    def __init__(self, message: str, *, transient: bool = False):
-        super().__init__(message)
-        self.transient = transient
-
-
 @dataclass
 class Options:
     namespace: str | None = field(default_factory=lambda: os.environ.get("POD_NAMESPACE"))
     default_image: str = field(default_factory=lambda: os.environ.get("VLLMFIT_DEFAULT_IMAGE") or defaults.DEFAULT_IMAGE)
     resync_seconds: float = field(default_factory=lambda: float(os.environ.get("VLLMFIT_RESYNC_SECONDS") or 30))
-
-
-def pruned(value: Any) -> Any:
-    """A status without its null fields: a merge patch deletes the keys set to None, and a CRD
-    prunes nulls of non-nullable fields (also inside lists). Compare statuses this way."""
-    if isinstance(value, dict):
-        return {k: pruned(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [pruned(v) for v in value]
-    return value
-
-
-@dataclass(eq=False)
-class Record:
-    """What the operator knows about one VLLMDeployment."""
-
-    key: str
-    body: dict[str, Any]  # the latest object seen (for events and owner references)
-    order: tuple[str, str]  # (creationTimestamp, key): earlier first
-    generation: int | None = None
-    observed_generation: int | None = None
-    admitted: bool = False  # holds bookings (or was admitted with 0 replicas)
-    outcome: str = "Pending"  # phase when not admitted: Pending, Rejected, Unschedulable
-    placement: list[api.ReplicaPlacement] = field(default_factory=list)
-    flags: api.Flags | None = None
-    vllm_version: str | None = None
-    reasons: list[str] = field(default_factory=list)
-    suggestions: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    conditions: list[api.Condition] = field(default_factory=list)
-    request: Request | None = None  # the latest spec, resolved
-    admitted_request: Request | None = None  # the spec its bookings and children are for
-    waiting: bool = False  # the latest spec is Unschedulable: retried when room frees up
-    failed: bool = False  # a pod failed in a way it will not recover from
-    pods: dict[str, tuple[int, PodHealth]] = field(default_factory=dict)  # pod name -> (replica, health)
-    pod_uids: dict[str, str] = field(default_factory=dict)  # pod name -> uid
-    observed: list[api.ObservedMemory] = field(default_factory=list)
-    children: set[int] = field(default_factory=set)  # replicas whose Deployment was written
-    synced: tuple[Any, ...] | None = None  # handlers.children_state when they were last written
-    last_event: str = ""  # the last decision message sent as an Event (no repeats on retries)
-    written: dict[str, Any] | None = None  # the status last written (or read back)
-    mine: bool = False  # this process wrote its status (echoes of it are not news)
-
-    @property
-    def name(self) -> str:
-        return self.key.split("/", 1)[1]
-
-    @property
-    def namespace(self) -> str:
-        return self.key.split("/", 1)[0]
-
-
-def key_of(body: Mapping[str, Any]) -> str:
-    meta = body.get("metadata") or {}
-    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
-
-
-def record_from_object(body: Mapping[str, Any]) -> Record:
-    """A record as the API remembers it (start-up): status fields are read back when valid."""
-    meta = body.get("metadata") or {}
-    key = key_of(body)
-    rec = Record(key, dict(body), (str(meta.get("creationTimestamp") or ""), key), meta.get("generation"),
-                 written=dict(body.get("status") or {}))
-    try:
-        st = api.VLLMDeploymentStatus.model_validate(body.get("status") or {})
-    except ValueError:
-        logger.warning("%s: unreadable status; it will be decided again", key)
-        return rec
-    rec.observed_generation = st.observed_generation
-    rec.conditions = list(st.conditions)
-    rec.reasons, rec.suggestions, rec.warnings = list(st.reasons), list(st.suggestions), list(st.warnings)
-    rec.vllm_version = st.vllm_version
-    if st.phase in ("Admitted", "Running", "Failed"):
-        rec.admitted = True
-        rec.placement, rec.flags = list(st.placement), st.flags
-        rec.children = {p.replica for p in st.placement}
-        rec.failed = st.phase == "Failed"
-    else:
-        rec.outcome = st.phase
-        rec.waiting = st.phase == "Unschedulable"
-    admitted = next((c for c in st.conditions if c.type == "Admitted"), None)
-    if rec.admitted and admitted is not None and admitted.status != "True":
-        rec.waiting = "Unschedulable" in admitted.reason  # an update that waits for room
-    return rec
 
 
 class Store:
@@ -154,7 +63,7 @@ class Store:
         self.lock = asyncio.Lock()
         self.ready = asyncio.Event()
         self.records: dict[str, Record] = {}
-        self.attributions: dict[str, Any] = {}  # node -> vllmfit.observe.Attribution
+        self.attributions: dict[str, Any] = {}  # node -> vllmfit.core.observe.Attribution
         self.log_cache: dict[tuple[str, int], PodHealth] = {}  # (pod uid, restarts) -> health read from its log
         self.child_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.changes = 0  # critical sections entered through changing() (resync skips if it moved)
@@ -208,7 +117,7 @@ class Store:
         except catalog.CatalogError as e:
             if "/" not in spec.model:
                 raise ModelResolutionError(f"{e}; or give a Hugging Face repo id (org/name) or spec.modelConfig") from None
-        from vllmfit import hub
+        from vllmfit.sources import hub
 
         try:
             return await asyncio.to_thread(hub.resolve_model, spec.model)
@@ -241,7 +150,7 @@ class Store:
 
     def managed_pods(self) -> dict[str, str]:
         """UIDs of vllmfit's vLLM pods -> their deployment. Their GPU memory is booked in the
-        ledger; the node inventory's other memory in use is foreign (vllmfit.observe's rule)."""
+        ledger; the node inventory's other memory in use is foreign (vllmfit.core.observe's rule)."""
         out: dict[str, str] = {}
         for rec in self.records.values():
             for uid in [*((rec.written or {}).get("podUids") or []), *rec.pod_uids.values()]:
@@ -281,7 +190,7 @@ class Store:
                     status = api.VLLMDeploymentStatus.model_validate(body.get("status") or {})
                 except ValueError:
                     continue
-                self.ledger.restore(rec.key, builders.bookings_from_status(rec.key, status))
+                self.ledger.restore(rec.key, placement.bookings_from_status(rec.key, status))
         self.ready.set()
         return problems
 
@@ -312,7 +221,7 @@ class Store:
                     st = api.VLLMDeploymentStatus.model_validate(status)
                 except ValueError:
                     continue
-                fresh.restore(key, builders.bookings_from_status(key, st))
+                fresh.restore(key, placement.bookings_from_status(key, st))
         self.ledger, self.records = fresh, records
 
     def adopt(self, body: Mapping[str, Any]) -> bool:
@@ -332,7 +241,7 @@ class Store:
         new.written = dict(status)
         self.records[key] = new
         if new.admitted:
-            self.ledger.restore(key, builders.bookings_from_status(key, st))
+            self.ledger.restore(key, placement.bookings_from_status(key, st))
         else:
             self.ledger.release(key)
         return True
@@ -395,7 +304,7 @@ class Store:
         rec = self.records.get(key)
         if rec is None:
             return
-        status = builders.status(rec, self.ledger)
+        status = report.status(rec, self.ledger)
         if status == rec.written:
             return
         rec.mine = True  # before the write: its echo may arrive before the answer

@@ -29,7 +29,7 @@ import aiohttp.web
 import kopf
 from pydantic import BaseModel, ValidationError
 
-from vllmfit import api, placement
+from vllmfit.core import api, placement
 from vllmfit.operator import certs
 
 logger = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
         return Verdict(True, warnings=(NOT_READY,))
     try:
         req = await store.request_for(obj)
-    except Exception as e:  # noqa: BLE001 - state.ModelResolutionError, or anything its resolvers raise
+    except Exception as e:  # noqa: BLE001 - record.ModelResolutionError, or anything its resolvers raise
         message = str(e) or f"cannot resolve model {obj.spec.model!r}"
         if getattr(e, "transient", False):  # Hub unreachable, ConfigMap not created yet: apply order
             return Verdict(True, warnings=(f"{message}; the operator will retry",))

@@ -1,6 +1,6 @@
 """`vllmfit crd`: generate the VLLMDeployment CustomResourceDefinition from the pydantic models.
 
-The models in `vllmfit.api` are the one source of truth. This module turns their JSON Schema
+The models in `vllmfit.core.api` are the one source of truth. This module turns their JSON Schema
 (`model_json_schema(by_alias=True)`) into a *structural* OpenAPI v3 schema, the subset the
 Kubernetes API server accepts for apiextensions.k8s.io/v1:
 
@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from vllmfit import api
+from vllmfit.core import api
 
 CRD_NAME = f"{api.PLURAL}.{api.GROUP}"
 CRD_FILE = f"{CRD_NAME}.yaml"
@@ -373,7 +373,7 @@ class _NoAliasDumper(yaml.SafeDumper):
         return True
 
 
-def to_yaml(obj: dict[str, Any], src: str = "api.py") -> str:
+def to_yaml(obj: dict[str, Any], src: str = "core/api.py") -> str:
     body = yaml.dump(obj, Dumper=_NoAliasDumper, sort_keys=False, width=100, allow_unicode=True)
     return HEADER.format(src=src) + "---\n" + body
 
@@ -382,7 +382,7 @@ def rendered_files() -> dict[str, str]:
     """File name -> YAML text, for every generated CRD."""
     return {
         CRD_FILE: to_yaml(render_crd()),
-        PEERING_CRD_FILE: to_yaml(render_peering_crd(), src="crdgen.py"),
+        PEERING_CRD_FILE: to_yaml(render_peering_crd(), src="cli/crdgen.py"),
     }
 
 
@@ -434,7 +434,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "crd",
         help="print or write the VLLMDeployment CRD generated from the API models",
-        description="Print the VLLMDeployment CRD (YAML) generated from vllmfit.api; --write updates "
+        description="Print the VLLMDeployment CRD (YAML) generated from vllmfit.core.api; --write updates "
         "crds/ and charts/vllmfit/crds/, --check fails when they are out of date.",
     )
     mode = p.add_mutually_exclusive_group()

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from vllmfit import defaults
+from vllmfit.core import defaults
 
 GROUP = "vllmfit.dev"
 VERSION = "v1alpha1"

@@ -27,7 +27,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
-from vllmfit.modelarch import ModelArch, ModelConfigError, params_from_index, parse_hf_config
+from vllmfit.core.modelarch import ModelArch, ModelConfigError, params_from_index, parse_hf_config
 
 DEFAULT_TIMEOUT_S = 10.0
 _cache: dict[tuple[str, str], ModelArch] = {}

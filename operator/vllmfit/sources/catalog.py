@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from vllmfit.defaults import DRIVER_RESERVED_BYTES, MIB
-from vllmfit.modelarch import GpuType, ModelArch, ModelConfigError, parse_hf_config
+from vllmfit.core.defaults import DRIVER_RESERVED_BYTES, MIB
+from vllmfit.core.modelarch import GpuType, ModelArch, ModelConfigError, parse_hf_config
 
 
 class CatalogError(LookupError):
@@ -24,7 +24,7 @@ class CatalogError(LookupError):
 
 def catalog_dir() -> Path:
     env = os.environ.get("VLLMFIT_CATALOG")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "catalog"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "catalog"
 
 
 def _load_yaml(name: str) -> list[dict[str, Any]]:

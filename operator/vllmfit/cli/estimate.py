@@ -1,5 +1,5 @@
 """Offline subcommands: `estimate`, `models`, `gpus` (here), and `plan`, `status`, `crd` (registered
-from their own modules). Thin: parse arguments, call vllmfit.memory, print."""
+from their own modules). Thin: parse arguments, call vllmfit.core.memory, print."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from vllmfit import catalog, defaults, memory
-from vllmfit.cli import UserError
-from vllmfit.modelarch import GpuType, ModelArch, ModelConfigError, params_from_index, parse_hf_config
+from vllmfit.core import defaults, memory
+from vllmfit.core.errors import UserError
+from vllmfit.core.modelarch import GpuType, ModelArch, ModelConfigError, params_from_index, parse_hf_config
+from vllmfit.sources import catalog
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -52,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     lg.add_argument("--output", "-o", default="table", choices=["table", "json"])
     lg.set_defaults(func=run_gpus)
 
-    for mod in ("vllmfit.plancmd", "vllmfit.crdgen"):
+    for mod in ("vllmfit.cli.plan", "vllmfit.cli.crdgen"):
         try:
             __import__(mod, fromlist=["add_parser"]).add_parser(sub)
         except ImportError:
@@ -98,7 +99,7 @@ def resolve_model(name: str) -> ModelArch:
         if "/" not in name:
             raise
         try:
-            from vllmfit import hub
+            from vllmfit.sources import hub
         except ImportError:
             raise e from None
         try:
@@ -161,7 +162,7 @@ def run_estimate(args: argparse.Namespace) -> int:
     else:
         from rich.console import Console
 
-        from vllmfit import render
+        from vllmfit.cli import render
 
         render.print_estimate(Console(), est)
     return 0 if est.sizing.fits else 1

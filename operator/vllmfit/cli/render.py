@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from vllmfit.defaults import GIB
-from vllmfit.memory import Estimate
-from vllmfit.placement import Decision, GpuSlot, Plan, where
+from vllmfit.core.defaults import GIB
+from vllmfit.core.memory import Estimate
+from vllmfit.core.placement import Decision, GpuSlot, Plan, where
 
 BAR_WIDTH = 48
 PALETTE = (  # (rich colour, hex) per deployment, assigned in name order

@@ -1,5 +1,6 @@
-"""`vllmfit`: the command line. Each subcommand lives in its own module and registers itself
-through `add_parser(subparsers)`, setting `func` (args -> exit code) on its parser.
+"""`vllmfit`: the entry point above every shell. Each subcommand lives in its shell's package
+(`vllmfit.cli`, `vllmfit.operator`, `vllmfit.agent`) and registers itself through
+`add_parser(subparsers)`, setting `func` (args -> exit code) on its parser.
 
 Bad input never gives a traceback: a `UserError` (or ValueError/LookupError from the core) is
 printed as one line `vllmfit: error: ...` and the exit code is 2.
@@ -13,18 +14,15 @@ import sys
 from collections.abc import Sequence
 
 from vllmfit import __version__
+from vllmfit.core.errors import UserError
 
 # Each module registers the subcommands listed with it. Only the module of the command being run
 # is imported, so `vllmfit estimate` answers without importing kopf, kubernetes or pynvml.
 SUBCOMMANDS = {
-    "vllmfit.commands": ("estimate", "models", "gpus", "plan", "status", "crd"),
+    "vllmfit.cli.estimate": ("estimate", "models", "gpus", "plan", "status", "crd"),
     "vllmfit.operator.main": ("operator",),
-    "vllmfit.agent": ("agent",),
+    "vllmfit.agent.main": ("agent",),
 }
-
-
-class UserError(Exception):
-    """Bad input: printed as one line, exit code 2."""
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -23,10 +23,12 @@ from typing import Any, cast
 import yaml
 from rich.console import Console
 
-from vllmfit import catalog, memory, modelarch, placement, render
-from vllmfit.api import GROUP, KIND, PLURAL, VERSION, VLLMDeployment, VLLMDeploymentSpec
-from vllmfit.cli import UserError
-from vllmfit.modelarch import ModelArch
+from vllmfit.cli import render
+from vllmfit.core import memory, modelarch, placement
+from vllmfit.core.api import GROUP, KIND, PLURAL, VERSION, VLLMDeployment, VLLMDeploymentSpec
+from vllmfit.core.errors import UserError
+from vllmfit.core.modelarch import ModelArch
+from vllmfit.sources import catalog
 
 OUTPUTS = ("table", "json", "html", "svg")
 
@@ -155,7 +157,7 @@ def resolve_model(
             params=spec.model_params,
             params_source="spec.modelParams" if spec.model_params else "computed",
         )
-    from vllmfit.commands import resolve_model as by_name  # the catalog, then the Hugging Face Hub
+    from vllmfit.cli.estimate import resolve_model as by_name  # the catalog, then the Hugging Face Hub
 
     return by_name(spec.model)
 

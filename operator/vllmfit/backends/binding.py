@@ -1,0 +1,45 @@
+"""How a replica's container is bound to the GPUs the core chose, as data the pod builder applies.
+
+- `device-plugin`: the replica takes whole GPUs of its node; `nvidia.com/gpu` limits make the
+  device plugin hand them over, and Kubernetes accounts for them.
+- `visible-devices`: the replica shares GPUs; no GPU limit, NVIDIA_VISIBLE_DEVICES names the GPUs
+  (by UUID when known) and the `nvidia` runtime class makes the NVIDIA container runtime inject
+  exactly those (docs/operator.md, "GPU pinning").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllmfit.core import api
+
+GPU_RESOURCE = "nvidia.com/gpu"
+RUNTIME_CLASS = "nvidia"
+PIN_DEVICE_PLUGIN = "device-plugin"
+PIN_VISIBLE_DEVICES = "visible-devices"
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What the pod builder adds for the GPUs: container limits and env, pod-spec fields."""
+
+    mode: str
+    limits: dict[str, Any] = field(default_factory=dict)
+    env: tuple[dict[str, Any], ...] = ()
+    pod: dict[str, Any] = field(default_factory=dict)
+
+
+def visible_devices(gpus: Sequence[api.GpuRef]) -> str:
+    """NVIDIA_VISIBLE_DEVICES for these GPUs: UUIDs when every one is known, else indices."""
+    uuids = [g.uuid for g in gpus]
+    return ",".join(u for u in uuids if u) if all(uuids) else ",".join(str(g.index) for g in gpus)
+
+
+def bind(replica: api.ReplicaPlacement, n_gpus: int, *, exclusive: bool) -> Binding:
+    if exclusive:
+        return Binding(PIN_DEVICE_PLUGIN, limits={GPU_RESOURCE: n_gpus})
+    env = ({"name": "NVIDIA_VISIBLE_DEVICES", "value": visible_devices(replica.gpus)},
+           {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"})
+    return Binding(PIN_VISIBLE_DEVICES, env=env, pod={"runtimeClassName": RUNTIME_CLASS})

@@ -1,0 +1,79 @@
+"""What one vLLM deployment needs on each of its GPUs. Pure functions, integer bytes.
+
+Two policies:
+- `vllm` (default) predicts what vLLM itself does at start-up, following
+  shared/reference/vllm-memory-accounting.md: weights from parameter counts and quantization,
+  KV pages per layer type with block rounding, the activation peak of the profile run,
+  non-torch memory, CUDA graphs, and the CUDA context outside the requested budget.
+- `adr` is ADR-0002 exactly: weights x (1 + replication) / tp, GQA KV bytes per token / tp,
+  nothing else.
+
+The footprint of one vLLM process on a GPU is what the ledger books: its CUDA context
+(outside --gpu-memory-utilization) plus R = ceil(T x u), the budget vLLM requests (plus the
+CUDA-graph pool before 0.21, which was captured outside R). vllmfit chooses u so that R holds
+weights + activation + non-torch + graphs + the KV reservation; see `sizing.size`.
+
+One module per concern, in dependency order:
+  versions    the vLLM versions modelled and the rules that change between them
+  types       Settings in; Footprint, Flags, Sizing, Estimate out
+  budget      the GPU budget (ADR-0002) and vLLM's requested memory R
+  validation  which settings can run a model at all
+  weights     weight bytes per GPU
+  kv          KV pages, groups, blocks per request, KV tokens
+  overhead    activation peak, non-torch memory, CUDA graphs, CUDA context
+  sizing      choose context, concurrency and utilization; check the fit
+  fixes       changes that make a deployment fit, each re-checked
+  estimate    one deployment on empty GPUs (`vllmfit estimate`)
+
+This package re-exports the names the shells use; inside the core, import the module.
+"""
+
+from vllmfit.core.defaults import MIB
+from vllmfit.core.memory.budget import budget_bytes, requested_bytes, utilization_for
+from vllmfit.core.memory.estimate import estimate
+from vllmfit.core.memory.fixes import fixes
+from vllmfit.core.memory.kv import KvLayout, adr_kv_bytes_per_token, kv_layout
+from vllmfit.core.memory.sizing import MIN_BATCHED_TOKENS, size, vllm_startup
+from vllmfit.core.memory.types import (
+    Estimate,
+    Flags,
+    Footprint,
+    Policy,
+    Settings,
+    Sizing,
+    SpecError,
+    VllmStartup,
+    fmt_gib,
+)
+from vllmfit.core.memory.validation import validate
+from vllmfit.core.memory.versions import VllmVersion, parse_version
+from vllmfit.core.memory.weights import adr_weights_bytes, weights_bytes
+
+__all__ = [
+    "MIB",
+    "MIN_BATCHED_TOKENS",
+    "Estimate",
+    "Flags",
+    "Footprint",
+    "KvLayout",
+    "Policy",
+    "Settings",
+    "Sizing",
+    "SpecError",
+    "VllmStartup",
+    "VllmVersion",
+    "adr_kv_bytes_per_token",
+    "adr_weights_bytes",
+    "budget_bytes",
+    "estimate",
+    "fixes",
+    "fmt_gib",
+    "kv_layout",
+    "parse_version",
+    "requested_bytes",
+    "size",
+    "utilization_for",
+    "validate",
+    "vllm_startup",
+    "weights_bytes",
+]

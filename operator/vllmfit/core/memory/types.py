@@ -1,0 +1,155 @@
+"""The memory core's data: the settings of one deployment in, its footprint, flags and sizing out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from vllmfit.core import defaults
+from vllmfit.core.defaults import GIB
+from vllmfit.core.memory.versions import VllmVersion
+from vllmfit.core.modelarch import GpuType, ModelArch
+
+Policy = Literal["vllm", "adr"]
+
+# --- Inputs ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The memory-relevant settings of one deployment (vLLM's flags, or unset = computed)."""
+
+    tp: int = 1
+    pp: int = 1
+    dtype: str = "auto"
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float | None = None
+    enforce_eager: bool = False
+    vllm_version: str = defaults.DEFAULT_VLLM_VERSION
+    policy: Policy = "vllm"
+    block_size: int = defaults.BLOCK_SIZE
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
+
+
+# --- Outputs -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes one vLLM process uses on one GPU."""
+
+    weights: int
+    kv_cache: int
+    activation: int
+    cuda_context: int  # CUDA context, NCCL, cuBLAS: resident before vLLM measures (outside R)
+    non_torch: int  # non-torch growth during profiling
+    cuda_graphs: int
+    slack: int = 0  # rounding of --gpu-memory-utilization up to UTILIZATION_DECIMALS
+
+    @property
+    def overhead(self) -> int:
+        """Runtime overhead: CUDA context, NCCL, non-torch memory, CUDA graphs, rounding."""
+        return self.cuda_context + self.non_torch + self.cuda_graphs + self.slack
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.activation + self.overhead
+
+    @property
+    def non_kv(self) -> int:
+        return self.total - self.kv_cache
+
+
+@dataclass(frozen=True)
+class Flags:
+    max_model_len: int
+    max_num_seqs: int
+    gpu_memory_utilization: float
+    kv_cache_memory_bytes: int | None = None
+    max_num_batched_tokens: int | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """The `flags` object of `vllmfit estimate` and `vllmfit plan` JSON."""
+        return {
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "args": self.args(),
+        }
+
+    def args(self) -> list[str]:
+        """The `vllm serve` arguments vllmfit injects."""
+        out = [
+            f"--max-model-len={self.max_model_len}",
+            f"--max-num-seqs={self.max_num_seqs}",
+            f"--gpu-memory-utilization={self.gpu_memory_utilization:.{defaults.UTILIZATION_DECIMALS}f}",
+        ]
+        if self.max_num_batched_tokens:
+            out.append(f"--max-num-batched-tokens={self.max_num_batched_tokens}")
+        return out
+
+
+@dataclass(frozen=True)
+class VllmStartup:
+    """What vLLM would log at start-up for exactly these settings (per GPU, worst rank)."""
+
+    requested_bytes: int
+    weights_bytes: int
+    activation_peak_bytes: int
+    non_torch_bytes: int
+    cuda_graph_bytes: int
+    kv_cache_bytes: int  # "Available KV cache memory"
+    kv_cache_tokens: int
+    num_gpu_blocks: int
+    max_concurrency: float
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """One deployment sized for one GPU group: the decision, as data."""
+
+    fits: bool
+    footprint: Footprint  # per GPU (the worst rank; every GPU of the group books this)
+    flags: Flags | None
+    kv_bytes_per_token: int
+    kv_cache_tokens: int
+    max_concurrency: float
+    reasons: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """`vllmfit estimate`: one deployment alone on empty GPUs of one type."""
+
+    model: ModelArch
+    gpu: GpuType
+    settings: Settings
+    version: VllmVersion
+    sizing: Sizing
+    budget_bytes: int
+    reserve_bytes: int
+    capacity_bytes: int
+    vllm: VllmStartup | None
+    suggestions: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.budget_bytes - self.sizing.footprint.total
+
+
+class SpecError(ValueError):
+    """An impossible combination of settings (message: one line with the fix)."""
+
+def fmt_gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"

@@ -1,0 +1,77 @@
+"""Weight bytes on the fullest GPU of a group: quantization, TP and PP sharding, the padded
+vocabulary and the RoPE cache (vllm policy); ADR-0002's formula (adr policy)."""
+
+from __future__ import annotations
+
+import math
+
+from vllmfit.core import defaults
+from vllmfit.core.memory.types import Settings
+from vllmfit.core.modelarch import DTYPE_BYTES, ModelArch, ceil_div
+
+# --- Weights -----------------------------------------------------------------------------------
+
+
+def activation_dtype_bytes(model: ModelArch, s: Settings) -> int:
+    if s.dtype != "auto":
+        return DTYPE_BYTES[s.dtype]
+    # vLLM runs float32 checkpoints in bfloat16 unless asked otherwise
+    return 2 if model.torch_dtype in ("float32", "float") else DTYPE_BYTES[model.torch_dtype]
+
+
+def _quant_bytes_per_param(method: str, group: int) -> float:
+    """Bytes per quantized weight, scales included."""
+    if method in ("fp8", "int8", "w8a8"):
+        return 1.0
+    if method == "mxfp4":
+        return 0.5 + 1 / 32  # 4-bit values + one e8m0 scale per 32
+    # int4 (awq / gptq / w4a16): 4 bits + an fp16 scale and a 4-bit zero point per group
+    return 0.5 + (2 + 0.5) / (group or 128)
+
+
+def weights_bytes(model: ModelArch, s: Settings) -> int:
+    """Weights on the fullest GPU of the group (vllm policy)."""
+    dt = activation_dtype_bytes(model, s)
+    emb = model.embedding_params
+    lm_head = 0 if model.tie_word_embeddings else emb
+    experts = model.expert_params if model.is_moe else 0
+    other = max(model.params - emb - lm_head - experts, 0)
+
+    method: str | None = None
+    group = 0
+    experts_only = False
+    if model.quant:
+        method, group, experts_only = model.quant.method, model.quant.group_size, model.quant.experts_only
+    if s.quantization in ("fp8", "int8", "w8a8") and not model.quant:
+        method = "fp8"
+    elif s.quantization == "bitsandbytes" and not model.quant:
+        method, group = "int4", 64
+
+    def linear_bytes(n: int, quantized: bool) -> float:
+        return n * (_quant_bytes_per_param(method, group) if (method and quantized) else dt)
+
+    layer_bytes = linear_bytes(other, not experts_only) + linear_bytes(experts, True)
+    # TP shards every linear layer and the vocabulary; PP splits the layers into stages.
+    per_rank_layers = layer_bytes / s.tp
+    layers_on_stage = ceil_div(model.num_layers, s.pp) / model.num_layers
+    vocab_bytes = math.ceil(model.vocab_size / (64 * s.tp)) * 64 * model.hidden_size * dt  # padded to 64 x tp
+    first = per_rank_layers * layers_on_stage + vocab_bytes
+    last = per_rank_layers * layers_on_stage + (vocab_bytes if lm_head else 0)
+    rope = model.rope_cache_elems * dt  # replicated on every rank
+    if s.pp == 1:
+        return int(per_rank_layers + vocab_bytes * (2 if lm_head else 1) + rope)
+    return int(max(first, last) + rope)
+
+
+def adr_weights_bytes(model: ModelArch, s: Settings) -> int:
+    """ADR-0002: params x bytesPerParam(weightDtype) / tp x (1 + replicationOverheadPct)."""
+    return int(model.params * adr_bytes_per_param(model, s) / s.tp * (1 + defaults.REPLICATION_OVERHEAD))
+
+
+def adr_bytes_per_param(model: ModelArch, s: Settings) -> float:
+    method = s.quantization or (model.quant.method if model.quant else None)
+    if method in ("fp8", "int8", "w8a8"):
+        return 1.0  # q8
+    if method in ("awq", "gptq", "w4a16", "int4", "mxfp4", "bitsandbytes"):
+        return 0.5  # q4
+    return float(DTYPE_BYTES[s.dtype] if s.dtype != "auto" else DTYPE_BYTES.get(model.torch_dtype, 2))

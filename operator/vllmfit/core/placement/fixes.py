@@ -1,0 +1,89 @@
+"""Changes that make a refused deployment fit now, each verified with a fresh placement."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from vllmfit.core import memory
+from vllmfit.core.memory import Settings, SpecError
+from vllmfit.core.modelarch import GpuType
+from vllmfit.core.placement.inputs import Request, settings_from_spec
+from vllmfit.core.placement.ledger import Decision, Ledger, NodeSet
+from vllmfit.core.placement.place import _decide
+from vllmfit.core.placement.search import _UNLIMITED, _is_mig_type, _pick
+
+# --- Suggestions (each re-checked against the ledger) --------------------------------------------
+
+_FIX_FIELDS = {
+    "maxModelLen": "max_model_len",
+    "maxNumSeqs": "max_num_seqs",
+    "kvCacheDtype": "kv_cache_dtype",
+    "quantization": "quantization",
+    "tensorParallelSize": "tensor_parallel_size",
+}
+
+
+def _suggest(ledger: Ledger, req: Request, policy: memory.Policy) -> list[str]:
+    """Concrete changes that make `req` fit now, each verified with a fresh decision."""
+    out: list[str] = []
+    spec, pin = req.spec, req.spec.placement
+
+    def fits(**changes: Any) -> Decision | None:
+        new_pin = changes.pop("placement", pin)
+        r = replace(req, spec=spec.model_copy(update={**changes, "placement": new_pin}))
+        d = _decide(ledger, r, policy)
+        return d if d.admitted else None
+
+    # 1. somewhere else: drop the pin or the selector
+    if pin.node_name and not pin.allow_reschedule:
+        d = fits(placement=pin.model_copy(update={"node_name": None, "gpu_indices": None}))
+        if d and d.replicas:
+            fix = f"placement.nodeName: {d.replicas[0].node}"
+            if pin.gpu_indices:
+                fix += f", placement.gpuIndices: {list(d.replicas[0].gpus)}"
+            out += [fix, "placement.allowReschedule: true"]
+    if pin.node_selector:
+        d = fits(placement=pin.model_copy(update={"node_selector": None}))
+        if d and d.replicas:
+            out.append(f"placement.nodeSelector: remove (fits on {d.replicas[0].node})")
+    # 2. fewer replicas
+    if spec.replicas > 1:
+        for k in range(spec.replicas - 1, 0, -1):
+            if fits(replicas=k):
+                out.append(f"replicas: {k}")
+                break
+    # 3. memory changes, sized on the roomiest group the deployment may use
+    s = settings_from_spec(spec, policy)
+    room = _roomiest(ledger, req, s)
+    if room is not None:
+        gpu, avail = room
+        try:
+            changes = memory.fixes(req.model, s, gpu, (), available=avail)
+        except SpecError:
+            changes = []
+        for text in changes:  # "key: value" or "key: value, key: value"
+            pairs = [part.partition(": ") for part in text.split(", ")]
+            if any(key not in _FIX_FIELDS for key, _, _ in pairs):
+                continue
+            update: dict[str, Any] = {_FIX_FIELDS[k]: int(v) if v.isdigit() else v for k, _, v in pairs}
+            if fits(**update):
+                out.append(text)
+    return out
+
+
+def _roomiest(ledger: Ledger, req: Request, s: Settings) -> tuple[GpuType, int] | None:
+    """The GPU type and available bytes of the roomiest group the deployment may use."""
+    pin = req.spec.placement
+    if pin.node_name and not pin.allow_reschedule:
+        nodes: NodeSet | None = ledger.node_set([pin.node_name])
+    else:
+        nodes = ledger.matching(pin.node_selector)
+    best: tuple[int, int, GpuType] | None = None
+    for t in ledger.gpu_types():
+        if s.gpus > 1 and _is_mig_type(ledger, t):
+            continue
+        hit = _pick(ledger, t, s.gpus, -_UNLIMITED, nodes, True)
+        if hit and (best is None or (hit[2], t.cuda_total_bytes) > best[:2]):
+            best = (hit[2], t.cuda_total_bytes, t)
+    return None if best is None else (best[2], best[0])

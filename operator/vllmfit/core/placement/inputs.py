@@ -1,0 +1,101 @@
+"""What placement works on: GPU slots, nodes and requests (a VLLMDeployment with its model facts),
+and the memory settings a spec asks for."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from vllmfit.core import memory, observe
+from vllmfit.core.api import VLLMDeployment, VLLMDeploymentSpec
+from vllmfit.core.memory import Settings
+from vllmfit.core.modelarch import GpuType, ModelArch
+
+DecisionPhase = Literal["Admitted", "Rejected", "Unschedulable"]
+GpuLookup = Callable[[str, "int | None"], GpuType]
+GpuKey = tuple[str, int]  # (node, index)
+
+MAX_REASONS = 50
+"""Per-node reasons kept in a Decision (a 1,000-node cluster would otherwise list 1,000)."""
+MESSAGE_REASONS = 8
+"""Per-node reasons quoted in the one-line message."""
+# --- Inputs ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuSlot:
+    """One schedulable unit of a node: a whole GPU, or a MIG slice (index = observe.unit_index)."""
+
+    node: str
+    index: int
+    gpu: GpuType
+    uuid: str | None = None
+    foreign_bytes: int = 0  # used by processes vllmfit does not manage
+    mig: bool = False
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.gpu.cuda_total_bytes
+
+    @functools.cached_property
+    def budget_bytes(self) -> int:
+        return memory.budget_bytes(self.capacity_bytes)
+
+    @property
+    def label(self) -> str:
+        return gpu_label(self.index)
+
+
+def gpu_label(index: int) -> str:
+    """'GPU 3', or 'GPU 2 MIG 1' for MIG slice 1 of GPU 2 (unit index 3001)."""
+    g, m = observe.split_unit_index(index)
+    return f"GPU {g}" if m is None else f"GPU {g} MIG {m}"
+
+
+def where(node: str, gpus: Sequence[int]) -> str:
+    """'node-a GPU 0,1' / 'node-d GPU 2 MIG 0': a group, for messages."""
+    if len(gpus) == 1:
+        return f"{node} {gpu_label(gpus[0])}"
+    return f"{node} GPU {','.join(gpu_label(i).removeprefix('GPU ') for i in gpus)}"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    labels: Mapping[str, str]
+    gpus: tuple[GpuSlot, ...]
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Request:
+    """A VLLMDeployment to place: its spec, its resolved model facts, and an order key."""
+
+    key: str  # "namespace/name"
+    spec: VLLMDeploymentSpec
+    model: ModelArch
+    order: tuple[str, str] = ("", "")  # (creationTimestamp, key): earlier first
+
+
+def settings_from_spec(spec: VLLMDeploymentSpec, policy: memory.Policy = "vllm") -> Settings:
+    """The memory model's settings for a spec; the vLLM version comes from the image tag."""
+    return Settings(
+        tp=spec.tensor_parallel_size,
+        pp=spec.pipeline_parallel_size,
+        dtype=spec.dtype,
+        quantization=spec.quantization,
+        kv_cache_dtype=spec.kv_cache_dtype,
+        max_model_len=spec.max_model_len,
+        max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+        enforce_eager=spec.enforce_eager,
+        vllm_version=spec.image,
+        policy=policy,
+    )
+
+
+def request_from_object(obj: VLLMDeployment, model: ModelArch) -> Request:
+    return Request(obj.key, obj.spec, model, (obj.metadata.creation_timestamp or "", obj.key))

@@ -1,0 +1,266 @@
+"""Placing every replica of one deployment: pinned placement first, then the search; the same
+context and concurrency for all replicas. No suggestions (see `decide`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from vllmfit.core import memory
+from vllmfit.core.memory import Footprint, Settings, Sizing, SpecError, fmt_gib
+from vllmfit.core.placement.inputs import (
+    MAX_REASONS,
+    MESSAGE_REASONS,
+    GpuSlot,
+    NodeInfo,
+    Request,
+    gpu_label,
+    settings_from_spec,
+    where,
+)
+from vllmfit.core.placement.ledger import Decision, Ledger, NodeSet, ReplicaAllocation
+from vllmfit.core.placement.reasons import _why_not
+from vllmfit.core.placement.search import _Candidate, _node_matches, _search, _shrinkable
+
+
+def _check_pinned(
+    ledger: Ledger, req: Request, s: Settings, node: NodeInfo, idx: tuple[int, ...]
+) -> tuple[_Candidate | None, str, list[str]]:
+    """Check a pinned group. Returns (candidate or None, why not, warnings)."""
+    missing = [i for i in idx if ledger.slot(node.name, i) is None]
+    if missing:
+        have = ", ".join(gpu_label(sl.index).removeprefix("GPU ") for sl in node.gpus) or "none"
+        return None, f"{node.name}: {gpu_label(missing[0])} does not exist (GPUs: {have})", []
+    if len(set(idx)) != len(idx):
+        return None, f"{node.name}: gpuIndices {list(idx)} repeats a GPU", []
+    slots = [ledger._slots[(node.name, i)] for i in idx]
+    if len(slots) > 1 and any(sl.mig for sl in slots):
+        return None, f"{node.name}: MIG slices cannot form a tensor/pipeline-parallel group", []
+    warnings = []
+    if len({sl.capacity_bytes for sl in slots}) > 1:
+        warnings.append(
+            f"{node.name} GPUs {list(idx)} mix capacities "
+            f"({', '.join(sorted({sl.gpu.product for sl in slots}))}); the smallest sets the limit"
+        )
+    small = min(slots, key=lambda sl: (sl.capacity_bytes, sl.gpu.product))
+    heads = [ledger._head[(node.name, i)] for i in idx]
+    avail = min(heads)
+    sizing: Sizing | None = None
+    fps: tuple[Footprint, ...] = ()
+    for _ in range(3):  # a larger GPU of a mixed group requests more (ceil(T x u)): tighten and retry
+        try:
+            sizing = memory.size(req.model, s, small.gpu, avail)
+        except SpecError as e:
+            return None, f"{node.name}: {e}", warnings
+        fps = _per_gpu(sizing, s, small, slots)
+        excess = max(fp.total - h for fp, h in zip(fps, heads))
+        if sizing.fits and excess <= 0:
+            return _Candidate(node.name, idx, sizing, min(heads) - sizing.footprint.total, fps), "", warnings
+        if not sizing.fits or not _shrinkable(s):
+            break
+        avail -= excess
+    assert sizing is not None
+    tight = max(range(len(idx)), key=lambda p: (fps[p].total - heads[p], -idx[p]))
+    return (
+        None,
+        (
+            f"{node.name}: {slots[tight].label} needs {fmt_gib(fps[tight].total)}, "
+            f"{fmt_gib(max(heads[tight], 0))} free"
+        ),
+        warnings,
+    )
+
+
+def _per_gpu(sizing: Sizing, s: Settings, small: GpuSlot, slots: list[GpuSlot]) -> tuple[Footprint, ...]:
+    """Per-GPU footprints of a group: a GPU larger than the smallest one requests ceil(T_i x u),
+    more than the smallest; the difference is booked as slack (reserved, unused)."""
+    fp = sizing.footprint
+    if sizing.flags is None or all(sl.capacity_bytes == small.capacity_bytes for sl in slots):
+        return tuple(fp for _ in slots)
+    version, _ = memory.parse_version(s.vllm_version)
+    u = sizing.flags.gpu_memory_utilization
+    base = memory.requested_bytes(small.capacity_bytes, u, version)
+    return tuple(
+        replace(fp, slack=fp.slack + memory.requested_bytes(sl.capacity_bytes, u, version) - base)
+        for sl in slots
+    )
+
+
+def _spec_errors(req: Request, s: Settings) -> list[str]:
+    errors = memory.validate(req.model, s)
+    pin = req.spec.placement
+    if pin.gpu_indices is not None:
+        if not pin.node_name:
+            errors.append("placement.gpuIndices requires placement.nodeName")
+        if len(pin.gpu_indices) != s.gpus:
+            errors.append(
+                f"placement.gpuIndices lists {len(pin.gpu_indices)} GPUs; tensorParallelSize x "
+                f"pipelineParallelSize is {s.gpus}"
+            )
+        if req.spec.replicas > 1:
+            errors.append("placement.gpuIndices pins one GPU group; set replicas: 1 or drop gpuIndices")
+    return errors
+
+
+def _decide(
+    ledger: Ledger, req: Request, policy: memory.Policy, keep: Sequence[ReplicaAllocation] = ()
+) -> Decision:
+    """decide without suggestions; replicas in `keep` stay where they are (their sizing's flags,
+    when known, fix the context and concurrency of the others).
+
+    Every replica runs the same context and concurrency. When unset values were lowered for
+    replica 0 and a later replica does not fit with them, they are lowered to what the roomiest
+    group left takes, and all replicas are placed again (at most `replicas` rounds)."""
+    s = settings_from_spec(req.spec, policy)
+    errors = _spec_errors(req, s)
+    if errors:
+        return Decision(req.key, "Rejected", reasons=tuple(errors), message=f"{req.key}: {errors[0]}")
+    spec, pin = req.spec, req.spec.placement
+    matching = ledger.matching(pin.node_selector)
+    attempt = _place_replicas(ledger, req, s, keep, matching)
+    for _ in range(spec.replicas):
+        if attempt.smaller is None:
+            break
+        attempt = _place_replicas(ledger, req, s, keep, matching, attempt.smaller, attempt.smaller_warnings)
+    replicas = tuple(attempt.placed[r] for r in sorted(attempt.placed))
+    if len(replicas) < spec.replicas:
+        failure = attempt.failure
+        head = (
+            f"{len(replicas)}/{spec.replicas} replicas placed; replica {len(replicas)}: " if replicas else ""
+        )
+        fit = (
+            "pinned placement does not fit"
+            if pin.node_name and not pin.allow_reschedule
+            else f"0/{len(ledger.nodes)} nodes fit"
+        )
+        shown = failure[:MESSAGE_REASONS] + (
+            [f"... {len(failure) - MESSAGE_REASONS} more (see reasons)"]
+            if len(failure) > MESSAGE_REASONS
+            else []
+        )
+        msg = f"{head}{fit}: " + "; ".join(shown)
+        reasons = failure[:MAX_REASONS] + (
+            [f"... {len(failure) - MAX_REASONS} more nodes, further from fitting"]
+            if len(failure) > MAX_REASONS
+            else []
+        )
+        return Decision(
+            req.key,
+            "Unschedulable",
+            replicas,
+            replicas[0].sizing.flags if replicas else None,
+            tuple(reasons),
+            (),
+            tuple(attempt.warnings),
+            attempt.moved,
+            msg,
+        )
+    flags = replicas[0].sizing.flags if replicas else None
+    on = ", ".join(where(r.node, r.gpus) for r in replicas) or "no GPUs (0 replicas)"
+    return Decision(
+        req.key,
+        "Admitted",
+        replicas,
+        flags,
+        (),
+        (),
+        tuple(attempt.warnings),
+        attempt.moved,
+        f"admitted on {on}",
+    )
+
+
+@dataclass
+class _Attempt:
+    placed: dict[int, ReplicaAllocation]
+    warnings: list[str]
+    moved: bool = False
+    failure: list[str] = field(default_factory=list)
+    smaller: Settings | None = None  # lowered settings to try again with (all replicas)
+    smaller_warnings: list[str] = field(default_factory=list)
+
+
+def _place_replicas(
+    ledger: Ledger,
+    req: Request,
+    s: Settings,
+    keep: Sequence[ReplicaAllocation],
+    every: NodeSet | None,
+    fixed: Settings | None = None,
+    warnings: Sequence[str] = (),
+) -> _Attempt:
+    """One round: every replica not kept, in order, with `fixed` settings (else those of the
+    first replica placed)."""
+    spec, pin = req.spec, req.spec.placement
+    spread = pin.policy == "spread"
+    out = _Attempt({r.replica: r for r in keep}, list(warnings))
+    pending = f"{req.key}\x00pending"  # replicas placed so far, booked for the next ones' search
+    try:
+        ledger._add(pending, Decision(pending, "Admitted", tuple(out.placed.values())).bookings())
+        for replica in range(spec.replicas):
+            if replica in out.placed:
+                continue
+            rs = fixed or _same_as(s, out.placed)
+            cand: _Candidate | None = None
+            why, warn = "", list[str]()
+            if pin.node_name:
+                cand, why, warn = _pinned(ledger, req, rs, spread)
+                if cand is None and pin.allow_reschedule:
+                    cand = _search(ledger, req, rs, every, spread)
+                    if cand is not None:
+                        out.moved = True
+                        out.warnings.append(
+                            f"pinned placement does not fit ({why}); placed on "
+                            f"{where(cand.node, cand.gpus)} instead"
+                        )
+                        warn = []
+            else:
+                cand = _search(ledger, req, rs, every, spread)
+            if cand is None:
+                out.failure = (
+                    [why]
+                    if (pin.node_name and not pin.allow_reschedule)
+                    else _why_not(ledger, req, rs, every)
+                )
+                if rs != s and _shrinkable(s) and len(out.placed) > len(keep):  # lower, try again
+                    smaller = _search(ledger, req, s, every, spread)
+                    if smaller is not None and smaller.sizing.flags is not None:
+                        out.smaller = _same_as(s, {0: ReplicaAllocation(0, "", (), smaller.sizing)})
+                        out.smaller_warnings = list(smaller.sizing.warnings)
+                break
+            out.warnings.extend(w for w in (*warn, *cand.sizing.warnings) if w not in out.warnings)
+            alloc = ReplicaAllocation(replica, cand.node, cand.gpus, cand.sizing, cand.footprints)
+            out.placed[replica] = alloc
+            if replica < spec.replicas - 1:
+                ledger._add(pending, Decision(pending, "Admitted", (alloc,)).bookings())
+    finally:
+        ledger.release(pending)
+    return out
+
+
+def _same_as(s: Settings, placed: Mapping[int, ReplicaAllocation]) -> Settings:
+    """Settings for another replica: the context, concurrency and batch of the first one placed."""
+    f0 = placed[min(placed)].sizing.flags if placed else None
+    if f0 is None:
+        return s
+    return replace(
+        s,
+        max_model_len=f0.max_model_len,
+        max_num_seqs=f0.max_num_seqs,
+        max_num_batched_tokens=f0.max_num_batched_tokens or s.max_num_batched_tokens,
+    )
+
+
+def _pinned(
+    ledger: Ledger, req: Request, s: Settings, spread: bool
+) -> tuple[_Candidate | None, str, list[str]]:
+    pin = req.spec.placement
+    node = ledger.nodes.get(pin.node_name or "")
+    if node is None:
+        return None, f"{pin.node_name}: node not found", []
+    if not _node_matches(node, req.spec):
+        return None, f"{node.name}: does not match the nodeSelector", []
+    if pin.gpu_indices:
+        return _check_pinned(ledger, req, s, node, tuple(pin.gpu_indices))
+    cand = _search(ledger, req, s, ledger.node_set([node.name]), spread)
+    return cand, "" if cand else _why_not(ledger, req, s, None, only=[node.name])[0], []

@@ -1,0 +1,51 @@
+"""Admitted deployments read back from their status (the operator's restart path)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from vllmfit.core.api import VLLMDeploymentStatus
+from vllmfit.core.memory import Flags, Footprint
+from vllmfit.core.placement.inputs import where
+from vllmfit.core.placement.ledger import Booking, Decision
+from vllmfit.core.placement.replan import _allocation_from_bookings
+
+# --- Admitted deployments read back from status ------------------------------------------------
+
+
+def bookings_from_status(key: str, status: VLLMDeploymentStatus) -> list[Booking]:
+    """The ledger entries an operator wrote to status.memory (GpuMemory), as bookings."""
+    out = []
+    for m in status.memory:
+        parts = m.weights_bytes + m.kv_cache_bytes + m.activation_bytes + m.overhead_bytes
+        fp = Footprint(
+            m.weights_bytes,
+            m.kv_cache_bytes,
+            m.activation_bytes,
+            m.overhead_bytes,
+            0,
+            0,
+            slack=max(m.total_bytes - parts, 0),
+        )
+        out.append(Booking(key, m.replica, m.node, m.index, fp))
+    return out
+
+
+def restored_decision(
+    key: str, bookings: Iterable[Booking], flags: Flags | None = None, warnings: Iterable[str] = ()
+) -> Decision:
+    """An admitted Decision rebuilt from bookings (for display: `vllmfit plan` and `status`)."""
+    by_rep: dict[int, list[Booking]] = {}
+    for b in bookings:
+        by_rep.setdefault(b.replica, []).append(b)
+    replicas = tuple(_allocation_from_bookings(r, bs, flags) for r, bs in sorted(by_rep.items()))
+    on = ", ".join(where(r.node, r.gpus) for r in replicas)
+    return Decision(
+        key,
+        "Admitted",
+        replicas,
+        flags,
+        warnings=tuple(warnings),
+        message=f"admitted on {on} (from status)",
+        restored=True,
+    )

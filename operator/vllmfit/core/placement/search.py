@@ -1,0 +1,194 @@
+"""The best-fit (or spread) search for one replica's GPU group, over the ledger's indices; sizing
+results are cached because they depend only on model, settings, GPU type and room."""
+
+from __future__ import annotations
+
+import bisect
+import functools
+from dataclasses import dataclass, replace
+from typing import Any
+
+from vllmfit.core import defaults, memory
+from vllmfit.core.api import VLLMDeploymentSpec
+from vllmfit.core.memory import Footprint, Settings, Sizing, SpecError
+from vllmfit.core.modelarch import GpuType, ModelArch
+from vllmfit.core.placement.inputs import NodeInfo, Request
+from vllmfit.core.placement.ledger import Ledger, NodeSet
+
+# --- Sizing (cached: the result depends only on model, settings, GPU type and `available`) ------
+
+_UNLIMITED = 1 << 62
+
+
+@functools.lru_cache(maxsize=8192)
+def _full_sizing(model: ModelArch, s: Settings, gpu: GpuType) -> Sizing | str:
+    """Sizing with unlimited room: the full-context footprint (or why it can never run)."""
+    try:
+        return memory.size(model, s, gpu, _UNLIMITED)
+    except SpecError as e:
+        return str(e)
+
+
+@functools.lru_cache(maxsize=8192)
+def _min_need(model: ModelArch, s: Settings, gpu: GpuType) -> int | None:
+    """The smallest per-GPU footprint this spec can take on this GPU type, for messages: unset
+    values at their floor (context MIN_AUTO_MAX_MODEL_LEN, 1 sequence, MIN_BATCHED_TOKENS)."""
+    full = _full_sizing(model, s, gpu)
+    if isinstance(full, str):
+        return None
+    if not _shrinkable(s):
+        return full.footprint.total
+    low = replace(
+        s,
+        max_model_len=s.max_model_len or min(defaults.MIN_AUTO_MAX_MODEL_LEN, model.max_model_len),
+        max_num_seqs=s.max_num_seqs or 1,
+        max_num_batched_tokens=s.max_num_batched_tokens or memory.MIN_BATCHED_TOKENS,
+    )
+    floor = _full_sizing(model, low, gpu)
+    return (
+        full.footprint.total if isinstance(floor, str) else min(floor.footprint.total, full.footprint.total)
+    )
+
+
+def _shrinkable(s: Settings) -> bool:
+    """Whether memory.size may lower unset values to fit the room it is given."""
+    return s.gpu_memory_utilization is None and (
+        s.max_model_len is None or s.max_num_seqs is None or s.max_num_batched_tokens is None
+    )
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    node: str
+    gpus: tuple[int, ...]
+    sizing: Sizing
+    score: int  # headroom left on the group's key GPU after placing
+    footprints: tuple[Footprint, ...] = ()
+
+
+def _node_matches(node: NodeInfo, spec: VLLMDeploymentSpec) -> bool:
+    sel = spec.placement.node_selector or {}
+    return all(node.labels.get(k) == v for k, v in sel.items())
+
+
+def _pick(
+    ledger: Ledger, t: GpuType, n: int, need: int, nodes: NodeSet | None, spread: bool
+) -> tuple[str, tuple[int, ...], int] | None:
+    """The group of n GPUs of type t with room for `need` bytes each: best fit takes the least
+    headroom that still fits (spread the most); ties by node name, then GPU index. Returns
+    (node, gpus, key headroom). `nodes` None means every node, else only these."""
+    few = nodes is not None and len(nodes.names) <= _FEW_NODES
+    allowed = None if nodes is None else nodes.members
+    if n == 1:
+        if few:
+            entries = sorted(
+                (ledger._head[(nd, s.index)], nd, s.index)
+                for nd in (nodes.names if nodes else ())
+                for s in ledger.nodes[nd].gpus
+                if s.gpu == t and (nd, s.index) in ledger._head
+            )
+            hit = _first(entries, need, spread, None)
+        else:
+            hit = _first(ledger.free_index(t), need, spread, allowed)
+        return None if hit is None else (hit[1], (hit[2],), hit[0])
+    if few:
+        groups = sorted(
+            (k, nd)
+            for nd in (nodes.names if nodes else ())
+            if (k := ledger._node_group_key(nd, t, n)) is not None
+        )
+        top = _first(groups, need, spread, None)
+    else:
+        top = _first(ledger.group_index(t, n), need, spread, allowed)
+    if top is None:
+        return None
+    node = top[1]
+    heads = sorted((ledger._head[(node, i)], i) for i in ledger.type_indices(node, t))
+    fit = [(h, i) for h, i in heads if h >= need]
+    chosen = sorted(fit, key=lambda e: (-e[0], e[1]))[:n] if spread else fit[:n]
+    return node, tuple(sorted(i for _, i in chosen)), top[0]
+
+
+_FEW_NODES = 16
+"""Up to this many candidate nodes, their GPUs are scanned directly instead of the index."""
+
+
+def _first(entries: list[Any], need: int, spread: bool, allowed: frozenset[str] | None) -> Any:
+    """In a list sorted by (headroom, node, ...), among entries whose node is allowed (None: all):
+    the first with headroom >= need (best fit), or the one with the most headroom and, among
+    equal headroom, the smallest node name (spread)."""
+    if not spread:
+        for i in range(bisect.bisect_left(entries, (need,)), len(entries)):
+            if allowed is None or entries[i][1] in allowed:
+                return entries[i]
+        return None
+    if allowed is None:
+        if not entries or entries[-1][0] < need:
+            return None
+        return entries[bisect.bisect_left(entries, (entries[-1][0],))]
+    for i in range(len(entries) - 1, -1, -1):
+        if entries[i][0] < need:
+            return None
+        if entries[i][1] in allowed:
+            top = entries[i][0]
+            break
+    else:
+        return None
+    for j in range(bisect.bisect_left(entries, (top,)), len(entries)):
+        if entries[j][1] in allowed:
+            return entries[j]
+    return None
+
+
+def _search(
+    ledger: Ledger, req: Request, s: Settings, nodes: NodeSet | None, spread: bool
+) -> _Candidate | None:
+    """Best placement of one replica among `nodes` (None: all): a full-context fit anywhere beats
+    a reduced context; among full fits, best fit (or spread) by headroom left, then name."""
+    n = s.gpus
+    types = [
+        t
+        for t in (ledger.gpu_types() if nodes is None else nodes.types)
+        if n == 1 or not _is_mig_type(ledger, t)
+    ]
+    best: _Candidate | None = None
+    for t in types:
+        full = _full_sizing(req.model, s, t)
+        if isinstance(full, str) or not full.fits:
+            continue
+        hit = _pick(ledger, t, n, full.footprint.total, nodes, spread)
+        if hit:
+            c = _Candidate(hit[0], hit[1], full, hit[2] - full.footprint.total)
+            if best is None or _better(c, best, spread):
+                best = c
+    if best is not None or not _shrinkable(s):
+        return best
+    for t in types:  # nothing fits as asked: the roomiest group of each type, unset values lowered
+        if isinstance(_full_sizing(req.model, s, t), str):
+            continue
+        hit = _pick(ledger, t, n, -_UNLIMITED, nodes, True)
+        if hit is None:
+            continue
+        sized = memory.size(req.model, s, t, hit[2])
+        if sized.fits:
+            c = _Candidate(hit[0], hit[1], sized, hit[2] - sized.footprint.total)
+            if best is None or _better(c, best, spread):
+                best = c
+    return best
+
+
+def _is_mig_type(ledger: Ledger, t: GpuType) -> bool:
+    lst = ledger.free_index(t)
+    return bool(lst) and ledger._slots[(lst[0][1], lst[0][2])].mig
+
+
+def _better(a: _Candidate, b: _Candidate, spread: bool) -> bool:
+    """The longer context (then more sequences) first; then best fit or spread; then name, GPUs."""
+    fa, fb = a.sizing.flags, b.sizing.flags
+    ka = (fa.max_model_len, fa.max_num_seqs) if fa else (0, 0)
+    kb = (fb.max_model_len, fb.max_num_seqs) if fb else (0, 0)
+    if ka != kb:
+        return ka > kb
+    if a.score != b.score:
+        return (a.score > b.score) if spread else (a.score < b.score)
+    return (a.node, a.gpus) < (b.node, b.gpus)

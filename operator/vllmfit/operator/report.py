@@ -1,0 +1,104 @@
+"""What the operator reports about a VLLMDeployment: its conditions and its whole `.status`,
+computed from the operator's record and the ledger (the headroom of every GPU it uses)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from vllmfit.core import api, memory
+from vllmfit.core.memory import fmt_gib
+from vllmfit.core.placement import Booking, Decision, Ledger
+from vllmfit.operator.record import Record
+
+
+def placement_from(decision: Decision, ledger: Ledger) -> list[api.ReplicaPlacement]:
+    out = []
+    for r in decision.replicas:
+        gpus = []
+        for i in r.gpus:
+            slot = ledger.slot(r.node, i)
+            gpus.append(api.GpuRef(index=i, uuid=slot.uuid if slot else None,
+                                   product=slot.gpu.product if slot else ""))
+        out.append(api.ReplicaPlacement(replica=r.replica, node=r.node, gpus=gpus))
+    return out
+
+
+def api_flags(flags: memory.Flags | None) -> api.Flags | None:
+    if flags is None:
+        return None
+    return api.Flags(max_model_len=flags.max_model_len, max_num_seqs=flags.max_num_seqs,
+                     gpu_memory_utilization=flags.gpu_memory_utilization,
+                     kv_cache_memory_bytes=flags.kv_cache_memory_bytes,
+                     max_num_batched_tokens=flags.max_num_batched_tokens)
+
+
+def memory_entries(bookings: Iterable[Booking]) -> list[api.GpuMemory]:
+    return [api.GpuMemory(node=b.node, index=b.index, replica=b.replica, weights_bytes=b.footprint.weights,
+                          kv_cache_bytes=b.footprint.kv_cache, activation_bytes=b.footprint.activation,
+                          overhead_bytes=b.footprint.overhead, total_bytes=b.footprint.total)
+            for b in sorted(bookings, key=lambda b: (b.replica, b.node, b.index))]
+
+
+def gpu_headroom(ledger: Ledger, key: str) -> list[api.GpuHeadroom]:
+    gpus = sorted({(b.node, b.index) for b in ledger.bookings_of(key)})
+    out = []
+    for node, i in gpus:
+        slot = ledger.slot(node, i)
+        budget = slot.budget_bytes if slot else 0
+        out.append(api.GpuHeadroom(node=node, index=i, budget_bytes=budget, used_bytes=ledger.used_bytes(node, i),
+                                   headroom_bytes=ledger.headroom_bytes(node, i)))
+    return out
+
+
+def headroom_text(gpus: Sequence[api.GpuHeadroom]) -> str | None:
+    return fmt_gib(min(g.headroom_bytes for g in gpus)) if gpus else None
+
+
+def set_condition(conditions: Sequence[api.Condition], type_: str, status: str, reason: str, message: str,
+                  now: str, generation: int | None = None) -> list[api.Condition]:
+    """Replace the condition of `type_`; lastTransitionTime changes only when status does."""
+    old = next((c for c in conditions if c.type == type_), None)
+    since = old.last_transition_time if old is not None and old.status == status else now
+    new = api.Condition(type=type_, status=status, reason=reason, message=message,  # type: ignore[arg-type]
+                        last_transition_time=since, observed_generation=generation)
+    out = [c for c in conditions if c.type != type_] + [new]
+    order = {"Admitted": 0, "Placed": 1, "Ready": 2, "MemoryDrift": 3}
+    return sorted(out, key=lambda c: order.get(c.type, 9))
+
+
+def phase(rec: Record) -> str:
+    if not rec.admitted:
+        return rec.outcome
+    ready = next((c for c in rec.conditions if c.type == "Ready"), None)
+    if rec.failed:
+        return "Failed"
+    if ready is not None and ready.status == "True":
+        return "Running"
+    return "Admitted"
+
+
+def status(rec: Record, ledger: Ledger) -> dict[str, Any]:
+    """The whole status of a VLLMDeployment, as a merge patch (None removes a field)."""
+    gpus = gpu_headroom(ledger, rec.key)
+    placement = rec.placement if rec.admitted else []
+    nodes = list(dict.fromkeys(p.node for p in placement))
+    st = api.VLLMDeploymentStatus(
+        phase=phase(rec),  # type: ignore[arg-type]
+        observed_generation=rec.observed_generation,
+        vllm_version=rec.vllm_version,
+        node=",".join(nodes) or None,
+        gpu_list=";".join(",".join(str(g.index) for g in p.gpus) for p in placement) or None,
+        placement=placement,
+        flags=rec.flags if rec.admitted else None,
+        memory=memory_entries(ledger.bookings_of(rec.key)),
+        gpus=gpus,
+        headroom=headroom_text(gpus),
+        observed=rec.observed,
+        pod_uids=sorted(set(rec.pod_uids.values())),
+        reasons=rec.reasons,
+        suggestions=rec.suggestions,
+        warnings=rec.warnings,
+        conditions=rec.conditions,
+    )
+    return st.model_dump(by_alias=True, mode="json")
