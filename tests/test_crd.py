@@ -84,37 +84,63 @@ def test_names_and_version():
         "plural": "vllmdeployments",
         "singular": "vllmdeployment",
         "shortNames": ["vllmd"],
-        "categories": ["vllmfit", "all"],
+        "categories": ["vllmfit"],  # not "all": `kubectl get all` is for the built-in workloads
     }
     assert [v["name"] for v in spec["versions"]] == ["v1alpha1"]
     assert VERSION["served"] and VERSION["storage"]
-    assert VERSION["subresources"] == {"status": {}}
+
+
+def test_scale_subresource():
+    """kubectl scale / HPA read and write these paths (apiextensions CustomResourceSubresourceScale)."""
+    assert VERSION["subresources"] == {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
+    props = SCHEMA["properties"]
+    assert props["spec"]["properties"]["replicas"]["type"] == "integer"
+    assert props["status"]["properties"]["replicas"]["type"] == "integer"
+    assert props["status"]["properties"]["readyReplicas"]["type"] == "integer"
+    assert props["status"]["properties"]["selector"]["type"] == "string"
+
+
+def _column_field(path: str) -> dict[str, Any]:
+    node = SCHEMA
+    for part in path.strip(".").split("."):
+        node = node["properties"][part]
+    return node
 
 
 def test_printer_columns():
     cols = VERSION["additionalPrinterColumns"]
-    # kubectl prints NAME first by itself, then these upper-cased
-    assert ["NAME"] + [c["name"].upper() for c in cols] == (
-        ["NAME", "MODEL", "PHASE", "NODE", "GPUS", "MAX-LEN", "SEQS", "UTIL", "HEADROOM", "AGE"]
-    )
-    assert {c["name"]: (c["jsonPath"], c["type"]) for c in cols} == {
-        "Model": (".spec.model", "string"),
-        "Phase": (".status.phase", "string"),
-        "Node": (".status.node", "string"),
-        "GPUs": (".status.gpuList", "string"),
-        "Max-Len": (".status.flags.maxModelLen", "integer"),
-        "Seqs": (".status.flags.maxNumSeqs", "integer"),
-        "Util": (".status.flags.gpuMemoryUtilization", "number"),
-        "Headroom": (".status.headroom", "string"),
-        "Age": (".metadata.creationTimestamp", "date"),
+    # kubectl prints NAME first by itself, then the priority-0 columns upper-cased
+    default = ["NAME"] + [c["name"].upper() for c in cols if c.get("priority", 0) == 0]
+    wide = ["NAME"] + [c["name"].upper() for c in cols]
+    assert default == ["NAME", "READY", "MODEL", "STATUS", "AGE"]
+    assert wide == ["NAME", "READY", "MODEL", "STATUS", "AGE", "NODE", "GPUS", "MAX-LEN", "SEQS", "UTIL", "HEADROOM"]
+    assert {c["name"]: (c["jsonPath"], c["type"], c.get("priority", 0)) for c in cols} == {
+        "Ready": (".status.ready", "string", 0),
+        "Model": (".spec.model", "string", 0),
+        "Status": (".status.phase", "string", 0),
+        "Age": (".metadata.creationTimestamp", "date", 0),
+        "Node": (".status.node", "string", 1),
+        "GPUs": (".status.gpuList", "string", 1),
+        "Max-Len": (".status.flags.maxModelLen", "integer", 1),
+        "Seqs": (".status.flags.maxNumSeqs", "integer", 1),
+        "Util": (".status.flags.gpuMemoryUtilization", "number", 1),
+        "Headroom": (".status.headroom", "string", 1),
     }
-    assert all(c.get("priority", 0) == 0 for c in cols)
-    # every column points at a field the schema has
-    for c in cols[:-1]:
-        node = SCHEMA
-        for part in c["jsonPath"].strip(".").split("."):
-            node = node["properties"][part]
-        assert node["type"] == c["type"], c["name"]
+    assert all("priority" not in c for c in cols if c["name"] in ("Ready", "Model", "Status", "Age"))
+    # every column points at a field the schema has, of the column's type
+    for c in cols:
+        if c["jsonPath"].startswith(".metadata"):
+            continue
+        assert _column_field(c["jsonPath"])["type"] == c["type"], c["name"]
+    # derived from one place
+    assert cols == crdgen.printer_columns() and len(cols) == len(crdgen.COLUMNS)
 
 
 # --- structural ---------------------------------------------------------------------------------
@@ -406,6 +432,10 @@ def test_full_status_survives_pruning():
         ],
         gpus=[{"node": "gpu-1", "index": 0, "budget_bytes": 100, "used_bytes": 90, "headroom_bytes": 10}],
         headroom="10 B",
+        replicas=1,
+        ready_replicas=1,
+        ready="1/1",
+        selector="app.kubernetes.io/managed-by=vllmfit,vllmfit.dev/deployment=x",
         observed=[
             {
                 "node": "gpu-1",

@@ -76,39 +76,45 @@ SPEC_RULES: list[dict[str, str]] = [
     },
 ]
 
-# --- printer columns (`kubectl get vllmd`): NAME MODEL PHASE NODE GPUS MAX-LEN SEQS UTIL HEADROOM AGE
+# --- printer columns (`kubectl get vllmd`) -----------------------------------------------------
+# The one place the columns are defined. Like the built-in kinds: a short default set (kubectl
+# prints NAME itself first), then the columns only `-o wide` shows (priority 1), after AGE as in
+# `kubectl get pods -o wide`. (name, type, jsonPath, description, priority)
 
-PRINTER_COLUMNS: list[dict[str, str]] = [
-    {"name": "Model", "type": "string", "jsonPath": ".spec.model", "description": "Model served."},
-    {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase."},
-    {"name": "Node", "type": "string", "jsonPath": ".status.node", "description": "Node(s) of the replicas."},
-    {"name": "GPUs", "type": "string", "jsonPath": ".status.gpuList", "description": "GPU indices used."},
-    {
-        "name": "Max-Len",
-        "type": "integer",
-        "jsonPath": ".status.flags.maxModelLen",
-        "description": "Injected --max-model-len.",
-    },
-    {
-        "name": "Seqs",
-        "type": "integer",
-        "jsonPath": ".status.flags.maxNumSeqs",
-        "description": "Injected --max-num-seqs.",
-    },
-    {
-        "name": "Util",
-        "type": "number",
-        "jsonPath": ".status.flags.gpuMemoryUtilization",
-        "description": "Injected --gpu-memory-utilization.",
-    },
-    {
-        "name": "Headroom",
-        "type": "string",
-        "jsonPath": ".status.headroom",
-        "description": "Smallest headroom among its GPUs.",
-    },
-    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-]
+COLUMNS: tuple[tuple[str, str, str, str, int], ...] = (
+    ("Ready", "string", ".status.ready", "Ready replicas / spec.replicas.", 0),
+    ("Model", "string", ".spec.model", "Model served.", 0),
+    ("Status", "string", ".status.phase", "Phase: Pending, Admitted, Running, Rejected, Unschedulable, Failed.", 0),
+    ("Age", "date", ".metadata.creationTimestamp", "Time since creation.", 0),
+    ("Node", "string", ".status.node", "Node(s) of the replicas.", 1),
+    ("GPUs", "string", ".status.gpuList", "GPU indices used, per replica.", 1),
+    ("Max-Len", "integer", ".status.flags.maxModelLen", "Injected --max-model-len.", 1),
+    ("Seqs", "integer", ".status.flags.maxNumSeqs", "Injected --max-num-seqs.", 1),
+    ("Util", "number", ".status.flags.gpuMemoryUtilization", "Injected --gpu-memory-utilization.", 1),
+    ("Headroom", "string", ".status.headroom", "Smallest headroom among its GPUs.", 1),
+)
+
+
+def printer_columns() -> list[dict[str, Any]]:
+    """additionalPrinterColumns from COLUMNS (priority written only when not 0, as kubectl does)."""
+    out: list[dict[str, Any]] = []
+    for name, type_, path, description, priority in COLUMNS:
+        col: dict[str, Any] = {"name": name, "type": type_, "jsonPath": path, "description": description}
+        if priority:
+            col["priority"] = priority
+        out.append(col)
+    return out
+
+
+PRINTER_COLUMNS = printer_columns()
+
+SCALE = {
+    "specReplicasPath": ".spec.replicas",
+    "statusReplicasPath": ".status.replicas",
+    "labelSelectorPath": ".status.selector",
+}
+"""The scale subresource: `kubectl scale` and a HorizontalPodAutoscaler change spec.replicas
+through /scale; the change goes through admission like any other spec change."""
 
 # JSON Schema keywords the structural subset allows, in the order they are written.
 _KEY_ORDER = (
@@ -321,7 +327,7 @@ def render_crd() -> dict[str, Any]:
                     "name": api.VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, "scale": dict(SCALE)},
                     "additionalPrinterColumns": copy.deepcopy(PRINTER_COLUMNS),
                     "schema": {"openAPIV3Schema": _ordered(root)},
                 }

@@ -20,7 +20,9 @@ KIND = "VLLMDeployment"
 PLURAL = "vllmdeployments"
 SINGULAR = "vllmdeployment"
 SHORT_NAMES = ["vllmd"]
-CATEGORIES = ["vllmfit", "all"]
+CATEGORIES = ["vllmfit"]
+"""Not "all": `kubectl get all` lists the built-in workloads, and a VLLMDeployment's pods and
+Deployments already show there (the convention the Kubernetes API docs give for CRDs)."""
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Quantization = Literal["fp8", "int8", "w8a8", "awq", "gptq", "w4a16", "mxfp4", "compressed-tensors", "bitsandbytes"]
@@ -227,6 +229,17 @@ class VLLMDeploymentStatus(_Model):
 
     phase: Phase = Field(default="Pending", description="Pending, Admitted, Running, Rejected, Unschedulable or Failed.")
     observed_generation: int | None = Field(default=None, description="Spec generation last acted upon.")
+    replicas: int = Field(
+        default=0, ge=0, description="Replicas placed and running as Deployments (the scale subresource's status)."
+    )
+    ready_replicas: int = Field(default=0, ge=0, description="Replicas whose vLLM pod is ready (serving).")
+    ready: str | None = Field(
+        default=None, description="readyReplicas/spec.replicas, e.g. 1/2 (the READY printer column)."
+    )
+    selector: str | None = Field(
+        default=None,
+        description="Label selector of its vLLM pods (the scale subresource's labelSelectorPath, read by HPA).",
+    )
     vllm_version: str | None = Field(default=None, description="vLLM version the memory model used.")
     node: str | None = Field(default=None, description="Node(s) of the replicas, comma-separated (printer column).")
     gpu_list: str | None = Field(default=None, description="GPU indices, comma-separated (printer column).")

@@ -53,3 +53,9 @@ INVENTORY_STALE_SECONDS = 300
 GFD_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GFD_MEMORY_LABEL = "nvidia.com/gpu.memory"
 GFD_COUNT_LABEL = "nvidia.com/gpu.count"
+
+DEPLOYMENT_LABEL = "vllmfit.dev/deployment"
+"""Label on every Deployment, pod and Service vllmfit writes: the VLLMDeployment's name."""
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+"""The Kubernetes recommended label; its value on what vllmfit writes is MANAGED_BY."""
+MANAGED_BY = "vllmfit"

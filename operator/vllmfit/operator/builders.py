@@ -17,12 +17,12 @@ from typing import Any
 
 from vllmfit.backends import binding
 from vllmfit.backends.binding import GPU_RESOURCE
-from vllmfit.core import api, memory
+from vllmfit.core import api, defaults, memory
 from vllmfit.core.placement import Ledger
 
 PORT = 8000
-MANAGED_BY = "app.kubernetes.io/managed-by"
-LABEL_DEPLOYMENT = f"{api.GROUP}/deployment"
+MANAGED_BY = defaults.MANAGED_BY_LABEL
+LABEL_DEPLOYMENT = defaults.DEPLOYMENT_LABEL
 LABEL_REPLICA = f"{api.GROUP}/replica"
 ANNOTATION_PLACEMENT = f"{api.GROUP}/placement"
 ANNOTATION_PINNING = f"{api.GROUP}/pinning"

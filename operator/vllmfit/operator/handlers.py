@@ -27,7 +27,7 @@ from kubernetes_asyncio.client import ApiException
 from vllmfit.backends import binding
 from vllmfit.core import api, defaults, memory, observe, placement
 from vllmfit.core.placement import Decision, Request
-from vllmfit.operator import builders, metrics, pods, report
+from vllmfit.operator import builders, metrics, pods, report, webhook
 from vllmfit.operator.record import ModelResolutionError, Record, key_of
 from vllmfit.operator.state import Store, get_store
 from vllmfit.sources import catalog
@@ -120,6 +120,19 @@ def not_admitted(rec: Record, phase: str, reason: str, message: str, fx: Effects
     metrics.ADMISSIONS.labels(phase).inc()
 
 
+def scale_keep(store: Store, rec: Record, req: Request) -> list[placement.ReplicaAllocation]:
+    """When only spec.replicas changed (kubectl scale, an HPA), the replicas that stay keep their
+    GPUs: a shrink releases the highest ones and always succeeds; a growth places only the new
+    ones, and is admitted only if every new one fits."""
+    old = rec.admitted_request
+    if not rec.admitted or old is None or rec.flags is None:
+        return []
+    if webhook.memory_changes(old.spec, req.spec) != ["replicas"]:
+        return []
+    below = min(old.spec.replicas, req.spec.replicas)
+    return placement.held_replicas(store.ledger, rec.key, below, builders.to_memory_flags(rec.flags))
+
+
 def apply_decision(store: Store, rec: Record, req: Request, d: Decision, fx: Effects, *, cause: str = "") -> None:
     """Book an admitted decision, or record why not."""
     ledger, key, t = store.ledger, rec.key, now()
@@ -128,6 +141,7 @@ def apply_decision(store: Store, rec: Record, req: Request, d: Decision, fx: Eff
     rec.request = req
     if d.admitted:
         old, old_flags = [builders.placement_text(p) for p in rec.placement], rec.flags
+        old_by = {p.replica: builders.placement_text(p) for p in rec.placement}
         ledger.book(d)
         rec.admitted, rec.outcome, rec.waiting = True, "Admitted", False
         rec.admitted_request = req
@@ -136,7 +150,9 @@ def apply_decision(store: Store, rec: Record, req: Request, d: Decision, fx: Eff
         rec.vllm_version = memory.parse_version(req.spec.image)[0].label
         rec.reasons, rec.suggestions, rec.warnings = [], [], list(d.warnings)
         new = [builders.placement_text(p) for p in rec.placement]
-        moved = bool(old) and old != new
+        new_by = {p.replica: builders.placement_text(p) for p in rec.placement}
+        moved = any(new_by[r] != text for r, text in old_by.items() if r in new_by)  # a scale moves nothing
+        scaled = bool(old) and len(old) != len(new) and not moved
         where = "; ".join(f"replica {p.replica}: {builders.placement_text(p)}" for p in rec.placement) or "no replicas"
         rec.conditions = report.set_condition(rec.conditions, "Admitted", "True", "Admitted", d.message, t,
                                                 rec.generation)
@@ -146,6 +162,9 @@ def apply_decision(store: Store, rec: Record, req: Request, d: Decision, fx: Eff
         if moved:
             message = f"moved from {', '.join(old)} to {', '.join(new)}" + (f" ({cause})" if cause else "")
             fx.events.append((rec.body, "Warning", "Moved", message))
+        elif scaled:
+            message = f"scaled from {len(old)} to {len(new)} replicas: {where}"
+            fx.events.append((rec.body, "Normal", "Scaled", message))
         elif old and cause and rec.flags != old_flags:
             message = (f"resized on {', '.join(new)} ({cause}): --max-model-len {old_flags and old_flags.max_model_len}"
                        f" -> {rec.flags and rec.flags.max_model_len}")
@@ -350,7 +369,8 @@ async def reconcile(body: Mapping[str, Any], *, force: bool) -> None:
             fx.mark.add(rec.key)
         else:
             store.changes += 1
-            apply_decision(store, rec, req, placement.decide(store.ledger, req), fx)
+            keep = scale_keep(store, rec, req)
+            apply_decision(store, rec, req, placement.decide(store.ledger, req, keep=keep), fx)
     await finish(store, fx)
     metrics.RECONCILE.observe(time.monotonic() - t0)
     if transient:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from vllmfit.core import api, memory
+from vllmfit.core import api, defaults, memory
 from vllmfit.core.memory import fmt_gib
 from vllmfit.core.placement import Booking, Decision, Ledger
 from vllmfit.operator.record import Record
@@ -78,6 +78,23 @@ def phase(rec: Record) -> str:
     return "Admitted"
 
 
+def selector(name: str) -> str:
+    """The label selector of a VLLMDeployment's vLLM pods, as the scale subresource reports it."""
+    return f"{defaults.MANAGED_BY_LABEL}={defaults.MANAGED_BY},{defaults.DEPLOYMENT_LABEL}={name}"
+
+
+def desired_replicas(rec: Record) -> int:
+    """spec.replicas of the latest object (1, the schema default, when absent)."""
+    value = (rec.body.get("spec") or {}).get("replicas", 1)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 1
+
+
+def ready_replicas(rec: Record, placed: Sequence[api.ReplicaPlacement]) -> int:
+    """Placed replicas with a ready pod."""
+    want = {p.replica for p in placed}
+    return len({r for r, h in rec.pods.values() if h.ready and r in want})
+
+
 def status(rec: Record, ledger: Ledger) -> dict[str, Any]:
     """The whole status of a VLLMDeployment, as a merge patch (None removes a field)."""
     gpus = gpu_headroom(ledger, rec.key)
@@ -86,6 +103,10 @@ def status(rec: Record, ledger: Ledger) -> dict[str, Any]:
     st = api.VLLMDeploymentStatus(
         phase=phase(rec),  # type: ignore[arg-type]
         observed_generation=rec.observed_generation,
+        replicas=len(placement),
+        ready_replicas=(ready := ready_replicas(rec, placement)),
+        ready=f"{ready}/{desired_replicas(rec)}",
+        selector=selector(rec.name),
         vllm_version=rec.vllm_version,
         node=",".join(nodes) or None,
         gpu_list=";".join(",".join(str(g.index) for g in p.gpus) for p in placement) or None,

@@ -30,7 +30,7 @@ import kopf
 from pydantic import BaseModel, ValidationError
 
 from vllmfit.core import api, placement
-from vllmfit.operator import certs
+from vllmfit.operator import builders, certs
 
 logger = logging.getLogger(__name__)
 
@@ -168,9 +168,15 @@ def _elsewhere(ledger: placement.Ledger, req: placement.Request) -> str:
 
 
 def check(ledger: placement.Ledger, req: placement.Request, *, old: api.VLLMDeploymentSpec | None = None,
-          dry_run: bool = False) -> Verdict:
-    """The verdict for `req` on `ledger` (read only). `old`: the stored spec, on an UPDATE."""
-    d = placement.decide(ledger, req)
+          dry_run: bool = False, old_flags: api.Flags | None = None) -> Verdict:
+    """The verdict for `req` on `ledger` (read only). `old`: the stored spec, on an UPDATE, and
+    `old_flags` its status.flags. A change of spec.replicas alone (kubectl scale, an HPA) keeps the
+    replicas it holds where they are, as the operator does: only new replicas must fit."""
+    keep: list[placement.ReplicaAllocation] = []
+    if old is not None and memory_changes(old, req.spec) == ["replicas"]:
+        flags = builders.to_memory_flags(old_flags) if old_flags else None
+        keep = placement.held_replicas(ledger, req.key, min(old.replicas, req.spec.replicas), flags)
+    d = placement.decide(ledger, req, keep=keep)
     if d.admitted:
         extra: tuple[str, ...] = ()
         if dry_run:
@@ -222,7 +228,8 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
     except TimeoutError:
         return Verdict(True, warnings=(BUSY,))
     try:
-        return check(store.ledger, req, old=old.spec if old else None, dry_run=dry_run)
+        old_flags = old.status.flags if old is not None and old.status is not None else None
+        return check(store.ledger, req, old=old.spec if old else None, dry_run=dry_run, old_flags=old_flags)
     finally:
         lock.release()
 

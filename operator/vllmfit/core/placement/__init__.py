@@ -31,7 +31,7 @@ This package re-exports the names the shells use; inside the core, import the mo
 """
 
 from vllmfit.core.placement.contract import to_json
-from vllmfit.core.placement.decide import decide
+from vllmfit.core.placement.decide import decide, held_replicas
 from vllmfit.core.placement.inputs import (
     DecisionPhase,
     GpuSlot,
@@ -41,7 +41,7 @@ from vllmfit.core.placement.inputs import (
     settings_from_spec,
     where,
 )
-from vllmfit.core.placement.ledger import Booking, Decision, Ledger, OverBudget
+from vllmfit.core.placement.ledger import Booking, Decision, Ledger, OverBudget, ReplicaAllocation
 from vllmfit.core.placement.nodes import node_from_object
 from vllmfit.core.placement.plan import Plan, plan
 from vllmfit.core.placement.replan import replan
@@ -56,9 +56,11 @@ __all__ = [
     "NodeInfo",
     "OverBudget",
     "Plan",
+    "ReplicaAllocation",
     "Request",
     "bookings_from_status",
     "decide",
+    "held_replicas",
     "node_from_object",
     "plan",
     "replan",

@@ -3,16 +3,25 @@ without changing the ledger; when it does not fit, add checked fixes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from vllmfit.core import memory
+from vllmfit.core.memory import Flags, Sizing
 from vllmfit.core.placement.fixes import _suggest
 from vllmfit.core.placement.inputs import Request
-from vllmfit.core.placement.ledger import Decision, Ledger
+from vllmfit.core.placement.ledger import Booking, Decision, Ledger, ReplicaAllocation
 from vllmfit.core.placement.place import _decide
 
 
-def decide(ledger: Ledger, req: Request, *, policy: memory.Policy = "vllm", suggest: bool = True) -> Decision:
+def decide(
+    ledger: Ledger,
+    req: Request,
+    *,
+    policy: memory.Policy = "vllm",
+    suggest: bool = True,
+    keep: Sequence[ReplicaAllocation] = (),
+) -> Decision:
     """Check and place every replica of `req` without changing the ledger.
 
     Bookings the deployment already holds are ignored (an update is checked with its own
@@ -23,7 +32,7 @@ def decide(ledger: Ledger, req: Request, *, policy: memory.Policy = "vllm", sugg
     """
     own = ledger.release(req.key)
     try:
-        d = _decide(ledger, req, policy)
+        d = _decide(ledger, req, policy, keep)
         if suggest and d.phase == "Unschedulable":
             fixes = tuple(_suggest(ledger, req, policy))
             d = replace(
@@ -34,3 +43,31 @@ def decide(ledger: Ledger, req: Request, *, policy: memory.Policy = "vllm", sugg
         return d
     finally:
         ledger._add(req.key, own)
+
+
+def held_replicas(ledger: Ledger, key: str, below: int, flags: Flags | None = None) -> list[ReplicaAllocation]:
+    """The allocations of the replicas 0..below-1 that `key` holds in the ledger, rebuilt from its
+    bookings; `flags` (its current flags) keep the context and concurrency of replicas added."""
+    return _kept_replicas([b for b in ledger.bookings_of(key) if b.replica < below], flags)
+
+
+def _kept_replicas(bookings: list[Booking], flags: Flags | None) -> list[ReplicaAllocation]:
+    """Replica allocations rebuilt from the bookings of replicas that stay."""
+    by_rep: dict[int, list[Booking]] = {}
+    for b in bookings:
+        by_rep.setdefault(b.replica, []).append(b)
+    return [_allocation_from_bookings(r, bs, flags) for r, bs in sorted(by_rep.items())]
+
+
+def _allocation_from_bookings(
+    replica: int, bs: list[Booking], flags: Flags | None = None
+) -> ReplicaAllocation:
+    bs = sorted(bs, key=lambda b: b.index)
+    fp = max((b.footprint for b in bs), key=lambda f: f.total)
+    return ReplicaAllocation(
+        replica,
+        bs[0].node,
+        tuple(b.index for b in bs),
+        Sizing(True, fp, flags, 0, 0, 0.0),
+        tuple(b.footprint for b in bs),
+    )

@@ -6,10 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from vllmfit.core import memory
-from vllmfit.core.memory import Flags, Sizing
+from vllmfit.core.memory import Flags
+from vllmfit.core.placement.decide import _kept_replicas
 from vllmfit.core.placement.fixes import _suggest
 from vllmfit.core.placement.inputs import Request
-from vllmfit.core.placement.ledger import Booking, Decision, Ledger, ReplicaAllocation
+from vllmfit.core.placement.ledger import Decision, Ledger
 from vllmfit.core.placement.place import _decide
 
 # --- Re-placement --------------------------------------------------------------------------------
@@ -103,25 +104,3 @@ def _evictions(ledger: Ledger, requests: Mapping[str, Request]) -> list[tuple[st
         )
         _release_replicas(ledger, dep, {rep})
         out.append((dep, rep))
-
-
-def _kept_replicas(bookings: list[Booking], flags: Flags | None) -> list[ReplicaAllocation]:
-    """Replica allocations rebuilt from the bookings of replicas that stay."""
-    by_rep: dict[int, list[Booking]] = {}
-    for b in bookings:
-        by_rep.setdefault(b.replica, []).append(b)
-    return [_allocation_from_bookings(r, bs, flags) for r, bs in sorted(by_rep.items())]
-
-
-def _allocation_from_bookings(
-    replica: int, bs: list[Booking], flags: Flags | None = None
-) -> ReplicaAllocation:
-    bs = sorted(bs, key=lambda b: b.index)
-    fp = max((b.footprint for b in bs), key=lambda f: f.total)
-    return ReplicaAllocation(
-        replica,
-        bs[0].node,
-        tuple(b.index for b in bs),
-        Sizing(True, fp, flags, 0, 0, 0.0),
-        tuple(b.footprint for b in bs),
-    )

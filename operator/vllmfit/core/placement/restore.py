@@ -6,9 +6,9 @@ from collections.abc import Iterable
 
 from vllmfit.core.api import VLLMDeploymentStatus
 from vllmfit.core.memory import Flags, Footprint
+from vllmfit.core.placement.decide import _allocation_from_bookings
 from vllmfit.core.placement.inputs import where
 from vllmfit.core.placement.ledger import Booking, Decision
-from vllmfit.core.placement.replan import _allocation_from_bookings
 
 # --- Admitted deployments read back from status ------------------------------------------------
 
