@@ -10,26 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vllmfit.core.hfconfig import derive_max_len, text_config
+from vllmfit.core.statespace import LayerPlan, StateSpec, layer_plan
+
 
 class ModelConfigError(ValueError):
     """A config.json that cannot describe a model vLLM can serve (message: one line, with the fix)."""
 
 
 # model_type values vLLM runs with MLA when the config has kv_lora_rank (vllm/config/model.py).
-MLA_MODEL_TYPES = {"deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "kimi_vl", "glm4_moe_lite", "deepseek_mtp"}
-
-# Rope types whose `factor` does NOT multiply max_position_embeddings (vllm-memory-accounting.md §4).
-_ROPE_NO_SCALE = {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
-_MAX_LEN_KEYS = (
-    "max_position_embeddings",
-    "n_positions",
-    "max_seq_len",
-    "seq_length",
-    "max_target_positions",
-    "max_sequence_length",
-    "max_seq_length",
-    "seq_len",
-)
+# (vllm 0.33 transformers_utils/model_arch_config_convertor.py `is_deepseek_mla`)
+MLA_MODEL_TYPES = {"deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "kimi_k2", "kimi_vl", "kimi_linear",
+                   "glm4_moe_lite", "glm_moe_dsa", "deepseek_mtp", "longcat_flash", "pangu_ultra_moe"}
 _KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", "num_attention_groups")
 
 # bytes per element of torch dtypes
@@ -40,7 +32,7 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
 class Quant:
     """How the checkpoint's linear weights are stored."""
 
-    method: str  # "fp8" | "int8" | "int4" | "mxfp4"
+    method: str  # "fp8" | "int8" | "int4" | "mxfp4" | "nvfp4"
     bits: float  # bits per weight element, scales excluded
     group_size: int = 0  # elements per scale group (0 = per channel)
     experts_only: bool = False  # mxfp4 in gpt-oss: only the MoE experts are quantized
@@ -77,12 +69,19 @@ class ModelArch:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     num_shared_experts: int = 0
+    moe_latent_size: int = 0  # latent MoE (Nemotron 3 Super): routed experts work in this width
     first_k_dense: int = 0  # leading dense layers in a MoE model
     quant: Quant | None = None
     pooling: bool = False  # embedding / reranker (vLLM pooling runner): no decode KV pool
     vision_params: int = 0
     attention_bias: bool = False
+    attn_output_gate: bool = False  # q_proj also emits a gate (Qwen3-Next, Qwen3.5)
     rope_cache_elems: int = 0  # cos/sin cache vLLM keeps per rotary embedding (positions x rotary dim)
+    state: StateSpec | None = None  # recurrent state of Mamba / short-conv / GDN / linear-attention layers
+    state_layers: tuple[bool, ...] = ()  # per layer: carries a recurrent state
+    mlp_kinds: tuple[str, ...] = ()  # per layer: "dense" | "moe" | "" (none); () = first_k_dense rule
+    gated_mlp: bool = True  # gate + up + down (False: up + down, e.g. relu2 in Nemotron-H)
+    warnings: tuple[str, ...] = ()  # what the config left unmodelled (unknown layer types), one line each
     source: str = ""
     aliases: tuple[str, ...] = field(default=(), compare=False)
 
@@ -95,6 +94,25 @@ class ModelArch:
         return self.num_experts > 0
 
     @property
+    def num_state_layers(self) -> int:
+        return sum(self.state_layers)
+
+    @property
+    def is_hybrid_state(self) -> bool:
+        """Has recurrent-state layers (Mamba, short conv, GDN, linear attention)."""
+        return self.state is not None and self.num_state_layers > 0
+
+    @property
+    def moe_layers(self) -> int:
+        if self.mlp_kinds:
+            return sum(1 for k in self.mlp_kinds if k == "moe")
+        return self.num_layers - self.first_k_dense if self.is_moe else 0
+
+    @property
+    def expert_matrices(self) -> int:
+        return 3 if self.gated_mlp else 2
+
+    @property
     def embedding_params(self) -> int:
         """Input embedding (vocab x hidden); the lm_head is as large again unless tied."""
         return self.vocab_size * self.hidden_size
@@ -102,8 +120,8 @@ class ModelArch:
     @property
     def expert_params(self) -> int:
         """Parameters in routed experts (the part mxfp4 quantizes, EP/TP shards)."""
-        moe_layers = self.num_layers - self.first_k_dense
-        return moe_layers * self.num_experts * 3 * self.hidden_size * self.moe_intermediate_size
+        width = self.moe_latent_size or self.hidden_size
+        return self.moe_layers * self.num_experts * self.expert_matrices * width * self.moe_intermediate_size
 
 
 def _get(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
@@ -117,22 +135,6 @@ def _pos_int(cfg: dict[str, Any], key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ModelConfigError(f"config.json field {key!r} must be a positive integer, got {value!r}")
     return value
-
-
-def _derive_max_len(cfg: dict[str, Any], name: str) -> int:
-    lens = [cfg[k] for k in _MAX_LEN_KEYS if isinstance(cfg.get(k), int) and cfg[k] > 0]
-    if not lens:
-        raise ModelConfigError(f"{name}: config.json has no max_position_embeddings; add it")
-    length = min(lens)
-    rope = cfg.get("rope_scaling") or {}
-    if isinstance(rope, dict):
-        rope_type = rope.get("rope_type") or rope.get("type") or ""
-        factor = rope.get("factor")
-        if factor and rope_type not in _ROPE_NO_SCALE and "gemma3" not in str(cfg.get("model_type", "")):
-            length = int(length * float(factor))
-    if isinstance(cfg.get("model_max_length"), int) and cfg["model_max_length"] > 0:
-        length = cfg["model_max_length"]
-    return int(length)
 
 
 def _rope_cache_elems(cfg: dict[str, Any], rotary_dim: int) -> int:
@@ -172,6 +174,13 @@ def _parse_quant(cfg: dict[str, Any]) -> Quant | None:
         return Quant("int4" if bits == 4 else "int8", bits, max(group, 0), kv_fp8=kv_fp8)
     if method == "mxfp4":
         return Quant("mxfp4", 4, 32, experts_only=True, kv_fp8=kv_fp8)
+    if method in ("modelopt", "modelopt_fp4", "nvfp4"):
+        # NVIDIA ModelOpt: quant_algo FP8 or NVFP4 (4-bit e2m1 + one fp8 scale per 16); a
+        # MIXED_PRECISION checkpoint is taken as fp8 throughout (never fewer bytes than it has)
+        algo = str(qc.get("quant_algo") or (qc.get("quantization") or {}).get("quant_algo") or "").upper()
+        if "FP4" in algo and "MIXED" not in algo:
+            return Quant("nvfp4", 4, 16, kv_fp8=kv_fp8)
+        return Quant("fp8", 8, kv_fp8=kv_fp8)
     if method == "bitsandbytes":
         return Quant("int4" if qc.get("load_in_4bit") else "int8", 4 if qc.get("load_in_4bit") else 8, 64)
     if method == "compressed-tensors":
@@ -189,7 +198,7 @@ def _parse_quant(cfg: dict[str, Any]) -> Quant | None:
         return Quant("fp8", 8, kv_fp8=kv_fp8)
     raise ModelConfigError(
         f"quantization_config.quant_method {method!r} is not modelled; use one of fp8, awq, gptq, mxfp4, "
-        "compressed-tensors, bitsandbytes"
+        "compressed-tensors, bitsandbytes, modelopt"
     )
 
 
@@ -223,14 +232,9 @@ def parse_hf_config(
         raise ModelConfigError(f"{name}: config.json must be a JSON object")
     archs = config.get("architectures") or ["Unknown"]
     architecture = str(archs[0]) if isinstance(archs, list) and archs else "Unknown"
-    top_type = str(config.get("model_type", ""))
     vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else None
-    cfg = config
-    if isinstance(config.get("text_config"), dict):  # multimodal: the language model's fields
-        cfg = {**config["text_config"]}
-        cfg.setdefault("quantization_config", config.get("quantization_config"))
-        cfg.setdefault("torch_dtype", config.get("torch_dtype"))
-    model_type = str(cfg.get("model_type", top_type)) or top_type
+    cfg, top_type, _ = text_config(config)  # nested text_config / llm_config, class defaults filled in
+    model_type = str(cfg.get("model_type") or top_type)
 
     layers = _pos_int(cfg, "num_hidden_layers", _get(cfg, "num_hidden_layers", "n_layer", "num_layers"))
     hidden = _pos_int(cfg, "hidden_size", _get(cfg, "hidden_size", "n_embd", "d_model"))
@@ -247,6 +251,8 @@ def parse_hf_config(
         head_dim = kv_lora + rope_dim
     elif isinstance(cfg.get("head_dim"), int) and cfg["head_dim"] > 0:
         head_dim = cfg["head_dim"]
+    elif isinstance(cfg.get("attention_head_dim"), int) and cfg["attention_head_dim"] > 0:  # older Nemotron-H
+        head_dim = cfg["attention_head_dim"]
     elif isinstance(cfg.get("hidden_size_per_head"), int):
         head_dim = cfg["hidden_size_per_head"]
     else:
@@ -259,9 +265,11 @@ def parse_hf_config(
     if cfg.get("use_sliding_window") is False:
         window = None
     window = int(window) if isinstance(window, int) and window > 0 else None
-    raw_types = cfg.get("layer_types")
-    if isinstance(raw_types, list) and len(raw_types) == layers:
-        types = tuple("sliding" if "sliding" in str(t) else "full" for t in raw_types)
+    plan: LayerPlan = layer_plan(cfg, layers, hidden)
+    if plan.spec is not None:  # hybrid: attention only where the plan says
+        types = tuple("full" if t else "" for t in plan.attention)
+    elif plan.attention:
+        types = plan.attention
         if window is None:
             types = tuple("full" for _ in types)
     elif window is not None and model_type in ("gemma2",):  # Gemma 2: alternate sliding/full, sliding first
@@ -278,15 +286,22 @@ def parse_hf_config(
     moe_i = int(_get(cfg, "moe_intermediate_size", default=intermediate) or intermediate) if num_experts else 0
     first_dense = int(cfg.get("first_k_dense_replace") or 0) if num_experts else 0
     shared = int(_get(cfg, "n_shared_experts", "num_shared_experts", default=0) or 0) if num_experts else 0
-    if num_experts and cfg.get("shared_expert_intermediate_size") and not shared:
-        shared = max(1, int(cfg["shared_expert_intermediate_size"]) // max(moe_i, 1))
+    shared_size = _get(cfg, "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size",
+                       "shared_intermediate_size")
+    if num_experts and shared_size and not shared:
+        shared = max(1, int(shared_size) // max(moe_i, 1))
     if num_experts and model_type == "llama4_text" and not shared:
         shared = 1  # every Llama 4 MoE layer has one shared expert; the config has no field for it
 
     torch_dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype") or "bfloat16")
     if torch_dtype not in DTYPE_BYTES:
         torch_dtype = "bfloat16"
-    tie = bool(config.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)))
+    tie = bool(cfg.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
+    max_len = derive_max_len(cfg)
+    if max_len is None:
+        raise ModelConfigError(f"{name}: config.json has no max_position_embeddings and model_type {model_type!r} "
+                               "has no default for it; add it")
+    warnings = tuple(f"{name}: {u} is not modelled; the estimate may be wrong" for u in plan.unknown)
     arch = ModelArch(
         name=name,
         architecture=architecture,
@@ -298,7 +313,7 @@ def parse_hf_config(
         head_dim=head_dim,
         intermediate_size=intermediate,
         vocab_size=vocab,
-        max_model_len=_derive_max_len(cfg, name),
+        max_model_len=max_len,
         tie_word_embeddings=tie,
         torch_dtype=torch_dtype,
         params=0,
@@ -314,13 +329,20 @@ def parse_hf_config(
         num_experts_per_tok=int(_get(cfg, "num_experts_per_tok", "moe_topk", default=0) or 0) if num_experts else 0,
         moe_intermediate_size=moe_i,
         num_shared_experts=shared,
+        moe_latent_size=int(cfg.get("moe_latent_size") or 0) if num_experts else 0,
         first_k_dense=first_dense,
         quant=_parse_quant(config) or _parse_quant(cfg),
         pooling=_is_pooling(architecture, task),
         attention_bias=bool(cfg.get("attention_bias") or model_type in ("qwen2", "qwen2_moe")),
+        attn_output_gate=bool(cfg.get("attn_output_gate", model_type == "qwen3_next")),
         rope_cache_elems=_rope_cache_elems(cfg, rope_dim if kv_lora else int(head_dim * float(cfg.get("partial_rotary_factor") or 1))),
         source=source,
         aliases=aliases,
+        state=plan.spec if plan.spec is not None and any(plan.state) else None,
+        state_layers=plan.state if plan.spec is not None else (),
+        mlp_kinds=plan.mlp,
+        gated_mlp=plan.gated_mlp,
+        warnings=warnings,
     )
     vision_params = _vision_params(vision) if vision else 0
     counted = count_params(arch) + vision_params
@@ -353,19 +375,26 @@ def count_params(a: ModelArch) -> int:
     else:
         q_out = a.num_attention_heads * a.head_dim
         kv_out = a.num_kv_heads * a.head_dim
-        attn = h * q_out + 2 * h * kv_out + q_out * h
+        attn = h * q_out * (2 if a.attn_output_gate else 1) + 2 * h * kv_out + q_out * h
         if a.attention_bias:
             attn += q_out + 2 * kv_out
-    dense_mlp = 3 * h * a.intermediate_size
+    m = a.expert_matrices
+    dense_mlp = m * h * a.intermediate_size
+    width = a.moe_latent_size or h  # latent MoE: fc1/fc2 latent projections around the experts
+    moe_mlp = a.num_experts * m * width * a.moe_intermediate_size + h * a.num_experts
+    moe_mlp += 2 * h * a.moe_latent_size
+    moe_mlp += a.num_shared_experts * m * h * a.moe_intermediate_size
     per_layer_norms = 2 * h
     total = 0
     for i in range(a.num_layers):
-        if a.is_moe and i >= a.first_k_dense:
-            mlp = a.num_experts * 3 * h * a.moe_intermediate_size + h * a.num_experts
-            mlp += a.num_shared_experts * 3 * h * a.moe_intermediate_size
+        if a.mlp_kinds:
+            kind = a.mlp_kinds[i] if i < len(a.mlp_kinds) else "dense"
         else:
-            mlp = dense_mlp
-        total += attn + mlp + per_layer_norms
+            kind = "moe" if a.is_moe and i >= a.first_k_dense else "dense"
+        mlp = {"moe": moe_mlp, "dense": dense_mlp}.get(kind, 0)
+        has_attn = not a.layer_types or (i < len(a.layer_types) and a.layer_types[i] != "")
+        mixer = a.state.params if a.state is not None and i < len(a.state_layers) and a.state_layers[i] else 0
+        total += (attn if has_attn else 0) + mixer + mlp + per_layer_norms
     total += a.embedding_params * (1 if a.tie_word_embeddings else 2) + h
     return total
 
