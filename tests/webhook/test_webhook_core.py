@@ -307,3 +307,37 @@ async def test_not_ready_and_busy_stores_allow_with_a_warning(monkeypatch):
 async def test_an_update_of_a_spec_that_no_longer_parses_is_checked_as_new():
     old = {"metadata": {"name": "a"}, "spec": {"model": MODEL_8B, "retired": True}}
     assert (await webhook.review(Store(), OBJ, old, "UPDATE", False)).allowed
+
+
+async def test_a_pod_template_that_fights_vllmfit_is_denied_naming_the_field():
+    obj = {**OBJ, "spec": {**OBJ["spec"], "podTemplate": {"spec": {"nodeName": "gpu-node-b"}}}}
+    with pytest.raises(webhook.Invalid, match=r"^podTemplate.spec.nodeName is set by vllmfit; "
+                                              r"use spec.placement.nodeName instead$"):
+        await webhook.review(Store(), obj, None, "CREATE", False)
+    ok = {**OBJ, "spec": {**OBJ["spec"], "podTemplate": {"spec": {"serviceAccountName": "vllm"}}}}
+    assert (await webhook.review(Store(), ok, None, "CREATE", False)).allowed
+
+
+def test_scaling_up_keeps_the_replicas_it_holds_and_only_new_ones_must_fit():
+    led = ledger(gfd_node("gpu-node-a", 2))
+    one = {"model": MODEL_8B, "maxModelLen": 32768, "replicas": 1}
+    d = placement.decide(led, request("a", **one))
+    led.book(d)
+    [r0] = d.replicas
+    flags = api.Flags(max_model_len=d.flags.max_model_len, max_num_seqs=d.flags.max_num_seqs,
+                      gpu_memory_utilization=d.flags.gpu_memory_utilization)
+    # the other GPU fills up: a second replica fits nowhere, the first stays where it is
+    node = led.nodes["gpu-node-a"]
+    other = next(s for s in node.gpus if s.index != r0.gpus[0])
+    full = dataclasses.replace(other, foreign_bytes=70 << 30)
+    led.set_node(dataclasses.replace(node, gpus=tuple(full if s.index == other.index else s for s in node.gpus)))
+    two = {**one, "replicas": 2}
+    v = webhook.check(led, request("a", **two), old=spec_of(**one), old_flags=flags)
+    assert not v.allowed and v.code == 403
+    # room on the second GPU again: admitted, and replica 0 is not moved
+    led.set_node(node)
+    v = webhook.check(led, request("a", **two), old=spec_of(**one), old_flags=flags)
+    assert v.allowed
+    keep = placement.held_replicas(led, "default/a", 1)
+    assert [(k.node, k.gpus) for k in keep] == [(r0.node, r0.gpus)]
+    assert webhook.check(led, request("a", **{**one, "replicas": 0}), old=spec_of(**one)).allowed

@@ -81,6 +81,32 @@ class PlacementSpec(_Model):
     )
 
 
+class PodTemplateMetadata(_Model):
+    """Labels and annotations added to the generated pods (keys vllmfit sets are refused)."""
+
+    labels: dict[str, str] | None = Field(default=None, description="Extra pod labels.")
+    annotations: dict[str, str] | None = Field(default=None, description="Extra pod annotations.")
+
+
+class PodTemplate(_Model):
+    """What the generated pods get on top of what vllmfit writes (docs/operator.md, "Pod template").
+
+    `spec` is a v1 PodSpec fragment merged into each replica's pod: tolerations, volumes,
+    imagePullSecrets, init and extra containers are appended; serviceAccountName,
+    priorityClassName, securityContext, affinity and any other field are set; a container named
+    `vllm` is merged into vLLM's own container (volumeMounts appended; securityContext,
+    imagePullPolicy, probe timings set). Fields vllmfit owns (the vLLM arguments, the GPU
+    binding, its labels) are refused with the spec field to use instead.
+    """
+
+    metadata: PodTemplateMetadata | None = Field(default=None, description="Pod labels and annotations.")
+    spec: dict[str, Any] | None = Field(
+        default=None,
+        description="A v1 PodSpec fragment merged into the generated pods.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
 class VLLMDeploymentSpec(_Model):
     """What to serve, and the memory-relevant vLLM settings. Unset numbers are computed by vllmfit."""
 
@@ -150,6 +176,12 @@ class VLLMDeploymentSpec(_Model):
     extra_args: list[str] = Field(
         default_factory=list,
         description="Extra `vllm serve` arguments. Flags vllmfit computes are refused here: use the spec fields.",
+    )
+    pod_template: PodTemplate | None = Field(
+        default=None,
+        description="Pod settings merged into the generated pods: tolerations, volumes (a model cache), "
+        "imagePullSecrets, serviceAccountName, priorityClassName, labels, annotations, node affinity, "
+        "securityContext, extra containers, startup probe timing.",
     )
 
 

@@ -59,3 +59,13 @@ DEPLOYMENT_LABEL = "vllmfit.dev/deployment"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 """The Kubernetes recommended label; its value on what vllmfit writes is MANAGED_BY."""
 MANAGED_BY = "vllmfit"
+
+STARTUP_BASE_SECONDS = 600
+"""Start-up time of a vLLM server besides reading its weights (engine and NCCL start-up, profiling,
+torch.compile, CUDA graph capture): the 10 minutes the startup probe allowed before it scaled."""
+STARTUP_LOAD_BYTES_PER_SECOND = 100 * MIB
+"""Assumed rate at which a replica downloads (first start, empty model cache) and loads its
+checkpoint; the startup probe allows weights / this on top of STARTUP_BASE_SECONDS, so a 405B
+bf16 checkpoint (~810 GB) gets about 2 h 20 min and an 8B one about 12.5 min."""
+STARTUP_PROBE_PERIOD_SECONDS = 20
+"""periodSeconds of the startup probe; failureThreshold is derived from the time allowed."""

@@ -19,6 +19,7 @@ from vllmfit.backends import binding
 from vllmfit.backends.binding import GPU_RESOURCE
 from vllmfit.core import api, defaults, memory
 from vllmfit.core.placement import Ledger
+from vllmfit.operator import podtemplate
 
 PORT = 8000
 MANAGED_BY = defaults.MANAGED_BY_LABEL
@@ -84,7 +85,7 @@ def name_problem(name: str) -> str | None:
 
 def spec_problems(obj: api.VLLMDeployment) -> list[str]:
     out = [p for p in [name_problem(obj.metadata.name)] if p]
-    return out + extra_args_problems(obj.spec.extra_args)
+    return out + extra_args_problems(obj.spec.extra_args) + podtemplate.problems(obj.spec)
 
 
 # --- Children ----------------------------------------------------------------------------------
@@ -138,8 +139,10 @@ def exclusive(ledger: Ledger, key: str, node: str, gpus: Iterable[int]) -> bool:
 
 
 def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: api.Flags, model_name: str,
-               *, exclusive: bool) -> dict[str, Any]:
-    """The Deployment running one replica, pinned to its node and GPUs.
+               *, exclusive: bool, weights_bytes: int = 0) -> dict[str, Any]:
+    """The Deployment running one replica, pinned to its node and GPUs, with the spec's
+    podTemplate merged in (podtemplate.merge). The startup probe allows for loading
+    `weights_bytes` (the replica's checkpoint) unless the template sets its timing.
 
     exclusive: `nvidia.com/gpu` limits (the device plugin hands over the GPUs).
     shared: no GPU limits; NVIDIA_VISIBLE_DEVICES names the GPUs and the nvidia runtime class
@@ -171,7 +174,7 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "env": env,
         "resources": resources,
-        "startupProbe": {**probe, "periodSeconds": 20, "failureThreshold": 30},  # 10 min to load the model
+        "startupProbe": podtemplate.startup_probe(weights_bytes, probe),
         "readinessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
         "livenessProbe": {**probe, "periodSeconds": 20, "failureThreshold": 3},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
@@ -183,6 +186,8 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
         "containers": [container],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],  # NCCL / TP workers use /dev/shm
     })
+    pod_meta: dict[str, Any] = {"labels": pod_labels, "annotations": {ANNOTATION_PLACEMENT: where}}
+    podtemplate.merge(pod, pod_meta, spec.pod_template)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -197,7 +202,7 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
             "strategy": {"type": "Recreate"},  # never two pods of a replica on its GPUs at once
             "selector": {"matchLabels": {LABEL_DEPLOYMENT: name, LABEL_REPLICA: str(replica.replica)}},
             "template": {
-                "metadata": {"labels": pod_labels, "annotations": {ANNOTATION_PLACEMENT: where}},
+                "metadata": pod_meta,
                 "spec": pod,
             },
         },

@@ -293,8 +293,11 @@ async def sync_children(store: Store, key: str) -> None:
             for p in rec.placement:
                 ex = builders.exclusive(store.ledger, key, p.node, [g.index for g in p.gpus])
 
-                def make(exclusive: bool, p: api.ReplicaPlacement = p) -> dict[str, Any]:
-                    return builders.deployment(obj, p, flags, req.model.name, exclusive=exclusive)
+                weights = sum(b.footprint.weights for b in store.ledger.bookings_of(key) if b.replica == p.replica)
+
+                def make(exclusive: bool, p: api.ReplicaPlacement = p, weights: int = weights) -> dict[str, Any]:
+                    return builders.deployment(obj, p, flags, req.model.name, exclusive=exclusive,
+                                               weights_bytes=weights)
 
                 await apply_deployment(apps, make, ex, rec.body)
                 rec.children.add(p.replica)

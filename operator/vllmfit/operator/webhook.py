@@ -204,6 +204,11 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
     if operation == "UPDATE" and (unchanged or (body.get("metadata") or {}).get("deletionTimestamp")):
         return Verdict(True)  # metadata-only updates (finalizers, labels) are never re-checked
     obj = parse(body)
+    problems = builders.spec_problems(obj)
+    if not (body.get("metadata") or {}).get("name"):  # generateName: the API server makes a DNS label
+        problems = [p for p in problems if p != builders.name_problem(obj.metadata.name)]
+    if problems:
+        raise Invalid("; ".join(problems))
     old = None
     if operation == "UPDATE" and old_body is not None:
         try:

@@ -8,6 +8,7 @@ from typing import Any
 from vllmfit.core import memory
 from vllmfit.core.memory import Settings, SpecError
 from vllmfit.core.modelarch import GpuType
+from vllmfit.core.placement import affinity
 from vllmfit.core.placement.inputs import Request, settings_from_spec
 from vllmfit.core.placement.ledger import Decision, Ledger, NodeSet
 from vllmfit.core.placement.place import _decide
@@ -78,7 +79,7 @@ def _roomiest(ledger: Ledger, req: Request, s: Settings) -> tuple[GpuType, int] 
     if pin.node_name and not pin.allow_reschedule:
         nodes: NodeSet | None = ledger.node_set([pin.node_name])
     else:
-        nodes = ledger.matching(pin.node_selector)
+        nodes = ledger.matching(pin.node_selector, affinity.required_terms(req.spec))
     best: tuple[int, int, GpuType] | None = None
     for t in ledger.gpu_types():
         if s.gpus > 1 and _is_mig_type(ledger, t):

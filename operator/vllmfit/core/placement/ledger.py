@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from vllmfit.core.memory import Flags, Footprint, Sizing
 from vllmfit.core.modelarch import GpuType
+from vllmfit.core.placement import affinity
 from vllmfit.core.placement.inputs import DecisionPhase, GpuKey, GpuSlot, NodeInfo
 
 # --- The ledger --------------------------------------------------------------------------------
@@ -101,7 +102,7 @@ class Ledger:
         self._by_type: dict[str, dict[GpuType, list[int]]] = {}  # node -> type -> indices (non-MIG)
         self._groups: dict[tuple[GpuType, int], list[tuple[int, str]]] = {}
         self._group_key: dict[tuple[GpuType, int, str], int] = {}
-        self._selected: dict[tuple[tuple[str, str], ...], NodeSet] = {}  # nodeSelector -> matches
+        self._selected: dict[tuple[object, ...], NodeSet] = {}  # (nodeSelector, affinity) -> matches
         for n in nodes:
             self.set_node(n)
 
@@ -158,15 +159,19 @@ class Ledger:
         types = {s.gpu for n in names for s in self.nodes[n].gpus}
         return NodeSet(names, frozenset(names), tuple(sorted(types, key=lambda t: t.product)))
 
-    def matching(self, selector: Mapping[str, str] | None) -> NodeSet | None:
-        """The nodes whose labels match a nodeSelector; None when there is no selector (every
-        node). Cached until a node changes."""
-        if not selector:
+    def matching(
+        self, selector: Mapping[str, str] | None, terms: tuple[affinity.Term, ...] | None = None
+    ) -> NodeSet | None:
+        """The nodes whose labels match a nodeSelector and the required node affinity `terms`;
+        None when there is neither (every node). Cached until a node changes."""
+        if not selector and terms is None:
             return None
-        key = tuple(sorted(selector.items()))
+        key = (tuple(sorted((selector or {}).items())), terms)
         if key not in self._selected:
             self._selected[key] = self.node_set(
-                n for n, nd in self.nodes.items() if all(nd.labels.get(k) == v for k, v in key)
+                n
+                for n, nd in self.nodes.items()
+                if all(nd.labels.get(k) == v for k, v in key[0]) and affinity.terms_match(n, nd.labels, terms)
             )
         return self._selected[key]
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from vllmfit.core import memory
 from vllmfit.core.memory import Footprint, Settings, Sizing, SpecError, fmt_gib
+from vllmfit.core.placement import affinity
 from vllmfit.core.placement.inputs import (
     MAX_REASONS,
     MESSAGE_REASONS,
@@ -88,6 +89,10 @@ def _per_gpu(sizing: Sizing, s: Settings, small: GpuSlot, slots: list[GpuSlot]) 
 
 def _spec_errors(req: Request, s: Settings) -> list[str]:
     errors = memory.validate(req.model, s)
+    try:
+        affinity.required_terms(req.spec)
+    except ValueError as e:
+        errors.append(str(e))
     pin = req.spec.placement
     if pin.gpu_indices is not None:
         if not pin.node_name:
@@ -116,7 +121,7 @@ def _decide(
     if errors:
         return Decision(req.key, "Rejected", reasons=tuple(errors), message=f"{req.key}: {errors[0]}")
     spec, pin = req.spec, req.spec.placement
-    matching = ledger.matching(pin.node_selector)
+    matching = ledger.matching(pin.node_selector, affinity.required_terms(spec))
     attempt = _place_replicas(ledger, req, s, keep, matching)
     for _ in range(spec.replicas):
         if attempt.smaller is None:

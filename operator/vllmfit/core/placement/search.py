@@ -12,6 +12,7 @@ from vllmfit.core import defaults, memory
 from vllmfit.core.api import VLLMDeploymentSpec
 from vllmfit.core.memory import Footprint, Settings, Sizing, SpecError
 from vllmfit.core.modelarch import GpuType, ModelArch
+from vllmfit.core.placement import affinity
 from vllmfit.core.placement.inputs import NodeInfo, Request
 from vllmfit.core.placement.ledger import Ledger, NodeSet
 
@@ -68,7 +69,9 @@ class _Candidate:
 
 def _node_matches(node: NodeInfo, spec: VLLMDeploymentSpec) -> bool:
     sel = spec.placement.node_selector or {}
-    return all(node.labels.get(k) == v for k, v in sel.items())
+    return all(node.labels.get(k) == v for k, v in sel.items()) and affinity.terms_match(
+        node.name, node.labels, affinity.required_terms(spec)
+    )
 
 
 def _pick(
