@@ -42,6 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, help="use this u instead of computing it")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--vllm-version", default=defaults.DEFAULT_VLLM_VERSION, help="X.Y (default: %(default)s)")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse a model whose config has layer types vllmfit does not model (exit 2)")
     p.add_argument("--policy", default="vllm", choices=["vllm", "adr"], help="memory model (default: %(default)s)")
     p.add_argument("--output", "-o", default="table", choices=["table", "json"])
     p.set_defaults(func=run_estimate)
@@ -130,7 +132,7 @@ def settings_from_args(args: argparse.Namespace) -> memory.Settings:
         tp=args.tp, pp=args.pp, dtype=args.dtype, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         max_model_len=length, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=u, enforce_eager=args.enforce_eager, vllm_version=args.vllm_version,
-        policy=args.policy,
+        policy=args.policy, strict=args.strict,
     )
 
 

@@ -132,6 +132,17 @@ class VLLMDeploymentSpec(_Model):
         description="vLLM container image. The vLLM version in its tag selects the memory model; "
         "an unknown tag falls back to the newest modelled version with a warning.",
     )
+    vllm_version: str | None = Field(
+        default=None,
+        pattern=r"^v?[0-9]+\.[0-9]+(\.[0-9]+)?([.+-][0-9A-Za-z.+-]*)?$",
+        description="vLLM version the image runs (e.g. 0.21.1), for images pinned by digest or with a tag that "
+        "names no version: give the image's org.opencontainers.image.version label. Overrides the tag.",
+    )
+    strict: bool = Field(
+        default=False,
+        description="Refuse the model when its config has layer types vllmfit does not model (otherwise a "
+        "warning and the ModelUnderstood=False condition).",
+    )
     dtype: Dtype = Field(default="auto", description="Weight/activation dtype (vLLM --dtype).")
     quantization: Quantization | None = Field(
         default=None, description="Weight quantization (vLLM --quantization); unset = as the checkpoint is."

@@ -147,7 +147,12 @@ def apply_decision(store: Store, rec: Record, req: Request, d: Decision, fx: Eff
         rec.admitted_request = req
         rec.placement = report.placement_from(d, ledger)
         rec.flags = report.api_flags(d.flags)
-        rec.vllm_version = memory.parse_version(req.spec.image)[0].label
+        rec.vllm_version = memory.parse_version(req.spec.vllm_version or req.spec.image)[0].label
+        # layer types the memory model does not know: a condition while they last (spec.strict refuses)
+        rec.conditions = [c for c in rec.conditions if c.type != "ModelUnderstood"]
+        if req.model.warnings:
+            rec.conditions = report.set_condition(rec.conditions, "ModelUnderstood", "False", "UnknownLayerType",
+                                                    "; ".join(req.model.warnings), t, rec.generation)
         rec.reasons, rec.suggestions, rec.warnings = [], [], list(d.warnings)
         new = [builders.placement_text(p) for p in rec.placement]
         new_by = {p.replica: builders.placement_text(p) for p in rec.placement}

@@ -1,5 +1,18 @@
 """The KV cache: bytes per token and layer, pages, KV cache groups, blocks per request, and what
-vLLM logs as KV tokens and concurrency (vllm-memory-accounting.md sections 5-6)."""
+vLLM logs as KV tokens and concurrency (vllm-memory-accounting.md sections 5-6).
+
+Hybrid models (Mamba / Mamba2, short conv, Gated DeltaNet, linear attention next to attention
+layers) follow vLLM's hybrid KV cache manager:
+- a recurrent layer holds one state page per sequence: conv + temporal state, per TP rank
+  (layers/mamba/mamba_utils.py MambaStateShapeCalculator; v1/kv_cache_interface.py MambaSpec);
+- the attention block size grows until one attention page >= one state page, and the state page
+  is padded to equal it (0.21+: platforms/interface.py Platform._align_hybrid_block_size;
+  0.11/0.15: models/config.py HybridAttentionMambaModelConfig.verify_and_update_config);
+- layers form KV groups of g slots (v1/core/kv_cache_utils.py _get_kv_cache_groups_uniform_page_size);
+  a block is g pages; a request needs ceil(L / bs) blocks per attention group and 1 (mode
+  "none") or 2 + checkpoint blocks (mode "align", 0.33's default with prefix caching) per
+  state group (MambaSpec.max_memory_usage_bytes).
+"""
 
 from __future__ import annotations
 
@@ -48,15 +61,24 @@ class KvLayout:
     window: int | None
     version: VllmVersion
     pooling: bool = False
+    state_groups: int = 0  # recurrent-state groups (hybrid models)
+    state_blocks: int = 0  # blocks one request holds in each state group
+    state_page_bytes: int = 0  # one layer's state page before padding (per rank)
 
     @property
     def bytes_per_token(self) -> int:
-        """KV bytes per token of context, as if every group were full attention."""
+        """KV bytes per token of context, as if every attention group were full attention
+        (recurrent-state groups do not grow with the context)."""
         return self.block_bytes * (self.full_groups + self.sliding_groups) // self.block_size
 
     @property
+    def state_bytes_per_request(self) -> int:
+        """Pool bytes one request's recurrent state holds, whatever its length."""
+        return self.state_groups * self.state_blocks * self.block_bytes
+
+    @property
     def groups(self) -> int:
-        return self.full_groups + self.sliding_groups
+        return self.full_groups + self.sliding_groups + self.state_groups
 
     def blocks_per_request(self, length: int, batched_tokens: int, pp: int = 1) -> int:
         bs = self.block_size
@@ -65,7 +87,7 @@ class KvLayout:
             in_flight = batched_tokens * ((pp + 1) if self.version.at_least(33) else 1)
             per = ceil_div(min(self.window - 1 + in_flight, length), bs) + 1
             blocks += self.sliding_groups * per
-        return blocks
+        return blocks + self.state_groups * self.state_blocks
 
     def bytes_for(self, length: int, seqs: int, batched_tokens: int, pp: int = 1) -> int:
         """KV bytes that hold `seqs` requests of `length` tokens, block-rounded, plus the null block."""
@@ -84,6 +106,7 @@ class KvLayout:
         usable = blocks - (1 if self.version.null_block_reserved else 0)
         concurrency = usable / per_req if per_req else 0.0
         if self.version.tokens_from_concurrency or self.sliding_groups:
+            # hybrids from 0.21 too: "GPU KV cache size" is concurrency x L, not blocks x block size
             return int(concurrency * length), concurrency
         return blocks // self.groups * self.block_size, concurrency
 
@@ -103,6 +126,78 @@ class KvLayout:
         return max((kv_bytes - self.block_bytes) // per, 0) if per else 0
 
 
+# --- Hybrid models: recurrent state pages -----------------------------------------------------
+
+KERNEL_MIN_BLOCK = 16
+"""Smallest kernel block of FlashAttention, FlashInfer and Triton attention (0.21+
+`get_supported_kernel_block_sizes`; 0.11 HybridAttentionMambaModelConfig uses 16 too)."""
+MLA_MIN_BLOCK = 128
+"""MLA backends' block alignment in _align_hybrid_block_size (0.21+)."""
+GDN_CHECKPOINT_ALIGNMENT = 64
+"""FLASHINFER_GDN_CHECKPOINT_ALIGNMENT (v1/attention/backends/gdn_attn.py): align mode with the
+flashinfer GDN prefill backend, vLLM's default on SM90; assumed everywhere (larger blocks never
+over-promise)."""
+
+
+def state_dtype_bytes(model: ModelArch, s: Settings, version: VllmVersion) -> tuple[int, int]:
+    """(conv state, temporal state) bytes per element (MambaStateDtypeCalculator, "auto" cache
+    dtypes; model-file overrides in models/config.py)."""
+    conv = activation_dtype_bytes(model, s)
+    spec = model.state
+    ssm = conv
+    if spec is None:
+        return conv, ssm
+    if spec.dtype_rule == "nemotron_h":  # NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype
+        if version.at_least(21):
+            ssm = DTYPE_BYTES.get(spec.ssm_dtype if spec.ssm_dtype != "auto" else "float32", 4)
+        elif version.at_least(15):
+            ssm = DTYPE_BYTES.get(spec.ssm_dtype if spec.ssm_dtype != "auto" else "float16", 2)
+    elif spec.dtype_rule == "qwen3_5" and version.at_least(21) and spec.ssm_dtype != "auto":
+        ssm = DTYPE_BYTES.get(spec.ssm_dtype, conv)  # Qwen3_5ForConditionalGenerationConfig: mamba_ssm_dtype
+    return conv, ssm
+
+
+def state_page_bytes(model: ModelArch, s: Settings, version: VllmVersion) -> int:
+    """One recurrent layer's state for one sequence on one TP rank (MambaSpec.page_size_bytes)."""
+    if model.state is None:
+        return 0
+    conv_el, ssm_el = model.state.elements(s.tp)
+    conv_b, ssm_b = state_dtype_bytes(model, s, version)
+    return conv_el * conv_b + ssm_el * ssm_b
+
+
+def prefix_caching_mode(version: VllmVersion) -> str:
+    """vLLM's mamba cache mode with default flags: "none" up to 0.21 (hybrid prefix caching off,
+    config/model.py is_prefix_caching_supported), "align" in 0.33 (on by default)."""
+    return "align" if version.at_least(33) else "none"
+
+
+def _group_size(n_a: int, n_b: int, version: VllmVersion) -> int:
+    small, large = min(n_a, n_b), max(n_a, n_b)
+    return large if large < version.hybrid_group_ratio * small else small
+
+
+def _hybrid_layout(model: ModelArch, s: Settings, version: VllmVersion, n_attn: int) -> KvLayout:
+    spec = model.state
+    assert spec is not None
+    n_state = math.ceil(model.num_state_layers / s.pp)
+    page_m = state_page_bytes(model, s, version)
+    align = prefix_caching_mode(version) == "align"
+    state_blocks = (2 + spec.prefill_checkpoint_blocks) if align else 1
+    if n_attn == 0:  # recurrent layers only: one group of identical specs, pages unpadded
+        return KvLayout(s.block_size, n_state * page_m, 0, 0, None, version, model.pooling, 1, state_blocks, page_m)
+    attn_1tok = kv_bytes_per_token_layer(model, s)
+    a = max(KERNEL_MIN_BLOCK, s.block_size)
+    if model.is_mla and version.at_least(21):
+        a = max(a, MLA_MIN_BLOCK)
+    if align and spec.kind == "gdn":
+        a = math.lcm(a, GDN_CHECKPOINT_ALIGNMENT)
+    bs = max(s.block_size, a * ceil_div(page_m, a * attn_1tok))
+    g = _group_size(n_attn, n_state, version)
+    return KvLayout(bs, g * bs * attn_1tok, ceil_div(n_attn, g), 0, None, version, model.pooling,
+                    ceil_div(n_state, g), state_blocks, page_m)
+
+
 def kv_layout(model: ModelArch, s: Settings, version: VllmVersion) -> KvLayout:
     """Page sizes and groups (vllm-memory-accounting §5-6), for the fullest PP stage."""
     bs = s.block_size
@@ -111,6 +206,8 @@ def kv_layout(model: ModelArch, s: Settings, version: VllmVersion) -> KvLayout:
     stage = ceil_div(len(types), s.pp)
     n_full = math.ceil(sum(1 for t in types if t == "full") / s.pp)
     n_slide = math.ceil(sum(1 for t in types if t == "sliding") / s.pp)
+    if model.is_hybrid_state and not model.pooling:
+        return _hybrid_layout(model, s, version, n_full + n_slide)
     if model.pooling and not model.layer_types:
         return KvLayout(bs, 0, 0, 0, None, version, pooling=True)
     if n_slide == 0 or n_full == 0:

@@ -37,6 +37,7 @@ def resolve(model: ModelArch, s: Settings, gpu: GpuType) -> Resolved:
         raise SpecError(errors[0])
     version, vwarn = parse_version(s.vllm_version)
     warnings = [vwarn] if vwarn else []
+    warnings += model.warnings  # unknown layer types: never silent
     b_default, _ = batch_defaults(gpu, version)
     batched = s.max_num_batched_tokens or b_default
     layout = kv_layout(model, s, version)

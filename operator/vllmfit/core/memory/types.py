@@ -32,6 +32,7 @@ class Settings:
     vllm_version: str = defaults.DEFAULT_VLLM_VERSION
     policy: Policy = "vllm"
     block_size: int = defaults.BLOCK_SIZE
+    strict: bool = False  # refuse a model with layers vllmfit does not model (ModelArch.warnings)
 
     @property
     def gpus(self) -> int:

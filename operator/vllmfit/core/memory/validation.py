@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vllmfit.core.memory.types import Settings
+from vllmfit.core.memory.versions import OLDEST_ACCEPTED, requested_version
 from vllmfit.core.modelarch import DTYPE_BYTES, ModelArch, check_tp
 
 # --- Validation --------------------------------------------------------------------------------
@@ -47,6 +48,14 @@ def validate(model: ModelArch, s: Settings) -> list[str]:
         ok = ", ".join(sorted(q for q in allowed if q)) or "none"
         errors.append(
             f"{model.name} {have}; --quantization {s.quantization} cannot load it (use: unset, or {ok})"
+        )
+    if s.strict and model.warnings:
+        errors.append(f"{model.warnings[0]}; strict mode refuses models vllmfit cannot size exactly")
+    requested = requested_version(s.vllm_version)
+    if requested is not None and requested < OLDEST_ACCEPTED:
+        errors.append(
+            f"vLLM {requested[0]}.{requested[1]} predates the V1 engine as the only engine (0.10); vllmfit models "
+            f"0.10 and later: use a newer image or set vllmVersion"
         )
     if s.dtype not in ("auto", *DTYPE_BYTES):
         errors.append(f"dtype {s.dtype!r} is not one of auto, bfloat16, float16, float32")

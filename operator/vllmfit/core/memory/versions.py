@@ -8,6 +8,10 @@ from dataclasses import dataclass
 # --- vLLM versions (vllm-memory-accounting.md §11) -----------------------------------------
 
 MODELLED_VERSIONS = ((0, 11), (0, 15), (0, 17), (0, 19), (0, 21), (0, 33))
+OLDEST_ACCEPTED = (0, 10)
+"""Older images are refused (validation): V1 became the default engine in 0.8 but V0 stayed
+selectable (and was chosen silently for unsupported features) until 0.10; vLLM's accounting
+before that is not what vllmfit models. 0.10.x is sized with the 0.11 rules, with a warning."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,18 @@ class VllmVersion:
         """Activation peak per (sampler row x vocab entry). Calibrated: 38.9 B up to 0.16, 15.4 B
         from 0.17 (Qwen3-14B on H100: 5.64 -> 2.23 GiB; shared/calibration rows 47-51)."""
         return 15.4 if self.at_least(17) else 38.9
+
+
+def requested_version(text: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a version or image tag, None when it names none ('latest', a digest)."""
+    if not text:
+        return None
+    tag = text.rsplit(":", 1)[-1] if ":" in text else text
+    parts = tag.lstrip("vV").split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (ValueError, IndexError):
+        return None
 
 
 def parse_version(text: str | None) -> tuple[VllmVersion, str | None]:

@@ -92,8 +92,9 @@ def settings_from_spec(spec: VLLMDeploymentSpec, policy: memory.Policy = "vllm")
         max_num_batched_tokens=spec.max_num_batched_tokens,
         gpu_memory_utilization=spec.gpu_memory_utilization,
         enforce_eager=spec.enforce_eager,
-        vllm_version=spec.image,
+        vllm_version=spec.vllm_version or spec.image,
         policy=policy,
+        strict=spec.strict,
     )
 
 
