@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "vllmfit.cli.estimate": ("estimate", "models", "gpus", "plan", "status", "crd"),
     "vllmfit.operator.main": ("operator",),
     "vllmfit.agent.main": ("agent",),
+    "vllmfit.agent.reserve": ("reserve",),
 }
 
 

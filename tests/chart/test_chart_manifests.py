@@ -35,6 +35,11 @@ EXPECTED_OPERATOR_ARGS = [
     "--mutating-webhook=vllmfit-default",
     "--metrics-port=8080",
     "--health-port=8081",
+    "--placement-backend=auto",
+    "--reservation-image=ghcr.io/vllmfit/vllmfit:0.1.0",
+    "--reservation-priority-class=vllmfit-reservation",
+    "--reservation-runtime-class=nvidia",
+    "--reservation-service-account=vllmfit-reservation",
     "--peering=vllmfit",
 ]
 
@@ -167,6 +172,12 @@ def test_default_install_objects(render):
             ("ClusterRoleBinding", OPERATOR),
             ("Role", OPERATOR),
             ("RoleBinding", OPERATOR),
+            ("Role", f"{OPERATOR}-reservations"),
+            ("RoleBinding", f"{OPERATOR}-reservations"),
+            ("ServiceAccount", "vllmfit-reservation"),
+            ("Role", "vllmfit-reservation"),
+            ("RoleBinding", "vllmfit-reservation"),
+            ("PriorityClass", "vllmfit-reservation"),
             ("ClusterRole", AGENT),
             ("ClusterRoleBinding", AGENT),
             ("Deployment", OPERATOR),
@@ -185,6 +196,7 @@ def test_default_install_objects(render):
             "ClusterRole",
             "ClusterRoleBinding",
             "ClusterKopfPeering",
+            "PriorityClass",
             "ValidatingWebhookConfiguration",
             "MutatingWebhookConfiguration",
         ):
@@ -208,8 +220,12 @@ def test_operator_cluster_role_is_exactly_what_is_used(render):
         ("vllmfit.dev", "vllmdeployments/finalizers", ()): ("update",),
         ("apps", "deployments", ()): ("get", "list", "watch", "create", "patch", "delete"),
         ("", "services", ()): ("get", "list", "watch", "create", "patch", "delete"),
-        ("", "pods", ()): ("get", "list", "watch"),
+        ("", "pods", ()): ("get", "list", "watch", "patch"),  # patch: lifting the reservation gate
         ("", "pods/log", ()): ("get",),
+        ("resource.k8s.io", "resourceslices", ()): ("get", "list", "watch"),
+        ("resource.k8s.io", "resourceclaims", ()): ("get", "list", "watch"),
+        ("resource.k8s.io", "deviceclasses", ()): ("get", "list", "watch"),
+        ("resource.k8s.io", "resourceclaimtemplates", ()): ("get", "list", "watch", "create", "delete"),
         ("", "nodes", ()): ("get", "list", "watch"),
         ("", "configmaps", ()): ("get",),
         ("", "events", ()): ("create", "patch"),
@@ -240,6 +256,17 @@ def test_operator_secret_access_is_its_own_certificate_only(render):
     binding = one(render(), "RoleBinding", OPERATOR)
     assert binding["roleRef"]["name"] == OPERATOR
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": OPERATOR, "namespace": NAMESPACE}]
+
+
+def test_reservation_pods_are_created_in_the_release_namespace_and_patch_only_pods_there(render):
+    assert _rules(one(render(), "Role", f"{OPERATOR}-reservations")) == {("", "pods", ()): ("create", "delete")}
+    role = one(render(), "Role", "vllmfit-reservation")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert _rules(role) == {("", "pods", ()): ("get", "patch")}
+    binding = one(render(), "RoleBinding", "vllmfit-reservation")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vllmfit-reservation", "namespace": NAMESPACE}]
+    pc = one(render(), "PriorityClass", "vllmfit-reservation")
+    assert (pc["value"], pc["preemptionPolicy"], pc["globalDefault"]) == (1000000, "Never", False)
 
 
 def test_agent_may_only_read_and_patch_nodes(render):
@@ -399,7 +426,8 @@ def test_cert_manager_mode(render):
             wc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/vllmfit-webhook"
         )
     # cert-manager owns the Secret and the caBundle: the operator gets no access to either
-    assert not find(docs, "Role")
+    assert not any(_rules(r).get(("", "secrets", ())) for r in find(docs, "Role"))
+    assert {r["metadata"]["name"] for r in find(docs, "Role")} == {f"{OPERATOR}-reservations", "vllmfit-reservation"}
     rules = _rules(one(docs, "ClusterRole", OPERATOR))
     assert not any(group == "admissionregistration.k8s.io" for group, _, _ in rules)
 

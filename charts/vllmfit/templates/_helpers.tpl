@@ -24,6 +24,15 @@
 {{/* Names shared with the operator's command line (docs/install.md, "Operator flags"). */}}
 {{- define "vllmfit.operatorName" -}}{{ include "vllmfit.fullname" . }}-operator{{- end -}}
 {{- define "vllmfit.agentName" -}}{{ include "vllmfit.fullname" . }}-agent{{- end -}}
+{{- define "vllmfit.reservationName" -}}{{ include "vllmfit.fullname" . }}-reservation{{- end -}}
+{{- define "vllmfit.reservationPriorityClass" -}}
+{{- .Values.placement.reservation.priorityClassName | default (printf "%s-reservation" (include "vllmfit.fullname" .)) -}}
+{{- end -}}
+{{- define "vllmfit.reservationImage" -}}
+{{- $repo := .Values.placement.reservation.image.repository | default .Values.image.repository -}}
+{{- $tag := .Values.placement.reservation.image.tag | default .Values.image.tag | default .Chart.AppVersion -}}
+{{- printf "%s:%s" $repo $tag -}}
+{{- end -}}
 {{- define "vllmfit.webhookService" -}}{{ include "vllmfit.fullname" . }}-webhook{{- end -}}
 {{- define "vllmfit.certSecret" -}}{{ include "vllmfit.fullname" . }}-webhook-cert{{- end -}}
 {{- define "vllmfit.metricsService" -}}{{ include "vllmfit.fullname" . }}-metrics{{- end -}}

@@ -4,7 +4,9 @@
   device plugin hand them over, and Kubernetes accounts for them.
 - `visible-devices`: the replica shares GPUs; no GPU limit, NVIDIA_VISIBLE_DEVICES names the GPUs
   (by UUID when known) and the `nvidia` runtime class makes the NVIDIA container runtime inject
-  exactly those (docs/operator.md, "GPU pinning").
+  exactly those. Kubernetes accounts for those GPUs through reservation pods
+  (vllmfit.backends.reservation): the pod carries a scheduling gate, lifted by the operator once
+  every GPU it is pinned to is held (docs/placement-backends.md).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllmfit.backends import reservation
 from vllmfit.core import api
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -29,6 +32,7 @@ class Binding:
     limits: dict[str, Any] = field(default_factory=dict)
     env: tuple[dict[str, Any], ...] = ()
     pod: dict[str, Any] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)  # on the pod template
 
 
 def visible_devices(gpus: Sequence[api.GpuRef]) -> str:
@@ -37,9 +41,22 @@ def visible_devices(gpus: Sequence[api.GpuRef]) -> str:
     return ",".join(u for u in uuids if u) if all(uuids) else ",".join(str(g.index) for g in gpus)
 
 
-def bind(replica: api.ReplicaPlacement, n_gpus: int, *, exclusive: bool) -> Binding:
+def bind(replica: api.ReplicaPlacement, n_gpus: int, *, exclusive: bool, pins: Sequence[str] | None = None,
+         gated: bool = False) -> Binding:
+    """`pins`: the UUIDs to pin to (None: from the placement). `gated`: the pod waits behind the
+    reservation gate until the operator sees every pinned GPU held; with no pins known yet it
+    names no GPU (`void`) and is replaced once they are."""
     if exclusive:
         return Binding(PIN_DEVICE_PLUGIN, limits={GPU_RESOURCE: n_gpus})
-    env = ({"name": "NVIDIA_VISIBLE_DEVICES", "value": visible_devices(replica.gpus)},
+    if pins is None and not gated:
+        visible = visible_devices(replica.gpus)
+    else:
+        visible = ",".join(pins or ()) or reservation.VOID
+    env = ({"name": "NVIDIA_VISIBLE_DEVICES", "value": visible},
            {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"})
-    return Binding(PIN_VISIBLE_DEVICES, env=env, pod={"runtimeClassName": RUNTIME_CLASS})
+    pod: dict[str, Any] = {"runtimeClassName": RUNTIME_CLASS}
+    annotations: dict[str, str] = {}
+    if gated:
+        pod["schedulingGates"] = [{"name": reservation.GATE}]
+        annotations[reservation.ANNOTATION_PINS] = ",".join(pins or ())
+    return Binding(PIN_VISIBLE_DEVICES, env=env, pod=pod, annotations=annotations)

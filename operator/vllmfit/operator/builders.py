@@ -139,7 +139,8 @@ def exclusive(ledger: Ledger, key: str, node: str, gpus: Iterable[int]) -> bool:
 
 
 def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: api.Flags, model_name: str,
-               *, exclusive: bool, weights_bytes: int = 0) -> dict[str, Any]:
+               *, exclusive: bool, weights_bytes: int = 0, pins: Sequence[str] | None = None,
+               gated: bool = False) -> dict[str, Any]:
     """The Deployment running one replica, pinned to its node and GPUs, with the spec's
     podTemplate merged in (podtemplate.merge). The startup probe allows for loading
     `weights_bytes` (the replica's checkpoint) unless the template sets its timing.
@@ -160,7 +161,7 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
     resources = {k: dict(v) for k, v in (spec.resources or {}).items() if isinstance(v, dict)}
     for part in resources.values():
         part.pop(GPU_RESOURCE, None)
-    gpu = binding.bind(replica, n_gpus, exclusive=exclusive)
+    gpu = binding.bind(replica, n_gpus, exclusive=exclusive, pins=pins, gated=gated)
     if gpu.limits:
         resources.setdefault("limits", {}).update(gpu.limits)
     env += gpu.env
@@ -186,7 +187,7 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
         "containers": [container],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],  # NCCL / TP workers use /dev/shm
     })
-    pod_meta: dict[str, Any] = {"labels": pod_labels, "annotations": {ANNOTATION_PLACEMENT: where}}
+    pod_meta: dict[str, Any] = {"labels": pod_labels, "annotations": {ANNOTATION_PLACEMENT: where, **gpu.annotations}}
     podtemplate.merge(pod, pod_meta, spec.pod_template)
     return {
         "apiVersion": "apps/v1",

@@ -25,9 +25,10 @@ from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiException
 
 from vllmfit.backends import binding
+from vllmfit.backends import reservation as rsv
 from vllmfit.core import api, defaults, memory, observe, placement
 from vllmfit.core.placement import Decision, Request
-from vllmfit.operator import builders, metrics, pods, report, webhook
+from vllmfit.operator import builders, metrics, pods, report, reservations, webhook
 from vllmfit.operator.record import ModelResolutionError, Record, key_of
 from vllmfit.operator.state import Store, get_store
 from vllmfit.sources import catalog
@@ -230,15 +231,16 @@ def replan(store: Store, node: str, fx: Effects, cause: str) -> None:
 
 
 async def apply_deployment(apps: client.AppsV1Api, make: Callable[[bool], dict[str, Any]], exclusive: bool,
-                           owner: Mapping[str, Any]) -> None:
+                           owner: Mapping[str, Any]) -> bool:
     """Create the Deployment, or on 409 replace its spec (JSON Patch: KMock has no PUT). A
-    replica whose placement did not change keeps its GPU pinning mode (switching would restart it)."""
+    replica whose placement did not change keeps its GPU pinning mode (switching would restart it).
+    Returns whether it is pinned with device-plugin limits."""
     manifest = make(exclusive)
     kopf.adopt(manifest, owner=dict(owner))  # type: ignore[arg-type]
     meta = manifest["metadata"]
     try:
         await apps.create_namespaced_deployment(meta["namespace"], manifest)  # type: ignore[arg-type]
-        return
+        return exclusive
     except ApiException as e:
         if e.status != 409:
             raise
@@ -250,11 +252,13 @@ async def apply_deployment(apps: client.AppsV1Api, make: Callable[[bool], dict[s
         manifest = make(was_exclusive)
         kopf.adopt(manifest, owner=dict(owner))  # type: ignore[arg-type]
         meta = manifest["metadata"]
+        exclusive = was_exclusive
     patch = [{"op": "add", "path": f"/metadata/{k}", "value": meta[k]}
              for k in ("labels", "annotations", "ownerReferences")]
     patch.append({"op": "add", "path": "/spec", "value": manifest["spec"]})
     await apps.patch_namespaced_deployment(meta["name"], meta["namespace"], patch,
                                            _content_type=JSON_PATCH)  # type: ignore[call-arg]
+    return exclusive
 
 
 async def apply_service(core: client.CoreV1Api, manifest: dict[str, Any], owner: Mapping[str, Any]) -> None:
@@ -274,8 +278,11 @@ async def apply_service(core: client.CoreV1Api, manifest: dict[str, Any], owner:
 def children_state(rec: Record) -> tuple[Any, ...]:
     """What the children of `rec` are built from (to skip rewriting them unchanged)."""
     req = rec.admitted_request
+    store = get_store()
+    pinning = tuple((tuple(reservations.pins(store, rec.key, p) or ()), reservations.gated(store, rec.key, p))
+                    for p in rec.placement)
     return (rec.admitted, tuple(builders.placement_text(p) for p in rec.placement), rec.flags,
-            req.spec if req else None, req.model.name if req else None)
+            req.spec if req else None, req.model.name if req else None, pinning)
 
 
 async def sync_children(store: Store, key: str) -> None:
@@ -297,14 +304,19 @@ async def sync_children(store: Store, key: str) -> None:
             flags = rec.flags
             for p in rec.placement:
                 ex = builders.exclusive(store.ledger, key, p.node, [g.index for g in p.gpus])
+                pins, gated = reservations.pins(store, key, p), reservations.gated(store, key, p)
 
                 weights = sum(b.footprint.weights for b in store.ledger.bookings_of(key) if b.replica == p.replica)
 
-                def make(exclusive: bool, p: api.ReplicaPlacement = p, weights: int = weights) -> dict[str, Any]:
+                def make(exclusive: bool, p: api.ReplicaPlacement = p, weights: int = weights,
+                         pins: list[str] | None = pins, gated: bool = gated) -> dict[str, Any]:
                     return builders.deployment(obj, p, flags, req.model.name, exclusive=exclusive,
-                                               weights_bytes=weights)
+                                               weights_bytes=weights, pins=pins, gated=gated and not exclusive)
 
-                await apply_deployment(apps, make, ex, rec.body)
+                if await apply_deployment(apps, make, ex, rec.body):
+                    store.whole[(key, p.replica)] = p.node
+                else:
+                    store.whole.pop((key, p.replica), None)
                 rec.children.add(p.replica)
                 want.add(p.replica)
             await apply_service(core, builders.service(obj), rec.body)
@@ -315,12 +327,14 @@ async def sync_children(store: Store, key: str) -> None:
                 if e.status != 404:
                     raise
             rec.children.discard(r)
+            store.whole.pop((key, r), None)
         rec.synced = state
 
 
-async def finish(store: Store, fx: Effects, *, strict: bool = True) -> None:
+async def finish(store: Store, fx: Effects, *, strict: bool = True, hold: bool = True) -> None:
     """Post the events, mark the statuses, write the children. With strict, a failed write of
-    the handled object's children raises (Kopf retries); neighbours' failures are logged."""
+    the handled object's children raises (Kopf retries); neighbours' failures are logged.
+    With hold, then make Kubernetes hold what the ledger books (`place`)."""
     for body, type_, reason, message in fx.events:
         post_event(body, type_, reason, message)
     store.mark(fx.mark)
@@ -334,6 +348,60 @@ async def finish(store: Store, fx: Effects, *, strict: bool = True) -> None:
             rec = store.records.get(key)
             if rec is not None:
                 post_event(rec.body, "Warning", "SyncFailed", f"writing its Deployments failed: {e.status} {e.reason}")
+    if hold:
+        await place(store)
+
+
+def rebook_reported(store: Store, fx: Effects) -> list[str]:
+    """Reservations that reported another GPU than the one asked for: re-book their replicas on
+    the GPU they hold (or give them back when it has not the room); pins learned from reports
+    rewrite the replicas' Deployments. Hold the lock. Returns reservations to delete."""
+    retire: list[str] = []
+    nodes: set[str] = set()
+    for r in sorted(store.reservations.values(), key=lambda r: r.name):
+        if not r.reported or r.terminating:
+            continue
+        nodes.add(r.node)
+        on_it = {b.deployment for b in store.ledger.bookings_on(r.node, r.index)}
+        moved, message = reservations.rebook(store, r)
+        if message and not moved:  # the GPU it got has not the room: ask again
+            store.reservations.pop(r.name, None)
+            retire.append(r.name)
+            fx.events.extend((store.records[k].body, "Warning", "ReservationMismatch", message)
+                             for k in sorted(on_it) if k in store.records)
+        for k in sorted(moved):
+            if k in store.records:
+                fx.events.append((store.records[k].body, "Normal", "Rebooked", message or ""))
+            fx.sync.add(k)
+            fx.mark.update({k} | builders.neighbours(store.ledger, builders.gpus_of(store.ledger, k)))
+    for k, rec in store.records.items():  # pins learned from the reports
+        if rec.admitted and rec.synced is not None and any(p.node in nodes for p in rec.placement) \
+                and rec.synced != children_state(rec):
+            fx.sync.add(k)
+    return retire
+
+
+async def place(store: Store) -> None:
+    """Make Kubernetes hold what the ledger books: re-book on the GPUs reservations really got,
+    create and delete reservation pods on device-plugin nodes, then lift the scheduling gates of
+    the replica pods whose GPUs are held."""
+    try:
+        fx = Effects()
+        async with store.lock:
+            retire = rebook_reported(store, fx)
+            if fx.sync or fx.mark or retire:
+                store.changes += 1
+        for name in retire:
+            try:
+                await client.CoreV1Api(store.api).delete_namespaced_pod(name, store.options.reservation.namespace)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+        await finish(store, fx, strict=False, hold=False)
+        await reservations.sync(store)
+        await reservations.ungate(store)
+    except (ApiException, OSError) as e:
+        logger.error("placement backend: %s", e)
 
 
 # --- Kopf handlers -----------------------------------------------------------------------------
@@ -674,6 +742,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     store.api = client.ApiClient(store.kube_config or await load_config())
     node_dicts, deployments = await list_cluster(store)
     problems = store.rebuild(node_dicts, deployments)
+    await reservations.load(store)
     for p in problems:
         logger.warning("start-up: %s", p)
     logger.info("ledger rebuilt: %d GPU nodes, %d VLLMDeployments, %d with bookings", len(store.ledger.nodes),
@@ -694,3 +763,29 @@ async def cleanup(**_: Any) -> None:
     if store.api is not None:
         await store.api.close()
         store.api = None
+
+
+# --- Placement backends: reservation pods and scheduling gates -----------------------------------
+
+
+@kopf.on.event("", "v1", "pods", id="reservations", labels={rsv.ROLE_LABEL: rsv.ROLE, builders.MANAGED_BY: "vllmfit"})
+async def on_reservation(type: str | None, body: kopf.Body, **_: Any) -> None:
+    """A reservation pod reported its GPU, or ended: re-book on the GPU it really holds when that
+    is another than the one asked for; create or delete reservations; lift gates."""
+    store = get_store()
+    await store.ready.wait()
+    async with store.changing():
+        reservations.observe(store, body, type == "DELETED")
+    await place(store)
+
+
+@kopf.on.event("", "v1", "pods", id="gates",
+               labels={builders.LABEL_DEPLOYMENT: kopf.PRESENT, builders.MANAGED_BY: "vllmfit"})
+async def on_gated_pod(type: str | None, body: kopf.Body, **_: Any) -> None:
+    """A replica pod behind the reservation gate: lift it once its GPUs are held."""
+    store = get_store()
+    await store.ready.wait()
+    async with store.lock:
+        reservations.track(store, body, type == "DELETED")
+    if reservations.has_gate(body):
+        await reservations.ungate(store)

@@ -50,6 +50,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resync-seconds", type=float, default=float(os.environ.get("VLLMFIT_RESYNC_SECONDS") or 30),
                    help="rebuild the ledger from the API this often when idle, so a standby peer is current "
                         "when it takes over; 0 = never (default 30)")
+    p.add_argument("--placement-backend", choices=("auto", "dra", "device-plugin"),
+                   default=os.environ.get("VLLMFIT_PLACEMENT_BACKEND") or "auto",
+                   help="how Kubernetes holds the GPUs vllmfit books: auto = DRA on nodes whose GPUs a "
+                        "ResourceSlice publishes with shareable memory, reservation pods elsewhere "
+                        "(docs/placement-backends.md; default: $VLLMFIT_PLACEMENT_BACKEND or auto)")
+    p.add_argument("--reservation-image", default=os.environ.get("VLLMFIT_RESERVATION_IMAGE") or "",
+                   help="image of GPU reservation pods; it must run `vllmfit reserve` "
+                        "(default: $VLLMFIT_RESERVATION_IMAGE, else the vllmfit image of this version)")
+    p.add_argument("--reservation-priority-class", default=os.environ.get("VLLMFIT_RESERVATION_PRIORITY_CLASS") or "",
+                   help="priorityClassName of reservation pods (default: $VLLMFIT_RESERVATION_PRIORITY_CLASS)")
+    p.add_argument("--reservation-runtime-class", default=os.environ.get("VLLMFIT_RESERVATION_RUNTIME_CLASS", "nvidia"),
+                   help="runtimeClassName of reservation pods, empty for none (default: nvidia)")
+    p.add_argument("--reservation-service-account", default=os.environ.get("VLLMFIT_RESERVATION_SERVICE_ACCOUNT") or "",
+                   help="service account of reservation pods: it may get and patch pods in the operator's "
+                        "namespace (the pod writes its GPU's UUID on itself)")
     p.add_argument("--verbose", action="store_true", help="log Kopf's debug messages")
     hook = _webhook()
     if hook is not None:
@@ -62,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
     import kopf
 
+    from vllmfit.backends import reservation as rsv
     from vllmfit.operator import handlers, metrics
     from vllmfit.operator.state import get_store
 
@@ -70,6 +86,11 @@ def run(args: argparse.Namespace) -> int:
     store.options.namespace = args.namespace
     store.options.default_image = args.default_image
     store.options.resync_seconds = args.resync_seconds
+    store.options.placement_backend = args.placement_backend
+    store.options.reservation = rsv.Config(
+        namespace=args.namespace or "default", image=args.reservation_image or rsv.Config().image,
+        priority_class=args.reservation_priority_class, runtime_class=args.reservation_runtime_class,
+        service_account=args.reservation_service_account)
     settings = kopf.OperatorSettings()
     handlers.configure(settings)
     hook = _webhook()

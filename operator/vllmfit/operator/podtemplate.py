@@ -38,7 +38,7 @@ OWNED_CONTAINER_FIELDS: dict[str, str | None] = {
     "ports": None,
 }
 # Lists of the pod and of the vllm container that vllmfit fills and the template extends.
-APPENDED_POD_LISTS = ("tolerations", "volumes", "imagePullSecrets", "initContainers", "containers")
+APPENDED_POD_LISTS = ("tolerations", "volumes", "imagePullSecrets", "initContainers", "containers", "schedulingGates")
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
 BINDING_ENV = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")
 OWNED_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", defaults.MANAGED_BY_LABEL)

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllmfit.backends import reservation as rsv
 from vllmfit.core import api, defaults, placement
 from vllmfit.core.modelarch import ModelArch, ModelConfigError, parse_hf_config
 from vllmfit.core.placement import Ledger, Request
@@ -42,6 +43,8 @@ class Options:
     namespace: str | None = field(default_factory=lambda: os.environ.get("POD_NAMESPACE"))
     default_image: str = field(default_factory=lambda: os.environ.get("VLLMFIT_DEFAULT_IMAGE") or defaults.DEFAULT_IMAGE)
     resync_seconds: float = field(default_factory=lambda: float(os.environ.get("VLLMFIT_RESYNC_SECONDS") or 30))
+    placement_backend: str = field(default_factory=lambda: os.environ.get("VLLMFIT_PLACEMENT_BACKEND") or "auto")
+    reservation: rsv.Config = field(default_factory=rsv.Config)
 
 
 class Store:
@@ -72,6 +75,10 @@ class Store:
         self._busy = False
         self._writer: asyncio.Task[None] | None = None
         self.tasks: list[asyncio.Task[None]] = []  # other background tasks (resync), stopped with the writer
+        # placement backends (vllmfit.operator.reservations)
+        self.reservations: dict[str, rsv.Reservation] = {}  # reservation pod name -> what it holds
+        self.gated: dict[tuple[str, str], tuple[str, list[str], list[dict[str, Any]]]] = {}  # pod -> node, pins, gates
+        self.whole: dict[tuple[str, int], str] = {}  # (deployment, replica) written with device-plugin limits -> node
 
     @contextlib.asynccontextmanager
     async def changing(self) -> AsyncIterator[None]:
@@ -81,6 +88,10 @@ class Store:
                 yield
             finally:
                 self.changes += 1
+
+    def backend_of(self, node: str) -> str:
+        """How the GPUs of `node` are held: "device-plugin" (reservation pods, limits) or "dra"."""
+        return "dra" if self.options.placement_backend == "dra" else "device-plugin"
 
     def busy(self) -> bool:
         """Statuses remain to be written (the API does not show the ledger yet)."""

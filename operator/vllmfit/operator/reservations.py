@@ -1,0 +1,230 @@
+"""The operator's side of the device-plugin backend: reservation pods and scheduling gates.
+
+The decisions are pure (vllmfit.backends.reservation); this module reads and writes the objects:
+- `wanted`: the GPU slots that need a reservation (every GPU a replica shares, or uses without
+  taking its whole node with device-plugin limits);
+- `sync`: create the missing reservation pods, delete those no replica needs any more;
+- `observe`: a reservation pod changed (it reported its GPU, or ended); re-book the replicas on
+  the GPU it got when that differs from the one asked for;
+- `pins`: the UUIDs a replica's pod is pinned to, and `ungate`: lift a replica pod's
+  scheduling gate once every GPU it is pinned to is held.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client import ApiException
+
+from vllmfit.backends import reservation as rsv
+from vllmfit.core import api
+from vllmfit.operator import builders
+from vllmfit.operator.state import Store
+
+logger = logging.getLogger(__name__)
+
+JSON_PATCH = "application/json-patch+json"
+LOCK = "__reservations__"
+
+
+def device_plugin(store: Store, node: str) -> bool:
+    """Whether `node`'s GPUs are held by the device plugin (not DRA)."""
+    return store.backend_of(node) == "device-plugin"
+
+
+def slot_uuids(store: Store, node: str) -> dict[int, str | None]:
+    info = store.ledger.nodes.get(node)
+    return {s.index: s.uuid for s in info.gpus if not s.mig} if info else {}
+
+
+def uuids(store: Store, node: str) -> dict[int, str]:
+    """Known and reservation-reported UUIDs of the node's GPUs."""
+    return rsv.learned_uuids(store.reservations.values(), node, slot_uuids(store, node))
+
+
+def replicas(store: Store) -> dict[tuple[str, int], tuple[str, tuple[int, ...]]]:
+    """(deployment, replica) -> (node, GPUs) from the ledger."""
+    out: dict[tuple[str, int], tuple[str, list[int]]] = {}
+    for key in store.ledger.deployments():
+        for b in store.ledger.bookings_of(key):
+            out.setdefault((key, b.replica), (b.node, []))[1].append(b.index)
+    return {k: (n, tuple(g)) for k, (n, g) in out.items()}
+
+
+def whole(store: Store, node: str) -> bool:
+    """A replica written with device-plugin limits holds every GPU of the node."""
+    return node in store.whole.values()
+
+
+def needs_reservation(store: Store, key: str, node: str, gpus: Iterable[int]) -> bool:
+    gpus = list(gpus)
+    return (device_plugin(store, node) and not whole(store, node)
+            and not builders.exclusive(store.ledger, key, node, gpus))
+
+
+def wanted(store: Store) -> set[tuple[str, int]]:
+    out: set[tuple[str, int]] = set()
+    for (key, _), (node, gpus) in replicas(store).items():
+        if needs_reservation(store, key, node, gpus):
+            out.update((node, i) for i in gpus)
+    return out
+
+
+def pins(store: Store, key: str, p: api.ReplicaPlacement) -> list[str] | None:
+    """What a shared replica's NVIDIA_VISIBLE_DEVICES names: the UUIDs of its GPUs (known from
+    the agent or reported by their reservations). On a node held whole by a device-plugin limit
+    and without UUIDs, the indices. None: not known yet (its pod waits behind the gate)."""
+    gpus = [g.index for g in p.gpus]
+    known = uuids(store, p.node)
+    got = rsv.pins(p.node, gpus, known)
+    if got is None and whole(store, p.node):
+        return [known.get(i) or str(i) for i in gpus]
+    return got
+
+
+def gated(store: Store, key: str, p: api.ReplicaPlacement) -> bool:
+    return needs_reservation(store, key, p.node, [g.index for g in p.gpus])
+
+
+# --- reservation pods ---------------------------------------------------------------------------
+
+
+def observe(store: Store, pod: Mapping[str, Any], deleted: bool) -> rsv.Reservation | None:
+    """Record a reservation pod's state (hold the lock)."""
+    r = rsv.reservation_from_pod(pod)
+    name = str((pod.get("metadata") or {}).get("name") or "")
+    if r is None or deleted:
+        store.reservations.pop(name, None)
+        return None
+    store.reservations[name] = r
+    return r
+
+
+def rebook(store: Store, r: rsv.Reservation) -> tuple[set[str], str | None]:
+    """A reservation asked for GPU i reported GPU j, and j has no bookings while i has: move the
+    replicas booked on i to j, where the GPU is really held (hold the lock). Returns the keys
+    that moved and a message; ({}, message) when j has not the room (foreign use): then the
+    reservation is deleted, and another one is asked for."""
+    node, i = r.node, r.index
+    j = rsv.mismatch(r, slot_uuids(store, node))
+    ledger = store.ledger
+    if j is None or not ledger.bookings_on(node, i) or ledger.bookings_on(node, j):
+        return set(), None
+    if any(o.name != r.name and not o.terminating and rsv.serves(o, slot_uuids(store, node)) == i
+           for o in store.reservations.values() if o.node == node):
+        return set(), None  # i is held by another reservation: this one is surplus
+    keys = sorted({b.deployment for b in ledger.bookings_on(node, i)})
+    old = {k: ledger.release(k) for k in keys}
+    for k in keys:
+        ledger.restore(k, rsv.swap_bookings(old[k], node, i, j))
+    if ledger.headroom_bytes(node, j) < 0:
+        for k in keys:
+            ledger.restore(k, old[k])
+        return set(), (f"the device plugin gave the reservation for {node} GPU {i} the GPU {r.uuid} ({node} GPU {j}), "
+                       f"which has not the room; asking again")
+    uu = slot_uuids(store, node)
+    for k in keys:
+        rec = store.records.get(k)
+        if rec is not None:
+            rec.placement = rsv.swap_placement(rec.placement, node, i, j, uu)
+    return set(keys), f"the device plugin gave {node} GPU {j} ({r.uuid}) instead of GPU {i}; re-booked on GPU {j}"
+
+
+async def sync(store: Store) -> None:
+    """Create the reservations wanted and not there; delete those no replica needs."""
+    if store.api is None:
+        return
+    async with store.child_locks[LOCK]:
+        async with store.lock:
+            want = wanted(store)
+            reservations = list(store.reservations.values())
+            known = {n: uuids(store, n) for n in {r.node for r in reservations} | {n for n, _ in want}}
+        todo = rsv.plan(want, reservations, known)
+        core = client.CoreV1Api(store.api)
+        cfg = store.options.reservation
+        taken = {r.name for r in reservations}
+        for node, i in todo.create:
+            name = rsv.reservation_name(node, i, taken)
+            taken.add(name)
+            manifest = rsv.reservation_pod(cfg, node, i, name)
+            try:
+                await core.create_namespaced_pod(cfg.namespace, manifest)
+            except ApiException as e:
+                if e.status != 409:
+                    logger.error("reservation %s for %s GPU %d: %s %s", name, node, i, e.status, e.reason)
+                    continue
+            async with store.lock:
+                store.reservations.setdefault(name, rsv.Reservation(name, node, i))
+        for name in todo.delete:
+            try:
+                await core.delete_namespaced_pod(name, cfg.namespace)
+            except ApiException as e:
+                if e.status != 404:
+                    logger.error("deleting reservation %s: %s %s", name, e.status, e.reason)
+                    continue
+            async with store.lock:
+                store.reservations.pop(name, None)
+
+
+async def load(store: Store) -> None:
+    """Read every reservation pod (start-up)."""
+    pods = await client.CoreV1Api(store.api).list_namespaced_pod(
+        store.options.reservation.namespace, label_selector=f"{rsv.ROLE_LABEL}={rsv.ROLE}")
+    for pod in store.api.sanitize_for_serialization(pods).get("items") or []:
+        observe(store, pod, False)
+
+
+# --- replica pods: the scheduling gate -----------------------------------------------------------
+
+
+def pod_pins(pod: Mapping[str, Any]) -> list[str]:
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(rsv.ANNOTATION_PINS) or ""
+    return [u for u in raw.split(",") if u]
+
+
+def has_gate(pod: Mapping[str, Any]) -> bool:
+    return any(g.get("name") == rsv.GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+def pod_node(pod: Mapping[str, Any]) -> str:
+    return str(((pod.get("metadata") or {}).get("annotations") or {}).get(builders.ANNOTATION_PLACEMENT, "")
+               ).split(":", 1)[0]
+
+
+def track(store: Store, pod: Mapping[str, Any], deleted: bool) -> None:
+    """Remember a gated replica pod (hold the lock)."""
+    meta = pod.get("metadata") or {}
+    key = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
+    if deleted or not has_gate(pod):
+        store.gated.pop(key, None)
+    else:
+        store.gated[key] = (pod_node(pod), pod_pins(pod), [g for g in (pod.get("spec") or {}).get(
+            "schedulingGates") or []])
+
+
+def openable(store: Store) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """Gated pods whose GPUs are all held now (hold the lock)."""
+    out = []
+    for (ns, name), (node, pinned, gates) in sorted(store.gated.items()):
+        if rsv.gate_open(pinned, rsv.held_uuids(store.reservations.values(), node)):
+            out.append((ns, name, [g for g in gates if g.get("name") != rsv.GATE]))
+    return out
+
+
+async def ungate(store: Store) -> None:
+    async with store.lock:
+        todo = openable(store)
+    core = client.CoreV1Api(store.api)
+    for ns, name, rest in todo:
+        patch = [{"op": "replace", "path": "/spec/schedulingGates", "value": rest}]
+        try:
+            await core.patch_namespaced_pod(name, ns, patch, _content_type=JSON_PATCH)  # type: ignore[call-arg]
+        except ApiException as e:
+            if e.status not in (404, 422):
+                logger.error("pod %s/%s: removing the scheduling gate failed: %s %s", ns, name, e.status, e.reason)
+            continue
+        async with store.lock:
+            store.gated.pop((ns, name), None)

@@ -1,0 +1,241 @@
+"""Device-plugin backend against the emulator: reservation pods hold every GPU a replica shares,
+replica pods wait behind a scheduling gate, the reported GPU is the one booked and pinned.
+
+The emulator has no scheduler and no device plugin: `DevicePlugin.serve` plays both for
+reservation pods (binds each to its node and reports a free GPU, in the plugin's order), and
+`replica_pod` plays the ReplicaSet controller (a pod from a Deployment's template)."""
+
+from __future__ import annotations
+
+import json
+import uuid as uuidlib
+from typing import Any
+
+import kubernetes_validate
+from opkit import DEPLOYMENTS, H100, PODS, VD, Cluster, Operator, node, vd
+
+from vllmfit.backends import reservation as rsv
+from vllmfit.core import defaults
+from vllmfit.operator.state import get_store
+
+QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
+U = [f"GPU-{i}{i}{i}{i}{i}{i}{i}{i}-0000-4000-8000-00000000000{i}" for i in range(4)]
+
+
+def inventory(uuids: list[str]) -> dict[str, str]:
+    inv = {"sampled_at": "2030-01-01T00:00:00Z", "nvml": True, "gpus": [
+        {"index": i, "uuid": u, "product": H100, "total_bytes": 81559 * defaults.MIB, "used_bytes": 0}
+        for i, u in enumerate(uuids)]}
+    return {defaults.INVENTORY_ANNOTATION: json.dumps(inv)}
+
+
+def gpu_node(name: str, n: int, *, agent: bool = True) -> dict[str, Any]:
+    obj = node(name, gpus=n, annotations=inventory(U[:n]) if agent else None)
+    obj["status"]["allocatable"] = {"nvidia.com/gpu": str(n)}
+    return obj
+
+
+def reservations(cluster: Cluster) -> list[dict[str, Any]]:
+    return sorted((p for p in cluster.objects(PODS) if rsv.is_reservation(p)), key=lambda p: p["metadata"]["name"])
+
+
+def asked(cluster: Cluster) -> list[tuple[str, int]]:
+    return sorted((p["metadata"]["annotations"][rsv.ANNOTATION_NODE], int(p["metadata"]["annotations"][
+        rsv.ANNOTATION_INDEX])) for p in reservations(cluster))
+
+
+class DevicePlugin:
+    """Hands each unbound reservation pod a free GPU of its node (first free in `order`) and
+    reports it as the reservation container would: its own pod's annotation."""
+
+    def __init__(self, cluster: Cluster, uuids: dict[str, list[str]], order: dict[str, list[int]] | None = None):
+        self.cluster, self.uuids, self.order = cluster, uuids, order or {}
+
+    def held(self, node_name: str) -> set[str]:
+        return {p["metadata"]["annotations"].get(rsv.ANNOTATION_UUID) for p in reservations(self.cluster)
+                if p["spec"].get("nodeName") == node_name} - {None}
+
+    async def serve(self) -> list[str]:
+        given = []
+        for p in reservations(self.cluster):
+            if p["spec"].get("nodeName"):
+                continue
+            n = p["metadata"]["annotations"][rsv.ANNOTATION_NODE]
+            free = [i for i in self.order.get(n, range(len(self.uuids[n]))) if self.uuids[n][i] not in self.held(n)]
+            u = self.uuids[n][free[0]]
+            await self.cluster.patch_pod(p["metadata"]["name"], {
+                "metadata": {"annotations": {rsv.ANNOTATION_UUID: u}},
+                "spec": {"nodeName": n}, "status": {"phase": "Running"}})
+            given.append(u)
+        return given
+
+
+async def replica_pod(cluster: Cluster, deployment: str) -> str:
+    """The pod the ReplicaSet controller would create from the Deployment's template."""
+    d = cluster.get(DEPLOYMENTS, deployment)
+    tpl = d["spec"]["template"]
+    name = f"{deployment}-{uuidlib.uuid4().hex[:5]}"
+    await cluster.create({"apiVersion": "v1", "kind": "Pod",
+                          "metadata": {"name": name, "namespace": "default", "uid": str(uuidlib.uuid4()),
+                                       "resourceVersion": "1", "labels": dict(tpl["metadata"]["labels"]),
+                                       "annotations": dict(tpl["metadata"].get("annotations") or {})},
+                          "spec": json.loads(json.dumps(tpl["spec"])), "status": {"phase": "Pending"}})
+    return name
+
+
+def gates(cluster: Cluster, pod: str) -> list[dict[str, Any]]:
+    return (cluster.get(PODS, pod) or {}).get("spec", {}).get("schedulingGates") or []
+
+
+def visible(cluster: Cluster, deployment: str) -> str:
+    env = cluster.get(DEPLOYMENTS, deployment)["spec"]["template"]["spec"]["containers"][0]["env"]
+    return next(e["value"] for e in env if e["name"] == "NVIDIA_VISIBLE_DEVICES")
+
+
+async def settle(cluster: Cluster) -> None:
+    await get_store().flush()
+
+
+async def test_shared_gpu_is_held_by_one_reservation_and_the_gate_opens_once_it_reports(
+        cluster: Cluster, operator: Operator) -> None:
+    await cluster.create(gpu_node("gpu-a", 2))
+    pin = {"nodeName": "gpu-a", "gpuIndices": [1]}
+    await cluster.create(vd("a", QWEN7, placement=pin))
+    await cluster.create(vd("b", QWEN7, maxModelLen=8192, placement=pin))
+    await cluster.phase("a", "Admitted")
+    await cluster.phase("b", "Admitted")
+    await cluster.until(lambda: asked(cluster) == [("gpu-a", 1)], what="one reservation for gpu-a GPU 1")
+    [res] = reservations(cluster)
+    for version in ("1.29.0", "1.34.0", "1.35.0", "1.36.0"):
+        assert kubernetes_validate.validate(res, version, strict=True)
+    await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0") and cluster.get(DEPLOYMENTS, "b-0"))
+    assert visible(cluster, "a-0") == visible(cluster, "b-0") == U[1]
+    pod_a = await replica_pod(cluster, "a-0")
+    tpl = cluster.get(DEPLOYMENTS, "a-0")["spec"]["template"]
+    assert tpl["spec"]["schedulingGates"] == [{"name": rsv.GATE}]
+    assert tpl["metadata"]["annotations"][rsv.ANNOTATION_PINS] == U[1]
+    assert kubernetes_validate.validate(cluster.get(PODS, pod_a), "1.36.0", strict=True)
+    await cluster.until(lambda: ("default", pod_a) in get_store().gated or not gates(cluster, pod_a))
+    assert gates(cluster, pod_a) == [{"name": rsv.GATE}]  # not held yet: it waits, it does not crash
+    dp = DevicePlugin(cluster, {"gpu-a": U[:2]}, order={"gpu-a": [1, 0]})
+    assert await dp.serve() == [U[1]]
+    await cluster.until(lambda: gates(cluster, pod_a) == [], what="the gate to be lifted")
+    pod_b = await replica_pod(cluster, "b-0")  # a pod made after the report is let through too
+    await cluster.until(lambda: gates(cluster, pod_b) == [], what="b's gate to be lifted")
+    assert asked(cluster) == [("gpu-a", 1)]
+
+
+async def test_allocatable_minus_what_vllmfit_holds_is_what_others_can_get(
+        cluster: Cluster, operator: Operator) -> None:
+    """4 GPUs: a and b share GPU 0, c is alone on GPU 1 (not the whole node: no limits). Two
+    reservations hold GPUs 0 and 1; another pod can get exactly the 2 GPUs vllmfit does not use."""
+    await cluster.create(gpu_node("gpu-a", 4))
+    await cluster.create(vd("a", QWEN7, placement={"nodeName": "gpu-a", "gpuIndices": [0]}))
+    await cluster.create(vd("b", QWEN7, maxModelLen=8192, placement={"nodeName": "gpu-a", "gpuIndices": [0]}))
+    await cluster.create(vd("c", QWEN7, placement={"nodeName": "gpu-a", "gpuIndices": [1]}))
+    for name in "abc":
+        await cluster.phase(name, "Admitted")
+    await cluster.until(lambda: asked(cluster) == [("gpu-a", 0), ("gpu-a", 1)], what="two reservations")
+    dp = DevicePlugin(cluster, {"gpu-a": U[:4]})
+    await dp.serve()
+    await cluster.until(lambda: all(cluster.get(DEPLOYMENTS, f"{n}-0") for n in "abc"))
+    for n in "abc":
+        await replica_pod(cluster, f"{n}-0")
+    await settle(cluster)
+    booked = {(m["node"], m["index"]) for n in "abc" for m in cluster.status(n)["memory"]}
+    assert booked == {("gpu-a", 0), ("gpu-a", 1)}
+    for p in cluster.objects(PODS):  # bind the replica pods too: they request no nvidia.com/gpu
+        if not rsv.is_reservation(p):
+            assert rsv.gpu_requests(p) == 0
+            p["spec"]["nodeName"] = "gpu-a"
+    node_obj = cluster.get("v1/nodes", "gpu-a", None)
+    assert rsv.free_for_others(node_obj, cluster.objects(PODS)) == 4 - len(booked) == 2
+    held = {p["metadata"]["annotations"][rsv.ANNOTATION_UUID] for p in reservations(cluster)}
+    assert held == {U[0], U[1]}  # exactly the GPUs vllmfit's replicas use, each held once
+
+
+async def test_a_reservation_that_gets_another_gpu_rebooks_the_replicas_there(
+        cluster: Cluster, operator: Operator) -> None:
+    await cluster.create(gpu_node("gpu-a", 2))
+    await cluster.create(vd("a", QWEN7, placement={"nodeName": "gpu-a", "gpuIndices": [1]}))
+    await cluster.phase("a", "Admitted")
+    await cluster.until(lambda: asked(cluster) == [("gpu-a", 1)])
+    await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0"))
+    assert visible(cluster, "a-0") == U[1]
+    dp = DevicePlugin(cluster, {"gpu-a": U[:2]})  # the plugin's first free GPU is 0
+    assert await dp.serve() == [U[0]]
+    await cluster.until(lambda: cluster.status("a")["gpuList"] == "0", what="a re-booked on GPU 0")
+    await cluster.until(lambda: visible(cluster, "a-0") == U[0], what="a pinned to GPU 0")
+    st = cluster.status("a")
+    assert [(m["node"], m["index"]) for m in st["memory"]] == [("gpu-a", 0)]
+    assert st["placement"][0]["gpus"][0]["uuid"] == U[0]
+    assert any(e["reason"] == "Rebooked" for e in cluster.events("a"))
+    await settle(cluster)
+    assert len(reservations(cluster)) == 1  # the one that got GPU 0 now holds a's GPU; none for GPU 1
+    pod = await replica_pod(cluster, "a-0")
+    await cluster.until(lambda: gates(cluster, pod) == [])
+
+
+async def test_the_last_replica_leaving_a_gpu_takes_its_reservation_away(cluster: Cluster,
+                                                                         operator: Operator) -> None:
+    await cluster.create(gpu_node("gpu-a", 2))
+    pin = {"nodeName": "gpu-a", "gpuIndices": [0]}
+    await cluster.create(vd("a", QWEN7, placement=pin))
+    await cluster.create(vd("b", QWEN7, maxModelLen=8192, placement=pin))
+    await cluster.phase("a", "Admitted")
+    await cluster.phase("b", "Admitted")
+    await cluster.until(lambda: len(reservations(cluster)) == 1)
+    await DevicePlugin(cluster, {"gpu-a": U[:2]}).serve()
+    await cluster.delete("a")
+    await cluster.until(lambda: cluster.get(VD, "a") is None)
+    await settle(cluster)
+    assert len(reservations(cluster)) == 1  # b still uses GPU 0
+    await cluster.delete("b")
+    await cluster.until(lambda: reservations(cluster) == [], what="the reservation to go")
+
+
+async def test_gfd_only_node_learns_the_uuid_from_the_reservation(cluster: Cluster, operator: Operator) -> None:
+    await cluster.create(gpu_node("gpu-g", 2, agent=False))
+    await cluster.create(vd("a", QWEN7, placement={"nodeName": "gpu-g", "gpuIndices": [0]}))
+    await cluster.phase("a", "Admitted")
+    await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0"))
+    assert visible(cluster, "a-0") == "void"  # which GPU is not known before the reservation reports
+    await cluster.until(lambda: asked(cluster) == [("gpu-g", 0)])
+    assert await DevicePlugin(cluster, {"gpu-g": U[2:4]}).serve() == [U[2]]
+    await cluster.until(lambda: visible(cluster, "a-0") == U[2], what="a pinned to the reported GPU")
+    pod = await replica_pod(cluster, "a-0")
+    await cluster.until(lambda: gates(cluster, pod) == [])
+
+
+async def test_restart_between_reservation_and_report_and_after_a_mismatch(km: Any, cluster: Cluster) -> None:
+    op = Operator(km)
+    await op.start()
+    await cluster.create(gpu_node("gpu-a", 2))
+    await cluster.create(vd("a", QWEN7, placement={"nodeName": "gpu-a", "gpuIndices": [1]}))
+    await cluster.phase("a", "Admitted")
+    await cluster.until(lambda: asked(cluster) == [("gpu-a", 1)])
+    await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0"))
+    pod = await replica_pod(cluster, "a-0")
+    await op.stop()
+    await cluster.reconnect()
+    # while the operator is down, the device plugin hands the reservation GPU 0
+    assert await DevicePlugin(cluster, {"gpu-a": U[:2]}).serve() == [U[0]]
+    op = Operator(km)
+    await op.start()
+    try:
+        await cluster.until(lambda: cluster.status("a")["gpuList"] == "0", what="re-booked after the restart")
+        await cluster.until(lambda: visible(cluster, "a-0") == U[0])
+        await settle(cluster)
+        assert asked(cluster) == [("gpu-a", 1)]  # the same pod, no second reservation
+        assert gates(cluster, pod) == [{"name": rsv.GATE}]  # pinned to GPU 1: never let through
+        new = await replica_pod(cluster, "a-0")
+        await cluster.until(lambda: gates(cluster, new) == [])
+        await op.stop()
+        await cluster.reconnect()
+        op = Operator(km)
+        await op.start()  # a second restart changes nothing
+        await settle(cluster)
+        assert cluster.status("a")["gpuList"] == "0" and len(reservations(cluster)) == 1
+        assert get_store().ledger.deployments() == ["default/a"]
+    finally:
+        await op.stop()
