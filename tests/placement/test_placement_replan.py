@@ -91,7 +91,7 @@ def test_what_cannot_move_waits_with_reasons() -> None:
     r = placement.replan(ledger, reqs)
     assert not r.moves and list(r.waiting) == ["default/x"]
     w = r.waiting["default/x"]
-    assert w.phase == "Unschedulable" and w.reasons and w.reasons[0].startswith("b: GPU 0 needs")
+    assert w.phase == "Unschedulable" and w.reasons and w.reasons[0].startswith("1 GPU memory (needs") and w.reasons[0].endswith(" on b GPU 0)")
     assert ledger.bookings_of("default/x") == []
     check_invariant(ledger)
 

@@ -293,7 +293,7 @@ class VLLMDeploymentStatus(_Model):
     headroom: str | None = Field(default=None, description="Smallest headroom among its GPUs, human-readable.")
     observed: list[ObservedMemory] = Field(default_factory=list, description="Observed vs predicted memory per GPU.")
     pod_uids: list[str] = Field(default_factory=list, description="UIDs of its vLLM pods (to attribute GPU processes).")
-    reasons: list[str] = Field(default_factory=list, description="Why it does not fit, per GPU.")
+    reasons: list[str] = Field(default_factory=list, description="Why it does not fit: nodes counted per cause, like the kube-scheduler.")
     suggestions: list[str] = Field(default_factory=list, description="Changes that would make it fit, each checked.")
     warnings: list[str] = Field(default_factory=list, description="Warnings from admission.")
     conditions: list[Condition] = Field(default_factory=list, description="Admitted, Placed, Ready, MemoryDrift.")

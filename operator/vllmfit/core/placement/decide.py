@@ -38,7 +38,8 @@ def decide(
             d = replace(
                 d,
                 suggestions=fixes,
-                message=d.message + (". Fits with: " + "; or ".join(fixes) if fixes else ""),
+                message=d.message + ((" " if d.message.endswith(".") else ". ") + "Fits with: " + "; or ".join(fixes)
+                                     if fixes else ""),
             )
         return d
     finally:

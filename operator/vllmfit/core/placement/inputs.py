@@ -17,10 +17,6 @@ DecisionPhase = Literal["Admitted", "Rejected", "Unschedulable"]
 GpuLookup = Callable[[str, "int | None"], GpuType]
 GpuKey = tuple[str, int]  # (node, index)
 
-MAX_REASONS = 50
-"""Per-node reasons kept in a Decision (a 1,000-node cluster would otherwise list 1,000)."""
-MESSAGE_REASONS = 8
-"""Per-node reasons quoted in the one-line message."""
 # --- Inputs ------------------------------------------------------------------------------------
 
 

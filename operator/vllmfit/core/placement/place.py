@@ -10,8 +10,6 @@ from vllmfit.core import memory
 from vllmfit.core.memory import Footprint, Settings, Sizing, SpecError, fmt_gib
 from vllmfit.core.placement import affinity
 from vllmfit.core.placement.inputs import (
-    MAX_REASONS,
-    MESSAGE_REASONS,
     GpuSlot,
     NodeInfo,
     Request,
@@ -20,7 +18,7 @@ from vllmfit.core.placement.inputs import (
     where,
 )
 from vllmfit.core.placement.ledger import Decision, Ledger, NodeSet, ReplicaAllocation
-from vllmfit.core.placement.reasons import _why_not
+from vllmfit.core.placement.reasons import NO_NODE, _node_why_not, _why_not
 from vllmfit.core.placement.search import _Candidate, _node_matches, _search, _shrinkable
 
 
@@ -133,22 +131,11 @@ def _decide(
         head = (
             f"{len(replicas)}/{spec.replicas} replicas placed; replica {len(replicas)}: " if replicas else ""
         )
-        fit = (
-            "pinned placement does not fit"
-            if pin.node_name and not pin.allow_reschedule
-            else f"0/{len(ledger.nodes)} nodes fit"
-        )
-        shown = failure[:MESSAGE_REASONS] + (
-            [f"... {len(failure) - MESSAGE_REASONS} more (see reasons)"]
-            if len(failure) > MESSAGE_REASONS
-            else []
-        )
-        msg = f"{head}{fit}: " + "; ".join(shown)
-        reasons = failure[:MAX_REASONS] + (
-            [f"... {len(failure) - MAX_REASONS} more nodes, further from fitting"]
-            if len(failure) > MAX_REASONS
-            else []
-        )
+        if pin.node_name and not pin.allow_reschedule:
+            msg = f"{head}pinned placement does not fit: " + "; ".join(failure)
+        else:  # kube-scheduler's FitError: "0/N nodes are available: <count> <reason>, ... ."
+            msg = f"{head}{NO_NODE.format(len(ledger.nodes))}: " + ", ".join(failure) + "."
+        reasons = failure
         return Decision(
             req.key,
             "Unschedulable",
@@ -268,4 +255,4 @@ def _pinned(
     if pin.gpu_indices:
         return _check_pinned(ledger, req, s, node, tuple(pin.gpu_indices))
     cand = _search(ledger, req, s, ledger.node_set([node.name]), spread)
-    return cand, "" if cand else _why_not(ledger, req, s, None, only=[node.name])[0], []
+    return cand, "" if cand else _node_why_not(ledger, req, s, node.name), []

@@ -1,62 +1,151 @@
-"""Why a deployment does not fit: one line per node, like the kube-scheduler's messages."""
+"""Why a deployment does not fit, grouped by cause like the kube-scheduler's FitError:
+
+    0/20 nodes are available: 12 GPU memory (needs 33.0 GiB, largest free 17.8 GiB on gpu-07 GPU 3),
+    8 node(s) didn't match placement.nodeSelector.
+
+Each node gets one cause (its closest to fitting); causes are counted over nodes and carry the best
+candidate's numbers. As in kube-scheduler's `FitError.Error()` (pkg/scheduler/framework/types.go),
+the groups read "<count> <reason>", sorted as strings, joined with ", ". The per-node line
+(`_node_why_not`) stays for a pinned node, where there is only one.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from vllmfit.core.memory import Settings, fmt_gib
-from vllmfit.core.placement.inputs import Request, gpu_label
+from vllmfit.core.placement import affinity
+from vllmfit.core.placement.inputs import Request, gpu_label, where
 from vllmfit.core.placement.ledger import Ledger, NodeSet
 from vllmfit.core.placement.search import _UNLIMITED, _full_sizing, _min_need, _shrinkable
+
+NO_NODE = "0/{} nodes are available"
+"""kube-scheduler's NoNodeAvailableMsg."""
+
+
+@dataclass(frozen=True)
+class _Why:
+    """One node's closest cause. kind: memory, few, small, nogpu. For memory: `need` per GPU,
+    `free` on the node's best group `gpus`; for few: `free` is how many GPUs of one type it has."""
+
+    kind: str
+    product: str = ""
+    need: int = 0
+    free: int = 0
+    node: str = ""
+    gpus: tuple[int, ...] = ()
+    text: str = ""  # small: the memory model's reason
+    missing: int = _UNLIMITED  # bytes short of fitting (sort key)
 
 
 def _why_not(
     ledger: Ledger, req: Request, s: Settings, matching: NodeSet | None, only: Sequence[str] | None = None
 ) -> list[str]:
-    """Why no node (or no node of `only`) takes one more replica, like the scheduler says it: one
-    line per node with what its best GPU group needs and has, the closest to fitting first (then by
-    name), then one line for the nodes the nodeSelector excludes."""
+    """Why no node (or no node of `only`) takes one more replica: the causes grouped as the
+    kube-scheduler groups them, each "<count> <reason>", sorted as strings."""
     allowed = ledger.nodes.keys() if matching is None else matching.members
-    names = sorted(only if only is not None else ledger.nodes)
-    lines = sorted(_node_why_not(ledger, req, s, name) for name in names if name in allowed)
-    out = [line for _, line in lines]
-    excluded = [name for name in names if name not in allowed]
+    names = only if only is not None else ledger.nodes
+    whys = [_node_cause(ledger, req, s, name) for name in names if name in allowed]
+    excluded = sum(1 for name in names if name not in allowed)
+    return _grouped(whys, excluded, req, s)
+
+
+def _grouped(whys: list[_Why], excluded: int, req: Request, s: Settings) -> list[str]:
+    groups: dict[tuple[object, ...], list[_Why]] = {}
+    for w in whys:
+        key: tuple[object, ...] = (
+            ("memory", fmt_gib(w.need)) if w.kind == "memory" else ("small", w.product, w.text) if w.kind == "small" else (w.kind,)
+        )
+        groups.setdefault(key, []).append(w)
+    needs = {fmt_gib(w.need) for w in whys if w.kind == "memory"}  # as shown: GPU types of one need share a group
+    out = []
+    for key, members in groups.items():
+        out.append(f"{len(members)} {_group_text(str(key[0]), members, s, len(needs) > 1)}")
     if excluded:
-        who = ", ".join(excluded) if len(excluded) <= 3 else f"{len(excluded)} nodes"
-        out.append(f"{who}: {'does' if len(excluded) == 1 else 'do'} not match the nodeSelector")
-    return out
+        out.append(f"{excluded} node(s) didn't match {_selector_words(req)}")
+    return sorted(out)
 
 
-def _node_why_not(ledger: Ledger, req: Request, s: Settings, name: str) -> tuple[tuple[int, str], str]:
-    """((sort key: least missing first, name), 'node: what its best group needs and has')."""
+def _group_text(kind: str, members: list[_Why], s: Settings, name_product: bool) -> str:
+    n = s.gpus
+    if kind == "nogpu":
+        return "node(s) had no GPUs"
+    if kind == "few":
+        most = max(w.free for w in members)
+        return f"node(s) had fewer than {n} GPUs of one type (at most {most})"
+    first = members[0]
+    if kind == "small":
+        return f"node(s) with {first.product}: {first.text}"
+    best = min(members, key=lambda w: (-w.free, w.node, w.gpus))
+    least = "at least " if _shrinkable(s) else ""
+    each = f" on each of {n} GPUs" if n > 1 else ""
+    on = "/".join(sorted({w.product for w in members})) + ": " if name_product else ""
+    return (
+        f"GPU memory ({on}needs {least}{fmt_gib(first.need)}{each}, largest free "
+        f"{fmt_gib(max(best.free, 0))} on {where(best.node, best.gpus)})"
+    )
+
+
+def _selector_words(req: Request) -> str:
+    sel = bool(req.spec.placement.node_selector)
+    try:
+        aff = affinity.required_terms(req.spec) is not None
+    except ValueError:
+        aff = False
+    if sel and aff:
+        return "placement.nodeSelector or the podTemplate node affinity"
+    return "the podTemplate node affinity" if aff else "placement.nodeSelector"
+
+
+def _node_cause(ledger: Ledger, req: Request, s: Settings, name: str) -> _Why:
+    """The closest cause on one node: memory (least missing) before too few GPUs before a GPU
+    type the model can never run on."""
     n = s.gpus
     node = ledger.nodes[name]
-    parts = []
-    missing = _UNLIMITED
     types = sorted({sl.gpu for sl in node.gpus if n == 1 or not sl.mig}, key=lambda t: t.product)
+    if not types:
+        return _Why("nogpu", node=name)
+    best: _Why | None = None
+    few: _Why | None = None
+    small: _Why | None = None
     for t in types:
-        label = f" {t.product}" if len(types) > 1 else ""
         full = _full_sizing(req.model, s, t)
         need = _min_need(req.model, s, t)
         if isinstance(full, str) or need is None or not full.fits:
-            parts.append(f"{t.product}: {full if isinstance(full, str) else '; '.join(full.reasons)}")
+            text = full if isinstance(full, str) else "; ".join(full.reasons)
+            small = small or _Why("small", t.product, node=name, text=text)
             continue
         heads = sorted(
             ((ledger._head[(name, sl.index)], sl.index) for sl in node.gpus if sl.gpu == t),
             key=lambda e: (-e[0], e[1]),
         )
-        least = "at least " if _shrinkable(s) else ""
         if len(heads) < n:
-            parts.append(f"needs {n} GPUs{label or ' of one type'}, has {len(heads)}")
+            if few is None or len(heads) > few.free:
+                few = _Why("few", t.product, free=len(heads), node=name)
             continue
-        h, i = heads[n - 1]
-        missing = min(missing, need - h)
-        if n == 1:
-            parts.append(f"{gpu_label(i)}{label} needs {least}{fmt_gib(need)}, {fmt_gib(max(h, 0))} free")
-        else:
-            ok = sum(1 for hh, _ in heads if hh >= need)
-            parts.append(
-                f"needs {n}{label} GPUs with {least}{fmt_gib(need)} free, {ok} have "
-                f"({gpu_label(i)}: {fmt_gib(max(h, 0))})"
-            )
-    return (missing, name), f"{name}: " + (", ".join(parts) if parts else "no GPUs")
+        h = heads[n - 1][0]
+        w = _Why("memory", t.product, need, h, name, tuple(sorted(i for _, i in heads[:n])), missing=need - h)
+        if best is None or w.missing < best.missing:
+            best = w
+    result = best or few or small
+    assert result is not None
+    return result
+
+
+def _node_why_not(ledger: Ledger, req: Request, s: Settings, name: str) -> str:
+    """'node: what its best group needs and has', for a node the spec pins."""
+    w = _node_cause(ledger, req, s, name)
+    if w.kind == "nogpu":
+        return f"{name}: no GPUs"
+    if w.kind == "small":
+        return f"{name}: {w.product}: {w.text}"
+    if w.kind == "few":
+        return f"{name}: needs {s.gpus} GPUs of one type, has {w.free}"
+    least = "at least " if _shrinkable(s) else ""
+    if s.gpus == 1:
+        return f"{name}: {gpu_label(w.gpus[0])} needs {least}{fmt_gib(w.need)}, {fmt_gib(max(w.free, 0))} free"
+    return (
+        f"{name}: needs {s.gpus} GPUs with {least}{fmt_gib(w.need)} free, "
+        f"{where(name, w.gpus)} has {fmt_gib(max(w.free, 0))}"
+    )

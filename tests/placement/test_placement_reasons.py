@@ -1,0 +1,76 @@
+"""Refusals grouped by cause like the kube-scheduler's FitError ("0/N nodes are available: <count>
+<reason>, ... ."), with the best candidate's numbers. Expected text written by hand for a few
+clusters; the numbers in it are checked against the memory model and ADR-0002 budgets below."""
+
+from __future__ import annotations
+
+from placement_fakes import H100, L4, LLAMA_8B, node, request
+
+from vllmfit.core import memory, placement
+from vllmfit.core.defaults import GIB
+
+FIXED = {"maxModelLen": 16384, "maxNumSeqs": 8, "maxNumBatchedTokens": 8192}  # nothing to lower: "needs"
+
+
+def test_twenty_nodes_two_causes_like_the_issue_says() -> None:
+    nodes = [node(f"l4-{i:02d}", L4, 1, labels={"pool": "gpu"}) for i in range(12)]
+    nodes += [node(f"h100-{i}", H100, 1, labels={"pool": "other"}) for i in range(8)]
+    ledger = placement.Ledger(nodes)
+    d = placement.decide(ledger, request("d", placement={"nodeSelector": {"pool": "gpu"}}, **FIXED))
+    assert d.message == (
+        "0/20 nodes are available: 12 GPU memory (needs 33.6 GiB, largest free 17.8 GiB on l4-00 GPU 0), "
+        "8 node(s) didn't match placement.nodeSelector. Fits with: placement.nodeSelector: remove (fits on h100-0)"
+    )
+    assert d.reasons == (
+        "12 GPU memory (needs 33.6 GiB, largest free 17.8 GiB on l4-00 GPU 0)",
+        "8 node(s) didn't match placement.nodeSelector",
+    )
+    # the numbers: 33.6 GiB is the memory model's footprint; 17.8 GiB is an L4's ADR-0002 budget,
+    # int(0.9 x 23616028672) - 2 GiB = 19106942156 bytes
+    s = placement.settings_from_spec(request("d", **FIXED).spec)
+    assert memory.fmt_gib(memory.size(LLAMA_8B, s, L4, 1 << 60).footprint.total) == "33.6 GiB"
+    assert L4.cuda_total_bytes == 23616028672
+    assert int(0.9 * 23616028672) - 2 * GIB == 19106942156 and f"{19106942156 / GIB:.1f}" == "17.8"
+
+
+def test_the_best_candidate_is_the_node_with_the_most_room() -> None:
+    foreign = {0: 10 * GIB}
+    ledger = placement.Ledger([node("a", L4, 1, foreign=foreign), node("b", L4, 1), node("c", L4, 1, foreign=foreign)])
+    d = placement.decide(ledger, request("d", **FIXED))
+    # b is empty: 17.8 GiB; a and c lose 10 GiB to a foreign process (7.8 GiB)
+    assert d.message.startswith("0/3 nodes are available: 3 GPU memory (needs 33.6 GiB, largest free 17.8 GiB on b GPU 0).")
+
+
+def test_groups_need_enough_gpus_and_gpuless_nodes_are_counted() -> None:
+    ledger = placement.Ledger([node("cpu", [], 0), node("a", H100, 1), node("b", L4, 1)])
+    d = placement.decide(ledger, request("tp2", tensorParallelSize=2, maxModelLen=8192, maxNumSeqs=8,
+                                         maxNumBatchedTokens=8192))
+    assert d.message == (
+        "0/3 nodes are available: 1 node(s) had no GPUs, 2 node(s) had fewer than 2 GPUs of one type (at most 1)."
+    )
+
+
+def test_a_tensor_parallel_group_names_its_best_gpus() -> None:
+    ledger = placement.Ledger([node("a", L4, 2), node("b", L4, 4, foreign={1: 2 * GIB, 3: 4 * GIB})])
+    d = placement.decide(ledger, request("tp2", tensorParallelSize=2, maxModelLen=131072, maxNumSeqs=16,
+                                         maxNumBatchedTokens=8192))
+    # a's two GPUs and b's two emptiest (0 and 2) all have the whole 17.8 GiB; a sorts first
+    assert d.message.startswith("0/2 nodes are available: 2 GPU memory (needs ")
+    assert " on each of 2 GPUs, largest free 17.8 GiB on a GPU 0,1). Fits with: maxModelLen: " in d.message
+
+
+def test_node_affinity_exclusions_are_named_by_the_field_that_excludes() -> None:
+    ledger = placement.Ledger([node("a", L4, 1, labels={"zone": "x"}), node("b", L4, 1, labels={"zone": "y"})])
+    affinity = {"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["y"]}]}]}}}}}
+    d = placement.decide(ledger, request("d", podTemplate=affinity, **FIXED))
+    assert d.message.startswith(
+        "0/2 nodes are available: 1 GPU memory (needs 33.6 GiB, largest free 17.8 GiB on b GPU 0), "
+        "1 node(s) didn't match the podTemplate node affinity."
+    )
+
+
+def test_a_pinned_node_keeps_its_own_line() -> None:
+    ledger = placement.Ledger([node("a", L4, 1)])
+    d = placement.decide(ledger, request("d", placement={"nodeName": "a", "allowReschedule": False}, **FIXED))
+    assert d.message.startswith("pinned placement does not fit: a: GPU 0 needs 33.6 GiB, 17.8 GiB free")
