@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from vllmfit.core import defaults, memory
+from vllmfit.core import defaults, limits, memory
 from vllmfit.core.errors import UserError
 from vllmfit.core.modelarch import GpuType, ModelArch, ModelConfigError, params_from_index, parse_hf_config
 from vllmfit.sources import catalog
@@ -65,14 +66,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 # --- inputs ------------------------------------------------------------------------------------
 
 
-def _positive(name: str, value: float | None) -> None:
-    if value is not None and value <= 0:
-        raise UserError(f"--{name} must be positive, got {value}")
+def _positive(name: str, value: float | None, limit: float | None = None) -> None:
+    if value is None:
+        return
+    if not math.isfinite(value) or value <= 0:
+        raise UserError(f"--{name} must be a positive number, got {value}")
+    if limit is not None and value > limit:
+        raise UserError(f"--{name} {value:g} is more than any real value ({limit:g} at most)")
 
 
 def load_model_config(path: str, params: int | None = None) -> ModelArch:
     """--model-config: a config.json, or a directory with config.json and maybe
     model.safetensors.index.json (whose metadata.total_size gives the exact parameter bytes)."""
+    _positive("params", params, limits.MAX_PARAMS)
     p = Path(path)
     cfg_path = p / "config.json" if p.is_dir() else p
     try:
@@ -112,7 +118,7 @@ def resolve_model(name: str) -> ModelArch:
 
 def resolve_gpu(args: argparse.Namespace) -> GpuType:
     if args.gpu_memory_gib is not None:
-        _positive("gpu-memory-gib", args.gpu_memory_gib)
+        _positive("gpu-memory-gib", args.gpu_memory_gib, limits.MAX_GPU_MEMORY_BYTES / defaults.GIB)
         total = int(args.gpu_memory_gib * defaults.GIB)
         return GpuType(product=f"custom-{args.gpu_memory_gib:g}GiB", name="custom", memory_bytes=total,
                        cuda_total_bytes=total)
@@ -123,8 +129,10 @@ def settings_from_args(args: argparse.Namespace) -> memory.Settings:
     length = None
     if str(args.max_model_len).lower() not in ("auto", "-1"):
         length = parse_length(str(args.max_model_len))
-    for name in ("tp", "pp", "max_num_seqs", "max_num_batched_tokens"):
-        _positive(name.replace("_", "-"), getattr(args, name))
+    bounds = {"tp": limits.MAX_TP, "pp": limits.MAX_PP, "max_num_seqs": limits.MAX_NUM_SEQS,
+              "max_num_batched_tokens": limits.MAX_BATCHED_TOKENS}
+    for name, limit in bounds.items():
+        _positive(name.replace("_", "-"), getattr(args, name), limit)
     u = args.gpu_memory_utilization
     if u is not None and not 0 < u <= 1:
         raise UserError(f"--gpu-memory-utilization {u} must be in (0, 1]; e.g. 0.45 for half of a shared GPU")
@@ -141,10 +149,10 @@ def parse_length(text: str) -> int:
     mult = {"k": 1000, "K": 1024, "m": 10**6, "M": 1 << 20}.get(text[-1:], 1)
     try:
         value = int(float(text[:-1] if mult > 1 else text) * mult)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise UserError(f"--max-model-len {text!r} is not a number; use e.g. 8192, 32k, 32K or auto") from None
-    if value <= 0:
-        raise UserError(f"--max-model-len must be positive, got {value}")
+    if not 0 < value <= limits.MAX_CONTEXT:
+        raise UserError(f"--max-model-len must be in 1..{limits.MAX_CONTEXT}, got {value}")
     return value
 
 

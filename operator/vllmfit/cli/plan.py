@@ -24,13 +24,15 @@ import yaml
 from rich.console import Console
 
 from vllmfit.cli import render
-from vllmfit.core import memory, modelarch, placement
+from vllmfit.core import limits, memory, modelarch, placement
 from vllmfit.core.api import GROUP, KIND, PLURAL, VERSION, VLLMDeployment, VLLMDeploymentSpec
 from vllmfit.core.errors import UserError
 from vllmfit.core.modelarch import ModelArch
 from vllmfit.sources import catalog
 
 OUTPUTS = ("table", "json", "html", "svg")
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's safe loader (PyYAML built with libyaml): about ten times faster than the pure-Python one."""
 
 
 # --- Reading documents -----------------------------------------------------------------------------
@@ -64,14 +66,35 @@ def split_documents(text: str) -> list[tuple[int, str]]:
     return out
 
 
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def nesting(text: str) -> int:
+    """An upper bound of a YAML document's flow nesting (brackets inside strings count too), read
+    before libyaml sees it: its C composer recurses and would crash on [[[[... 30,000 deep."""
+    if text.count("[") + text.count("{") <= limits.MAX_NESTING:
+        return 0
+    depth = top = 0
+    for m in _BRACKETS.finditer(text):
+        depth = depth + 1 if m.group() in "[{" else max(depth - 1, 0)
+        top = max(top, depth)
+    return top
+
+
 def read_objects(sources: Iterable[tuple[str, str]]) -> Objects:
     """(name, text) pairs -> objects. v1 Lists (kubectl get -o yaml) are flattened."""
     out = Objects()
     for name, text in sources:
         for i, (first, doc) in enumerate(split_documents(text), 1):
             where = f"{name} document {i}"
+            if nesting(doc) > limits.MAX_NESTING:
+                out.errors.append(f"{where}: nested more than {limits.MAX_NESTING} levels deep; not read")
+                continue
             try:
-                data = yaml.safe_load(doc)
+                data = yaml.load(doc, Loader=LOADER)
+            except RecursionError:
+                out.errors.append(f"{where}: nested too deeply to read")
+                continue
             except yaml.YAMLError as e:
                 mark = getattr(e, "problem_mark", None)
                 at = f" (line {first + mark.line})" if mark is not None else ""
@@ -187,8 +210,12 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
         try:
             dep = VLLMDeployment.model_validate(data)
         except ValueError as e:
-            errors.append(f"{where}: {_one_line(e)}")
-            continue
+            try:  # a status out of bounds (negative bytes...) is not restored; the spec is decided again
+                dep = VLLMDeployment.model_validate({k: v for k, v in data.items() if k != "status"})
+            except ValueError:
+                errors.append(f"{where}: {_one_line(e)}")
+                continue
+            errors.append(f"{where}: status not restored ({_one_line(e)}); decided again")
         if dep.key in deployments:
             errors.append(f"{where}: duplicate of an earlier {KIND} {dep.key}; ignored")
             continue
@@ -197,11 +224,12 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
     pods = {uid: key for key, dep in deployments.items() if dep.status for uid in dep.status.pod_uids}
     nodes: dict[str, placement.NodeInfo] = {}
     for where, data in objs.nodes:
-        try:
-            node = placement.node_from_object(data, catalog.gpu_for_label, pods)
-        except (ValueError, LookupError) as e:
-            errors.append(f"{where}: {_one_line(e)}")
-            continue
+        read = placement.read_node(data, catalog.gpu_for_label, pods)
+        if read.problem:
+            errors.append(f"{where}: {read.problem}" + ("; using its GFD labels" if read.info else ""))
+        if read.info is None:
+            continue  # a CPU-only node (no GPU labels, no inventory) is no error
+        node = read.info
         if node.name in nodes:
             errors.append(f"{where}: duplicate node; ignored")
             continue

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from vllmfit.core import defaults
+from vllmfit.core import defaults, extraargs, limits, names
 
 GROUP = "vllmfit.dev"
 VERSION = "v1alpha1"
@@ -35,11 +35,28 @@ class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
 
 
+def _raise(problem: str | None) -> None:
+    if problem:
+        raise ValueError(problem)
+
+
 class SecretKeyRef(_Model):
     """A key in a Secret of the deployment's namespace."""
 
     name: str = Field(description="Name of the Secret.", min_length=1)
     key: str = Field(default="token", description="Key in the Secret that holds the value.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        _raise(names.dns_subdomain_problem("Secret name", v))
+        return v
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: str) -> str:
+        _raise(names.configmap_key_problem("Secret key", v))
+        return v
 
 
 class ConfigMapKeyRef(_Model):
@@ -47,6 +64,18 @@ class ConfigMapKeyRef(_Model):
 
     name: str = Field(description="Name of the ConfigMap.", min_length=1)
     key: str = Field(default="config.json", description="Key in the ConfigMap that holds a Hugging Face config.json.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        _raise(names.dns_subdomain_problem("ConfigMap name", v))
+        return v
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: str) -> str:
+        _raise(names.configmap_key_problem("ConfigMap key", v))
+        return v
 
 
 class PlacementSpec(_Model):
@@ -72,6 +101,13 @@ class PlacementSpec(_Model):
     def _distinct(cls, v: list[int] | None) -> list[int] | None:
         if v is not None and len(set(v)) != len(v):
             raise ValueError("gpuIndices must not repeat a GPU")
+        return v
+
+    @field_validator("node_name")
+    @classmethod
+    def _node(cls, v: str | None) -> str | None:
+        if v is not None:
+            _raise(names.dns_subdomain_problem("nodeName", v))
         return v
 
     policy: PlacementPolicy = Field(
@@ -125,7 +161,7 @@ class VLLMDeploymentSpec(_Model):
         default=None, description="A ConfigMap key holding the model's Hugging Face config.json."
     )
     model_params: int | None = Field(
-        default=None, ge=1, description="Exact parameter count, when modelConfig is given and no safetensors index is."
+        default=None, ge=1, le=limits.MAX_PARAMS, description="Exact parameter count, when modelConfig is given and no safetensors index is."
     )
     image: str = Field(
         default=defaults.DEFAULT_IMAGE,
@@ -148,20 +184,21 @@ class VLLMDeploymentSpec(_Model):
         default=None, description="Weight quantization (vLLM --quantization); unset = as the checkpoint is."
     )
     kv_cache_dtype: KvCacheDtype = Field(default="auto", description="KV cache dtype (vLLM --kv-cache-dtype).")
-    tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="GPUs per pipeline stage (vLLM -tp).")
-    pipeline_parallel_size: int = Field(default=1, ge=1, le=16, description="Pipeline stages (vLLM -pp).")
-    replicas: int = Field(default=1, ge=0, le=1000, description="Independent replicas, each its own TP x PP group.")
+    tensor_parallel_size: int = Field(default=1, ge=1, le=limits.MAX_TP, description="GPUs per pipeline stage (vLLM -tp).")
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=limits.MAX_PP, description="Pipeline stages (vLLM -pp).")
+    replicas: int = Field(default=1, ge=0, le=limits.MAX_REPLICAS, description="Independent replicas, each its own TP x PP group.")
     max_model_len: int | None = Field(
-        default=None, ge=16, description="Context length (--max-model-len); computed when unset."
+        default=None, ge=16, le=limits.MAX_CONTEXT, description="Context length (--max-model-len); computed when unset."
     )
     max_num_seqs: int | None = Field(
         default=None,
         ge=1,
+        le=limits.MAX_NUM_SEQS,
         description="Concurrent full-context sequences whose KV cache is reserved (--max-num-seqs); "
         f"{defaults.DEFAULT_MAX_NUM_SEQS} when unset.",
     )
     max_num_batched_tokens: int | None = Field(
-        default=None, ge=1, description="Tokens per scheduler step (--max-num-batched-tokens); vLLM's default when unset."
+        default=None, ge=1, le=limits.MAX_BATCHED_TOKENS, description="Tokens per scheduler step (--max-num-batched-tokens); vLLM's default when unset."
     )
     gpu_memory_utilization: float | None = Field(
         default=None,
@@ -186,7 +223,9 @@ class VLLMDeploymentSpec(_Model):
     )
     extra_args: list[str] = Field(
         default_factory=list,
-        description="Extra `vllm serve` arguments. Flags vllmfit computes are refused here: use the spec fields.",
+        description="Extra `vllm serve` arguments. Flags vllmfit computes, and flags that change GPU memory in "
+        "ways vllmfit does not model (speculative decoding, LoRA, CPU/KV offload, CUDA-graph settings), are "
+        "refused in any spelling vLLM accepts (prefixes, --flag=value, underscores, aliases).",
     )
     pod_template: PodTemplate | None = Field(
         default=None,
@@ -194,6 +233,28 @@ class VLLMDeploymentSpec(_Model):
         "imagePullSecrets, serviceAccountName, priorityClassName, labels, annotations, node affinity, "
         "securityContext, extra containers, startup probe timing.",
     )
+
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, v: str) -> str:
+        _raise(names.model_name_problem(v))
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra_args(cls, v: list[str]) -> list[str]:
+        _raise("; ".join(extraargs.messages(v)))
+        return v
+
+    @model_validator(mode="after")
+    def _batch_holds_seqs(self) -> VLLMDeploymentSpec:
+        b, s = self.max_num_batched_tokens, self.max_num_seqs or defaults.DEFAULT_MAX_NUM_SEQS
+        if b is not None and b < s:
+            raise ValueError(
+                f"maxNumBatchedTokens {b} is less than maxNumSeqs {s}; vLLM refuses to start "
+                "(max_num_batched_tokens must be greater than or equal to max_num_seqs)"
+            )
+        return self
 
 
 class Condition(_Model):
@@ -237,13 +298,13 @@ class GpuMemory(_Model):
     """Predicted memory of this deployment on one GPU (the ledger entry)."""
 
     node: str = Field(description="Node name.")
-    index: int = Field(description="GPU index.")
-    replica: int = Field(default=0, description="Replica number.")
-    weights_bytes: int = Field(description="Model weights.")
-    kv_cache_bytes: int = Field(description="KV cache reservation.")
-    activation_bytes: int = Field(description="Activation peak.")
-    overhead_bytes: int = Field(description="CUDA context, NCCL, non-torch memory and CUDA graphs.")
-    total_bytes: int = Field(description="Everything this process may use on the GPU.")
+    index: int = Field(ge=0, description="GPU index.")
+    replica: int = Field(default=0, ge=0, le=limits.MAX_REPLICAS, description="Replica number.")
+    weights_bytes: int = Field(ge=0, le=limits.MAX_GPU_MEMORY_BYTES, description="Model weights.")
+    kv_cache_bytes: int = Field(ge=0, le=limits.MAX_GPU_MEMORY_BYTES, description="KV cache reservation.")
+    activation_bytes: int = Field(ge=0, le=limits.MAX_GPU_MEMORY_BYTES, description="Activation peak.")
+    overhead_bytes: int = Field(ge=0, le=limits.MAX_GPU_MEMORY_BYTES, description="CUDA context, NCCL, non-torch memory and CUDA graphs.")
+    total_bytes: int = Field(ge=0, le=limits.MAX_GPU_MEMORY_BYTES, description="Everything this process may use on the GPU.")
 
 
 class GpuHeadroom(_Model):
@@ -331,9 +392,20 @@ class VLLMDeployment(BaseModel):
 
 
 # --- The node inventory annotation (written by `vllmfit agent`, read by placement) -----------
+#
+# Forward-compatible: fields are only ever added (schemaVersion counts the additions); a reader
+# ignores fields it does not know, so an operator older than its agents (a rolling upgrade) still
+# reads every GPU. The values are checked against physical limits in core.placement.nodes.
+
+INVENTORY_SCHEMA_VERSION = 1
+"""The newest inventory schema this vllmfit writes and fully understands."""
 
 
-class InventoryProcess(_Model):
+class _Inventory(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+
+
+class InventoryProcess(_Inventory):
     """A process using GPU memory."""
 
     pid: int = Field(description="Host PID.")
@@ -342,7 +414,7 @@ class InventoryProcess(_Model):
     container_id: str | None = Field(default=None, description="Container ID, if found.")
 
 
-class InventoryMigDevice(_Model):
+class InventoryMigDevice(_Inventory):
     """A MIG slice of a GPU."""
 
     index: int = Field(description="MIG device index within its GPU.")
@@ -353,7 +425,7 @@ class InventoryMigDevice(_Model):
     processes: list[InventoryProcess] = Field(default_factory=list)
 
 
-class InventoryGpu(_Model):
+class InventoryGpu(_Inventory):
     """One GPU as NVML reports it."""
 
     index: int = Field(ge=0, description="NVML index.")
@@ -367,10 +439,10 @@ class InventoryGpu(_Model):
     error: str | None = Field(default=None, description="NVML error reading this GPU (e.g. GPU is lost).")
 
 
-class GpuInventory(_Model):
+class GpuInventory(_Inventory):
     """The value of the `vllmfit.dev/gpu-inventory` node annotation (JSON)."""
 
-    schema_version: int = Field(default=1, description="Schema version of this annotation.")
+    schema_version: int = Field(default=INVENTORY_SCHEMA_VERSION, description="Schema version of this annotation.")
     sampled_at: str = Field(description="When the agent sampled NVML (RFC 3339, UTC).")
     agent_version: str = Field(default="", description="vllmfit version of the agent.")
     driver_version: str | None = Field(default=None, description="NVIDIA driver version.")

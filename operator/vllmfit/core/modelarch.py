@@ -7,9 +7,11 @@ dicts, returns a frozen `ModelArch`; raises `ModelConfigError` with a one-line m
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vllmfit.core import limits
 from vllmfit.core.hfconfig import derive_max_len, text_config
 from vllmfit.core.statespace import LayerPlan, StateSpec, layer_plan
 
@@ -131,20 +133,54 @@ def _get(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
-def _pos_int(cfg: dict[str, Any], key: str, value: Any) -> int:
+def _pos_int(cfg: dict[str, Any], key: str, value: Any, limit: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ModelConfigError(f"config.json field {key!r} must be a positive integer, got {value!r}")
+        raise ModelConfigError(f"config.json field {key!r} must be a positive integer, got {_short(value)}")
+    if limit is not None and value > limit:
+        raise ModelConfigError(f"config.json field {key!r} is {value}, more than any real model ({limit} at most)")
     return value
+
+
+def _count(value: Any, key: str, limit: int, default: int = 0) -> int:
+    """An optional non-negative count field (None/0/absent -> default), bounded by `limit`
+    (vllmfit.core.limits). Whole floats (4096.0) are accepted as vLLM's int() would."""
+    if value is None or value is False:
+        return default
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ModelConfigError(f"config.json field {key!r} must be a non-negative integer, got {_short(value)}")
+    if value > limit:
+        raise ModelConfigError(f"config.json field {key!r} is {value}, more than any real model ({limit} at most)")
+    return value or default
+
+
+def _factor(value: Any, key: str) -> float:
+    """A scaling factor (rope factor, partial_rotary_factor): a finite positive number."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise ModelConfigError(f"config.json field {key!r} must be a number, got {_short(value)}") from None
+    if not math.isfinite(f) or f <= 0 or f > limits.MAX_CONTEXT:
+        raise ModelConfigError(f"config.json field {key!r} must be a finite positive number, got {_short(value)}")
+    return f
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _rope_cache_elems(cfg: dict[str, Any], rotary_dim: int) -> int:
     """Elements of vLLM's cos/sin caches: max positions x rotary dim, times the factor for
     linear/dynamic/yarn scaling (the cache covers the scaled range); Gemma 3 adds its local rope."""
-    positions = int(cfg.get("max_position_embeddings") or 0)
+    positions = _count(cfg.get("max_position_embeddings"), "max_position_embeddings", limits.MAX_CONTEXT)
     rope = cfg.get("rope_scaling") or {}
     factor = 1.0
     if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) in ("linear", "dynamic", "yarn"):
-        factor = float(rope.get("factor") or 1.0)
+        factor = _factor(rope.get("factor") or 1.0, "rope_scaling.factor")
     total = int(positions * factor)
     if str(cfg.get("model_type", "")).startswith("gemma3"):
         total += positions  # sliding layers use a second, unscaled rope
@@ -226,35 +262,61 @@ def parse_hf_config(
     """Turn a Hugging Face config.json (as a dict) into a ModelArch.
 
     `params` is the exact parameter count when known (catalog, safetensors index); otherwise it
-    is computed from the architecture (`count_params`).
+    is computed from the architecture (`count_params`). Every count is bounded by
+    vllmfit.core.limits; any malformed value raises ModelConfigError (one line), never another error.
     """
+    try:
+        return _parse(config, name=name, params=params, params_source=params_source, task=task, source=source,
+                      aliases=aliases)
+    except ModelConfigError:
+        raise
+    except (TypeError, ValueError, OverflowError, AttributeError, KeyError) as e:
+        raise ModelConfigError(f"{name}: malformed config.json ({type(e).__name__}: {_short(str(e))})") from None
+
+
+def _parse(
+    config: dict[str, Any],
+    *,
+    name: str,
+    params: int | None,
+    params_source: str,
+    task: str | None,
+    source: str,
+    aliases: tuple[str, ...],
+) -> ModelArch:
     if not isinstance(config, dict):
         raise ModelConfigError(f"{name}: config.json must be a JSON object")
+    if params is not None and not 0 < params <= limits.MAX_PARAMS:
+        raise ModelConfigError(f"{name}: parameter count {params} must be in 1..{limits.MAX_PARAMS}")
     archs = config.get("architectures") or ["Unknown"]
     architecture = str(archs[0]) if isinstance(archs, list) and archs else "Unknown"
     vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else None
     cfg, top_type, _ = text_config(config)  # nested text_config / llm_config, class defaults filled in
     model_type = str(cfg.get("model_type") or top_type)
 
-    layers = _pos_int(cfg, "num_hidden_layers", _get(cfg, "num_hidden_layers", "n_layer", "num_layers"))
-    hidden = _pos_int(cfg, "hidden_size", _get(cfg, "hidden_size", "n_embd", "d_model"))
-    heads = _pos_int(cfg, "num_attention_heads", _get(cfg, "num_attention_heads", "n_head"))
-    kv_heads = _pos_int(cfg, "num_key_value_heads", _get(cfg, *_KV_HEAD_KEYS, default=heads))
+    # Every count is bounded (vllmfit.core.limits) before anything is sized or allocated from it.
+    layers = _pos_int(cfg, "num_hidden_layers", _get(cfg, "num_hidden_layers", "n_layer", "num_layers"),
+                      limits.MAX_LAYERS)
+    hidden = _pos_int(cfg, "hidden_size", _get(cfg, "hidden_size", "n_embd", "d_model"), limits.MAX_HIDDEN_SIZE)
+    heads = _pos_int(cfg, "num_attention_heads", _get(cfg, "num_attention_heads", "n_head"), limits.MAX_HEADS)
+    kv_heads = _pos_int(cfg, "num_key_value_heads", _get(cfg, *_KV_HEAD_KEYS, default=heads), limits.MAX_HEADS)
     if heads % kv_heads:
         raise ModelConfigError(f"{name}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
-    vocab = _pos_int(cfg, "vocab_size", cfg.get("vocab_size"))
-    intermediate = int(_get(cfg, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden) or 4 * hidden)
+    vocab = _pos_int(cfg, "vocab_size", cfg.get("vocab_size"), limits.MAX_VOCAB)
+    intermediate = _count(_get(cfg, "intermediate_size", "n_inner", "ffn_dim"), "intermediate_size",
+                          limits.MAX_INTERMEDIATE_SIZE, 4 * hidden)
 
-    kv_lora = int(cfg.get("kv_lora_rank") or 0) if model_type in MLA_MODEL_TYPES or top_type in MLA_MODEL_TYPES else 0
-    rope_dim = int(cfg.get("qk_rope_head_dim") or 0)
+    mla = model_type in MLA_MODEL_TYPES or top_type in MLA_MODEL_TYPES
+    kv_lora = _count(cfg.get("kv_lora_rank"), "kv_lora_rank", limits.MAX_HEAD_DIM) if mla else 0
+    rope_dim = _count(cfg.get("qk_rope_head_dim"), "qk_rope_head_dim", limits.MAX_HEAD_DIM)
     if kv_lora:
         head_dim = kv_lora + rope_dim
     elif isinstance(cfg.get("head_dim"), int) and cfg["head_dim"] > 0:
-        head_dim = cfg["head_dim"]
+        head_dim = _count(cfg["head_dim"], "head_dim", limits.MAX_HEAD_DIM)
     elif isinstance(cfg.get("attention_head_dim"), int) and cfg["attention_head_dim"] > 0:  # older Nemotron-H
-        head_dim = cfg["attention_head_dim"]
-    elif isinstance(cfg.get("hidden_size_per_head"), int):
-        head_dim = cfg["hidden_size_per_head"]
+        head_dim = _count(cfg["attention_head_dim"], "attention_head_dim", limits.MAX_HEAD_DIM)
+    elif isinstance(cfg.get("hidden_size_per_head"), int) and cfg["hidden_size_per_head"] > 0:
+        head_dim = _count(cfg["hidden_size_per_head"], "hidden_size_per_head", limits.MAX_HEAD_DIM)
     else:
         if hidden % heads:
             raise ModelConfigError(f"{name}: hidden_size {hidden} is not divisible by num_attention_heads {heads}; set head_dim")
@@ -275,21 +337,25 @@ def parse_hf_config(
     elif window is not None and model_type in ("gemma2",):  # Gemma 2: alternate sliding/full, sliding first
         types = tuple("sliding" if i % 2 == 0 else "full" for i in range(layers))
     elif window is not None and model_type in ("gemma3", "gemma3_text"):
-        pattern = int(cfg.get("sliding_window_pattern") or 6)
+        pattern = _count(cfg.get("sliding_window_pattern"), "sliding_window_pattern", limits.MAX_LAYERS, 6)
         types = tuple("full" if (i + 1) % pattern == 0 else "sliding" for i in range(layers))
     elif window is not None:
         types = tuple("sliding" for _ in range(layers))  # all-layer sliding window (Mistral-7B v0.1)
     else:
         types = tuple("full" for _ in range(layers))
 
-    num_experts = int(_get(cfg, "num_local_experts", "n_routed_experts", "num_experts", default=0) or 0)
-    moe_i = int(_get(cfg, "moe_intermediate_size", default=intermediate) or intermediate) if num_experts else 0
-    first_dense = int(cfg.get("first_k_dense_replace") or 0) if num_experts else 0
-    shared = int(_get(cfg, "n_shared_experts", "num_shared_experts", default=0) or 0) if num_experts else 0
+    num_experts = _count(_get(cfg, "num_local_experts", "n_routed_experts", "num_experts"), "num_experts",
+                         limits.MAX_EXPERTS)
+    moe_i = _count(cfg.get("moe_intermediate_size"), "moe_intermediate_size", limits.MAX_INTERMEDIATE_SIZE,
+                   intermediate) if num_experts else 0
+    first_dense = _count(cfg.get("first_k_dense_replace"), "first_k_dense_replace", layers) if num_experts else 0
+    shared = _count(_get(cfg, "n_shared_experts", "num_shared_experts"), "n_shared_experts",
+                    limits.MAX_EXPERTS) if num_experts else 0
     shared_size = _get(cfg, "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size",
                        "shared_intermediate_size")
     if num_experts and shared_size and not shared:
-        shared = max(1, int(shared_size) // max(moe_i, 1))
+        shared_i = _count(shared_size, "shared_expert_intermediate_size", limits.MAX_INTERMEDIATE_SIZE)
+        shared = max(1, shared_i // max(moe_i, 1))
     if num_experts and model_type == "llama4_text" and not shared:
         shared = 1  # every Llama 4 MoE layer has one shared expert; the config has no field for it
 
@@ -301,6 +367,9 @@ def parse_hf_config(
     if max_len is None:
         raise ModelConfigError(f"{name}: config.json has no max_position_embeddings and model_type {model_type!r} "
                                "has no default for it; add it")
+    if not 0 < max_len <= limits.MAX_CONTEXT:
+        raise ModelConfigError(f"{name}: context length {max_len} (max_position_embeddings with rope scaling) "
+                               f"must be in 1..{limits.MAX_CONTEXT}")
     warnings = tuple(f"{name}: {u} is not modelled; the estimate may be wrong" for u in plan.unknown)
     arch = ModelArch(
         name=name,
@@ -322,20 +391,22 @@ def parse_hf_config(
         sliding_window=window,
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=rope_dim if kv_lora else 0,
-        q_lora_rank=int(cfg.get("q_lora_rank") or 0) if kv_lora else 0,
-        qk_nope_head_dim=int(cfg.get("qk_nope_head_dim") or 0) if kv_lora else 0,
-        v_head_dim=int(cfg.get("v_head_dim") or 0) if kv_lora else 0,
+        q_lora_rank=_count(cfg.get("q_lora_rank"), "q_lora_rank", limits.MAX_HIDDEN_SIZE) if kv_lora else 0,
+        qk_nope_head_dim=_count(cfg.get("qk_nope_head_dim"), "qk_nope_head_dim", limits.MAX_HEAD_DIM) if kv_lora else 0,
+        v_head_dim=_count(cfg.get("v_head_dim"), "v_head_dim", limits.MAX_HEAD_DIM) if kv_lora else 0,
         num_experts=num_experts,
-        num_experts_per_tok=int(_get(cfg, "num_experts_per_tok", "moe_topk", default=0) or 0) if num_experts else 0,
+        num_experts_per_tok=_count(_get(cfg, "num_experts_per_tok", "moe_topk"), "num_experts_per_tok",
+                                   num_experts) if num_experts else 0,
         moe_intermediate_size=moe_i,
         num_shared_experts=shared,
-        moe_latent_size=int(cfg.get("moe_latent_size") or 0) if num_experts else 0,
+        moe_latent_size=_count(cfg.get("moe_latent_size"), "moe_latent_size", limits.MAX_HIDDEN_SIZE) if num_experts else 0,
         first_k_dense=first_dense,
         quant=_parse_quant(config) or _parse_quant(cfg),
         pooling=_is_pooling(architecture, task),
         attention_bias=bool(cfg.get("attention_bias") or model_type in ("qwen2", "qwen2_moe")),
         attn_output_gate=bool(cfg.get("attn_output_gate", model_type == "qwen3_next")),
-        rope_cache_elems=_rope_cache_elems(cfg, rope_dim if kv_lora else int(head_dim * float(cfg.get("partial_rotary_factor") or 1))),
+        rope_cache_elems=_rope_cache_elems(cfg, rope_dim if kv_lora else int(
+            head_dim * min(_factor(cfg.get("partial_rotary_factor") or 1, "partial_rotary_factor"), 1.0))),
         source=source,
         aliases=aliases,
         state=plan.spec if plan.spec is not None and any(plan.state) else None,
@@ -352,11 +423,11 @@ def parse_hf_config(
 
 def _vision_params(v: dict[str, Any]) -> int:
     """A ViT tower: per layer 4 h^2 (attention) + 2 h i (MLP) + norms; plus patch embedding."""
-    h = int(v.get("hidden_size") or 0)
-    layers = int(v.get("num_hidden_layers") or v.get("depth") or 0)
-    i = int(v.get("intermediate_size") or 4 * h)
-    patch = int(v.get("patch_size") or 14)
-    channels = int(v.get("num_channels") or 3)
+    h = _count(v.get("hidden_size"), "vision_config.hidden_size", limits.MAX_HIDDEN_SIZE)
+    layers = _count(v.get("num_hidden_layers") or v.get("depth"), "vision_config.num_hidden_layers", limits.MAX_LAYERS)
+    i = _count(v.get("intermediate_size"), "vision_config.intermediate_size", limits.MAX_INTERMEDIATE_SIZE, 4 * h)
+    patch = _count(v.get("patch_size"), "vision_config.patch_size", limits.MAX_HEAD_DIM, 14)
+    channels = _count(v.get("num_channels"), "vision_config.num_channels", limits.MAX_HEAD_DIM, 3)
     return layers * (4 * h * h + 4 * h + 2 * h * i + h + i + 4 * h) + channels * patch * patch * h + h
 
 
@@ -421,7 +492,8 @@ def check_tp(a: ModelArch, tp: int) -> str | None:
     """Why `tp` cannot shard this model, or None. vLLM needs heads % tp == 0, and kv heads
     divisible by tp or tp a multiple of kv heads."""
     if a.num_attention_heads % tp:
-        divisors = [d for d in range(1, a.num_attention_heads + 1) if a.num_attention_heads % d == 0 and d <= 64]
+        top = min(a.num_attention_heads, limits.MAX_TP)  # never a loop over all heads
+        divisors = [d for d in range(1, top + 1) if a.num_attention_heads % d == 0]
         return (
             f"tensor parallel size {tp} does not divide the {a.num_attention_heads} attention heads of {a.name}; "
             f"use one of {', '.join(map(str, divisors[:8]))}"

@@ -17,7 +17,7 @@ from typing import Any
 
 from vllmfit.backends import binding
 from vllmfit.backends.binding import GPU_RESOURCE
-from vllmfit.core import api, defaults, memory
+from vllmfit.core import api, defaults, extraargs, memory
 from vllmfit.core.placement import Ledger
 from vllmfit.operator import podtemplate
 
@@ -30,50 +30,18 @@ ANNOTATION_PINNING = f"{api.GROUP}/pinning"
 MAX_NAME = 56  # <name>-<replica> must stay a DNS label (63) with room for up to 6 digits
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
-# `vllm serve` flags vllmfit computes or fixes -> what to use instead (None: not settable).
-COMPUTED_FLAGS: dict[str, str | None] = {
-    "--max-model-len": "spec.maxModelLen",
-    "--max-num-seqs": "spec.maxNumSeqs",
-    "--gpu-memory-utilization": "spec.gpuMemoryUtilization",
-    "--kv-cache-memory-bytes": "spec.maxModelLen and spec.maxNumSeqs (the KV cache is sized from them)",
-    "--max-num-batched-tokens": "spec.maxNumBatchedTokens",
-    "--tensor-parallel-size": "spec.tensorParallelSize",
-    "-tp": "spec.tensorParallelSize",
-    "--pipeline-parallel-size": "spec.pipelineParallelSize",
-    "-pp": "spec.pipelineParallelSize",
-    "--data-parallel-size": "spec.replicas",
-    "-dp": "spec.replicas",
-    "--dtype": "spec.dtype",
-    "--quantization": "spec.quantization",
-    "-q": "spec.quantization",
-    "--kv-cache-dtype": "spec.kvCacheDtype",
-    "--enforce-eager": "spec.enforceEager",
-    "--no-enforce-eager": "spec.enforceEager",
-    "--model": "spec.model",
-    "--port": None,
-    "--host": None,
-    "--block-size": None,
-    "--num-gpu-blocks-override": None,
-    "--config": None,
-}
+# `vllm serve` flags vllmfit computes or fixes, and those that change memory it does not model:
+# vllmfit.core.extraargs (checked with vLLM's own parsing rules: prefixes, --flag=value, aliases).
+COMPUTED_FLAGS = extraargs.REFUSED
 
 
 # --- Checks before placement -------------------------------------------------------------------
 
 
 def extra_args_problems(args: Sequence[str]) -> list[str]:
-    """One message per extraArgs entry that sets a flag vllmfit computes or fixes."""
-    out: list[str] = []
-    for arg in args:
-        if not arg.startswith("-"):
-            continue
-        flag = arg.split("=", 1)[0].strip()
-        norm = flag if not flag.startswith("--") else "--" + flag[2:].replace("_", "-").lower()
-        if norm in COMPUTED_FLAGS:
-            use = COMPUTED_FLAGS[norm]
-            out.append(f"extraArgs {flag} is set by vllmfit; " + (f"use {use} instead" if use else "remove it"
-                       + (" (the Service and probes use port 8000)" if norm in ("--port", "--host") else "")))
-    return out
+    """One message per extraArgs entry that sets a flag vllmfit computes or fixes, or one that
+    changes memory vllmfit does not model (vllmfit.core.extraargs)."""
+    return extraargs.messages(args)
 
 
 def name_problem(name: str) -> str | None:

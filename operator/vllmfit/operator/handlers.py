@@ -502,16 +502,16 @@ async def on_delete(body: kopf.Body, **_: Any) -> None:
     await finish(store, fx, strict=False)
 
 
-def node_info(body: Mapping[str, Any], pods: Mapping[str, str] | None = None) -> placement.NodeInfo | None:
+def node_info(body: Mapping[str, Any], pods: Mapping[str, str] | None = None,
+              previous: placement.NodeInfo | None = None) -> placement.NodeInfo | None:
     """The node's GPUs, or None when it has none (no GFD labels, no inventory). `pods` maps the
     UIDs of vllmfit's pods to their deployment (their memory is booked, not foreign). Raises
-    LookupError/pydantic.ValidationError when its GPU information cannot be read."""
-    try:
-        return placement.node_from_object(body, catalog.gpu_for_label, pods)
-    except pydantic.ValidationError:
-        raise
-    except ValueError:
-        return None
+    placement.NodeDataError (a LookupError) when its GPU labels or inventory are refused
+    (malformed, out of range, not believable): the caller keeps `previous`, never evicts."""
+    read = placement.read_node(body, catalog.gpu_for_label, pods, now=datetime.now(UTC), previous=previous)
+    if read.problem:
+        raise placement.NodeDataError(read.problem)
+    return read.info
 
 
 def attribute(store: Store, node: str, body: Mapping[str, Any], t: str) -> None:
@@ -562,7 +562,7 @@ async def on_node(type: str | None, body: kopf.Body, **_: Any) -> None:
     await store.ready.wait()
     name = (body.get("metadata") or {}).get("name") or ""
     try:
-        info = None if type == "DELETED" else node_info(body, store.managed_pods())
+        info = None if type == "DELETED" else node_info(body, store.managed_pods(), store.ledger.nodes.get(name))
     except (LookupError, pydantic.ValidationError) as e:
         logger.warning("node %s: GPU information unreadable, keeping what was known: %s", name,
                        str(e).splitlines()[0])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from vllmfit.core import defaults
+from vllmfit.core import defaults, limits
 from vllmfit.core.memory.budget import requested_bytes, utilization_for
 from vllmfit.core.memory.kv import KvLayout, adr_kv_bytes_per_token, kv_layout
 from vllmfit.core.memory.overhead import activation_bytes, batch_defaults, graph_bytes, runtime_overheads
@@ -188,7 +188,9 @@ def _size(model: ModelArch, s: Settings, gpu: GpuType, available: int) -> Sizing
 def _check(sizing: Sizing, available: int, model: ModelArch, s: Settings, r: Resolved) -> Sizing:
     total = sizing.footprint.total
     reasons: list[str] = []
-    if total > available:
+    if total > available >= limits.MAX_GPU_MEMORY_BYTES:  # sized with no limit: never quote that
+        reasons.append(f"needs {fmt_gib(total)} per GPU, more than any GPU has")
+    elif total > available:
         reasons.append(f"needs {fmt_gib(total)} per GPU, {fmt_gib(max(available, 0))} free")
     elif s.policy == "vllm" and not model.pooling and sizing.flags is not None:
         need_one = r.layout.bytes_for(sizing.flags.max_model_len, 1, r.batched_tokens, s.pp)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vllmfit.core import defaults
 from vllmfit.core.memory.types import Settings
 from vllmfit.core.memory.versions import OLDEST_ACCEPTED, requested_version
 from vllmfit.core.modelarch import DTYPE_BYTES, ModelArch, check_tp
@@ -41,6 +42,13 @@ def validate(model: ModelArch, s: Settings) -> list[str]:
     for name, value in (("max_num_seqs", s.max_num_seqs), ("max_num_batched_tokens", s.max_num_batched_tokens)):
         if value is not None and value < 1:
             errors.append(f"{name} {value} must be positive")
+    seqs = s.max_num_seqs or defaults.DEFAULT_MAX_NUM_SEQS
+    if s.max_num_batched_tokens is not None and 0 < s.max_num_batched_tokens < seqs:
+        # vLLM SchedulerConfig: "max_num_batched_tokens (B) must be greater than or equal to max_num_seqs (S)."
+        errors.append(
+            f"max_num_batched_tokens {s.max_num_batched_tokens} is less than max_num_seqs {seqs}; vLLM refuses "
+            f"to start: use at least {seqs}"
+        )
     ckpt = model.quant.method if model.quant else None
     allowed = _CHECKPOINT_COMPATIBLE.get(ckpt, {None})
     if s.quantization not in allowed:

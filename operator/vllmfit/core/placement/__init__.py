@@ -42,7 +42,7 @@ from vllmfit.core.placement.inputs import (
     where,
 )
 from vllmfit.core.placement.ledger import Booking, Decision, Ledger, OverBudget, ReplicaAllocation
-from vllmfit.core.placement.nodes import node_from_object
+from vllmfit.core.placement.nodes import NodeDataError, NodeRead, node_from_object, read_node
 from vllmfit.core.placement.plan import Plan, plan
 from vllmfit.core.placement.replan import replan
 from vllmfit.core.placement.restore import bookings_from_status
@@ -53,7 +53,9 @@ __all__ = [
     "DecisionPhase",
     "GpuSlot",
     "Ledger",
+    "NodeDataError",
     "NodeInfo",
+    "NodeRead",
     "OverBudget",
     "Plan",
     "ReplicaAllocation",
@@ -63,6 +65,7 @@ __all__ = [
     "held_replicas",
     "node_from_object",
     "plan",
+    "read_node",
     "replan",
     "request_from_object",
     "settings_from_spec",

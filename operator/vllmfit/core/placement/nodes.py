@@ -1,13 +1,30 @@
 """Reading a node's GPUs from cluster objects: GPU Feature Discovery labels and the node agent's
-inventory annotation (MIG slices and foreign use included)."""
+inventory annotation (MIG slices and foreign use included).
+
+Node data is read defensively (`read_node`): it comes from labels and an annotation that other
+programs write, and a wrong value must never evict a node or invent memory.
+
+- The inventory schema is forward-compatible: unknown fields are ignored, a newer schemaVersion is
+  read by the fields this version knows (with a warning).
+- Every count, index and byte value is checked against vllmfit.core.limits; the memory the agent
+  reports for a GPU may not exceed what the catalog or the node's GFD memory label says for its
+  product by more than GPU_MEMORY_TOLERANCE, and it may not report more GPUs than GFD counted.
+- An inventory older than INVENTORY_STALE_SECONDS is ignored with a warning: GFD's labels are
+  used instead (a date in the future is taken as clock skew, i.e. fresh).
+- Anything malformed is a `problem`. The caller keeps the node's last good state (`previous`)
+  and reports the problem (the operator: a condition, an Event and a metric); without a previous
+  state, GFD's labels are used when they are readable.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
-from vllmfit.core import defaults, observe
-from vllmfit.core.api import GpuInventory
+from vllmfit.core import defaults, limits, observe
+from vllmfit.core.api import INVENTORY_SCHEMA_VERSION, GpuInventory
 from vllmfit.core.modelarch import GpuType
 from vllmfit.core.placement.inputs import GpuLookup, GpuSlot, NodeInfo
 
@@ -25,55 +42,236 @@ def mig_gpu_type(parent: GpuType, profile: str, total_bytes: int) -> GpuType:
     )
 
 
-def node_from_object(
-    obj: Mapping[str, Any], gpu_lookup: GpuLookup, pods: Mapping[str, str] | None = None
-) -> NodeInfo:
-    """A v1/Node -> its schedulable GPUs. The agent's inventory annotation wins over GFD labels.
+class NodeDataError(ValueError, LookupError):
+    """A node's GPU labels or inventory annotation cannot be trusted (message: one line; a ValueError
+    for callers that treat it as unreadable input, a LookupError for those that look GPUs up). The
+    node keeps its last good state; it is never evicted for it."""
+
+
+@dataclass(frozen=True)
+class NodeRead:
+    """What a v1/Node says about its GPUs."""
+
+    name: str
+    info: NodeInfo | None  # its GPUs; None: no usable GPU information (a CPU-only node, or a problem)
+    problem: str | None = None  # why its node data was refused (one line); None when it was read
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def has_gpu_data(self) -> bool:
+        """Whether the node says anything about GPUs (a CPU-only node does not)."""
+        return self.info is not None or self.problem is not None
+
+
+def read_node(
+    obj: Mapping[str, Any],
+    gpu_lookup: GpuLookup,
+    pods: Mapping[str, str] | None = None,
+    *,
+    now: datetime | None = None,
+    previous: NodeInfo | None = None,
+) -> NodeRead:
+    """A v1/Node -> its GPUs, never raising. The agent's inventory annotation wins over GFD labels.
 
     `gpu_lookup(product, memory_mib)` resolves a product name to catalog facts (the caller passes
     vllmfit.sources.catalog.gpu_for_label); it raises LookupError for an unknown product without memory.
     `pods` maps the UIDs of vllmfit's pods to their deployment: their memory is booked in the
     ledger, everything else in use is foreign (vllmfit.core.observe's rule; without `pods`, all
     memory in use is foreign). A MIG-enabled GPU is replaced by its slices (unit index
-    1000 x (gpu + 1) + slice). Raises ValueError when the node has no GPU information at all.
+    1000 x (gpu + 1) + slice). `now` turns on the staleness check (the operator passes the clock;
+    `vllmfit plan` reads an export of unknown age and passes None). `previous` is the node's last
+    good state: on a problem it is kept, with the problem reported.
     """
-    meta = obj.get("metadata") or {}
-    name = str(meta.get("name") or "")
-    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
-    annotations = meta.get("annotations") or {}
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    name = " ".join(str(meta.get("name") or "").split())[:253]  # one line in every message
+    raw_labels = meta.get("labels")
+    labels = {str(k): str(v) for k, v in raw_labels.items()} if isinstance(raw_labels, Mapping) else {}
+    raw_ann = meta.get("annotations")
+    annotations = raw_ann if isinstance(raw_ann, Mapping) else {}
     warnings: list[str] = []
     raw = annotations.get(defaults.INVENTORY_ANNOTATION)
+    problem = None
     if raw:
         try:
-            inv = GpuInventory.model_validate_json(raw)
-        except ValueError as e:
-            raise ValueError(
-                f"node {name}: annotation {defaults.INVENTORY_ANNOTATION} is not a GPU inventory: "
-                f"{str(e).splitlines()[0]}"
-            ) from None
-        if inv.nvml and inv.gpus:
-            return NodeInfo(
-                name,
-                labels,
-                _slots_from_inventory(name, inv, gpu_lookup, pods or {}, warnings),
-                tuple(warnings),
-            )
-        warnings.append(f"{name}: node agent reports {inv.error or 'no GPUs'}; using GFD labels")
+            inv = _inventory(name, raw, labels, gpu_lookup, now, warnings)
+            if inv is not None:
+                info = NodeInfo(name, labels, _slots_from_inventory(name, inv, gpu_lookup, pods or {}, warnings),
+                                tuple(warnings))
+                return NodeRead(name, info, None, tuple(warnings))
+        except NodeDataError as e:
+            problem = str(e)
+        except LookupError as e:
+            problem = f"node {name}: {_first_line(e)}"
     product = labels.get(defaults.GFD_PRODUCT_LABEL)
     count = labels.get(defaults.GFD_COUNT_LABEL)
-    if not product or not count:
-        raise ValueError(
-            f"node {name} has no GPU information: needs the {defaults.GFD_PRODUCT_LABEL} and "
-            f"{defaults.GFD_COUNT_LABEL} labels (GPU Feature Discovery) or the "
-            f"{defaults.INVENTORY_ANNOTATION} annotation (vllmfit agent)"
-        )
-    mem = labels.get(defaults.GFD_MEMORY_LABEL)
+    if not product and not count and problem is None:
+        return NodeRead(name, None, None, tuple(warnings))  # a CPU-only node
     try:
-        facts = gpu_lookup(product, int(mem) if mem else None)
-        n = int(count)
+        if not product or not count:
+            raise NodeDataError(
+                f"node {name} has no GPU information: needs the {defaults.GFD_PRODUCT_LABEL} and "
+                f"{defaults.GFD_COUNT_LABEL} labels (GPU Feature Discovery) or the "
+                f"{defaults.INVENTORY_ANNOTATION} annotation (vllmfit agent)"
+            )
+        n = _label_int(name, labels, defaults.GFD_COUNT_LABEL, limits.MAX_GPUS_PER_NODE)
+        mem = _label_int(name, labels, defaults.GFD_MEMORY_LABEL, limits.MAX_GPU_MEMORY_BYTES // defaults.MIB,
+                         limits.MIN_GPU_MEMORY_BYTES // defaults.MIB)
+        facts = gpu_lookup(product, mem)
+        fallback = NodeInfo(name, labels, tuple(GpuSlot(name, i, facts) for i in range(n)), tuple(warnings))
+    except (NodeDataError, LookupError, ValueError) as e:
+        fallback = None
+        problem = problem or (str(e) if isinstance(e, NodeDataError) else f"node {name}: {_first_line(e)}")
+    if problem is None:
+        return NodeRead(name, fallback, None, tuple(warnings))
+    kept = previous if previous is not None else fallback
+    return NodeRead(name, kept, problem, tuple(warnings))
+
+
+def node_from_object(
+    obj: Mapping[str, Any], gpu_lookup: GpuLookup, pods: Mapping[str, str] | None = None
+) -> NodeInfo:
+    """`read_node` for callers that want an exception: raises ValueError when the node has no GPU
+    information at all, NodeDataError (a LookupError) when its node data is refused and no GFD
+    labels stand in. A refused inventory with readable labels gives the labels' GPUs, the
+    problem among the node's warnings."""
+    r = read_node(obj, gpu_lookup, pods)
+    if r.info is None:
+        if r.problem is None:
+            raise ValueError(
+                f"node {r.name} has no GPU information: needs the {defaults.GFD_PRODUCT_LABEL} and "
+                f"{defaults.GFD_COUNT_LABEL} labels (GPU Feature Discovery) or the "
+                f"{defaults.INVENTORY_ANNOTATION} annotation (vllmfit agent)"
+            )
+        raise NodeDataError(r.problem)
+    if r.problem:
+        return replace(r.info, warnings=(*r.info.warnings, r.problem))
+    return r.info
+
+
+def _q(text: str) -> str:
+    """A value from node data, quoted for a one-line message (no control characters)."""
+    shown = ascii(text)
+    return shown if len(shown) <= 50 else shown[:47] + "..."
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _label_int(name: str, labels: Mapping[str, str], key: str, limit: int, least: int = 0) -> int | None:
+    value = labels.get(key)
+    if value is None or value == "":
+        return None
+    v = value.strip()
+    if not v.isascii() or not v.isdigit() or not least <= int(v) <= limit:  # no sign, exponent or space
+        raise NodeDataError(f"node {name}: label {key}={_q(value)} is not a whole number in {least}..{limit}")
+    return int(v)
+
+
+def _inventory(
+    name: str,
+    raw: Any,
+    labels: Mapping[str, str],
+    gpu_lookup: GpuLookup,
+    now: datetime | None,
+    warnings: list[str],
+) -> GpuInventory | None:
+    """The inventory if it can be used; None to fall back to GFD labels (with a warning); raises
+    NodeDataError when it is malformed, out of range or not believable."""
+    where = f"node {name}: annotation {defaults.INVENTORY_ANNOTATION}"
+    if not isinstance(raw, str) or len(raw) > limits.MAX_INVENTORY_CHARS:
+        raise NodeDataError(f"{where} is not a GPU inventory: more than {limits.MAX_INVENTORY_CHARS} characters")
+    try:
+        inv = GpuInventory.model_validate_json(raw)
     except ValueError as e:
-        raise ValueError(f"node {name}: {e}") from None
-    return NodeInfo(name, labels, tuple(GpuSlot(name, i, facts) for i in range(n)), tuple(warnings))
+        raise NodeDataError(f"{where} is not a GPU inventory: {_validation_line(e)}") from None
+    if inv.schema_version > INVENTORY_SCHEMA_VERSION:
+        warnings.append(f"{name}: inventory schema {inv.schema_version} is newer than {INVENTORY_SCHEMA_VERSION}; "
+                        "reading the fields this vllmfit knows")
+    if now is not None:
+        age = observe.age_seconds(inv, now)
+        if age is None:
+            raise NodeDataError(f"{where}: sampledAt {inv.sampled_at[:40]!r} is not an RFC 3339 time")
+        if age > defaults.INVENTORY_STALE_SECONDS:  # a date in the future is clock skew: fresh
+            warnings.append(f"{name}: node agent inventory is {int(age)} s old (more than "
+                            f"{defaults.INVENTORY_STALE_SECONDS} s); ignored, using GFD labels")
+            return None
+    if not (inv.nvml and inv.gpus):
+        warnings.append(f"{name}: node agent reports {inv.error or 'no GPUs'}; using GFD labels")
+        return None
+    _check_inventory(where, inv, labels, gpu_lookup)
+    return inv
+
+
+def _validation_line(e: ValueError) -> str:
+    errs = getattr(e, "errors", None)
+    if callable(errs):
+        try:
+            first = errs()[0]
+            loc = ".".join(str(x) for x in first.get("loc", ()))
+            return f"{loc}: {first.get('msg', '')}" if loc else str(first.get("msg", ""))
+        except (IndexError, TypeError, AttributeError):
+            pass
+    return _first_line(e)
+
+
+def _check_inventory(where: str, inv: GpuInventory, labels: Mapping[str, str], gpu_lookup: GpuLookup) -> None:
+    """Physical limits, and agreement with GFD's labels and the catalog (vllmfit.core.limits)."""
+    if len(inv.gpus) > limits.MAX_GPUS_PER_NODE:
+        raise NodeDataError(f"{where}: {len(inv.gpus)} GPUs, more than {limits.MAX_GPUS_PER_NODE}")
+    indices = [g.index for g in inv.gpus]
+    if len(set(indices)) != len(indices):
+        raise NodeDataError(f"{where}: a GPU index appears twice")
+    count = labels.get(defaults.GFD_COUNT_LABEL, "").strip()
+    if count.isdigit() and len(inv.gpus) > int(count):
+        raise NodeDataError(f"{where}: reports {len(inv.gpus)} GPUs, GPU Feature Discovery counted {count}")
+    gfd_product = labels.get(defaults.GFD_PRODUCT_LABEL, "").removesuffix("-SHARED")
+    if gfd_product and not any(g.product and gfd_product.startswith(g.product) for g in inv.gpus):
+        raise NodeDataError(f"{where}: no GPU is a {_q(gfd_product)}, the product GPU Feature Discovery labelled")
+    gfd_mib = labels.get(defaults.GFD_MEMORY_LABEL, "").strip()
+    for g in inv.gpus:
+        at = f"{where}: GPU {g.index}"
+        if g.index >= limits.MAX_GPUS_PER_NODE:
+            raise NodeDataError(f"{at}: index out of range 0..{limits.MAX_GPUS_PER_NODE - 1}")
+        if g.total_bytes > limits.MAX_GPU_MEMORY_BYTES:
+            raise NodeDataError(f"{at}: {g.total_bytes} bytes is more memory than any GPU has")
+        if 0 < g.total_bytes < limits.MIN_GPU_MEMORY_BYTES:
+            raise NodeDataError(f"{at}: {g.total_bytes} bytes is less memory than any GPU has")
+        if g.used_bytes > g.total_bytes and g.total_bytes > 0:
+            raise NodeDataError(f"{at}: {g.used_bytes} bytes used of {g.total_bytes}")
+        if len(g.processes) > limits.MAX_PROCESSES_PER_GPU or len(g.mig_devices) > limits.MAX_MIG_PER_GPU:
+            raise NodeDataError(f"{at}: too many processes or MIG devices")
+        if any(p.used_bytes > limits.MAX_GPU_MEMORY_BYTES for p in g.processes):
+            raise NodeDataError(f"{at}: a process uses more memory than any GPU has")
+        mig = [m.index for m in g.mig_devices]
+        if len(set(mig)) != len(mig) or any(i >= limits.MAX_MIG_PER_GPU for i in mig):
+            raise NodeDataError(f"{at}: MIG device indices must be distinct and below {limits.MAX_MIG_PER_GPU}")
+        if sum(m.total_bytes for m in g.mig_devices) > g.total_bytes or any(
+            m.used_bytes > m.total_bytes or sum(p.used_bytes for p in m.processes) > limits.MAX_GPU_MEMORY_BYTES
+            for m in g.mig_devices
+        ):
+            raise NodeDataError(f"{at}: MIG devices hold more memory than the GPU")
+        if g.total_bytes <= 0:
+            continue  # unreadable GPU: offers no budget
+        reference, source = _reference_bytes(g.product, gfd_mib, gpu_lookup)
+        if reference is not None and g.total_bytes > reference * (1 + limits.GPU_MEMORY_TOLERANCE):
+            raise NodeDataError(
+                f"{at}: {_q(g.product)} with {g.total_bytes // defaults.MIB} MiB, but {source} says "
+                f"{reference // defaults.MIB} MiB; not believed"
+            )
+
+
+def _reference_bytes(product: str, gfd_mib: str, gpu_lookup: GpuLookup) -> tuple[int | None, str]:
+    """What a GPU of this product has: the catalog's figure, else the node's GFD memory label."""
+    try:
+        return gpu_lookup(product, None).memory_bytes, "the catalog"
+    except LookupError:
+        pass
+    if gfd_mib.isdigit():
+        return int(gfd_mib) * defaults.MIB, f"label {defaults.GFD_MEMORY_LABEL}"
+    return None, ""
 
 
 def _slots_from_inventory(

@@ -1,0 +1,78 @@
+"""Physical limits on every number vllmfit accepts from outside, named once.
+
+A value past one of these is refused with a one-line message before any work is done on it,
+so that a hostile or broken input (a spec, an inline config.json, a node label or the agent's
+inventory annotation) cannot make vllmfit allocate gigabytes, loop for minutes or book
+memory that does not exist. Each bound is far above anything real (the largest real value is
+given with each one) and small enough that the work it allows is bounded.
+"""
+
+from __future__ import annotations
+
+from vllmfit.core.defaults import GIB
+
+# --- Model architecture (config.json) -------------------------------------------------------------
+
+MAX_LAYERS = 1024
+"""num_hidden_layers. Real: 126 (Llama 3.1 405B), 160 (PaLM-style research models)."""
+MAX_HIDDEN_SIZE = 1 << 17
+"""hidden_size / intermediate sizes' unit. Real: 16384 (Llama 3.1 405B), 25600 (Falcon 180B is 14848)."""
+MAX_INTERMEDIATE_SIZE = 1 << 20
+"""intermediate_size / moe_intermediate_size. Real: 73728 (Grok-1 style dense MLPs)."""
+MAX_HEADS = 4096
+"""num_attention_heads / num_key_value_heads. Real: 128 (DeepSeek-V3, Llama 3.1 405B)."""
+MAX_HEAD_DIM = 4096
+"""head_dim (and MLA ranks). Real: 576 (DeepSeek MLA latent 512 + rope 64)."""
+MAX_EXPERTS = 4096
+"""Routed experts. Real: 384 (Kimi K2), 512 (Qwen3-Next)."""
+MAX_VOCAB = 1 << 24
+"""vocab_size. Real: 262144 (Gemma 3)."""
+MAX_CONTEXT = 1 << 26
+"""Context length (max_position_embeddings after rope scaling, spec.maxModelLen). Real: 10M (Llama 4 Scout)."""
+MAX_PARAMS = 10**14
+"""Parameter count (spec.modelParams, --params). Real: about 2e12 (the largest MoE checkpoints)."""
+
+# --- A deployment ----------------------------------------------------------------------------
+
+MAX_TP = 64
+"""Tensor parallel size: GPUs of one NVLink domain a pipeline stage spans. Real: 72 GPUs per NVL72 rack."""
+MAX_PP = 16
+"""Pipeline stages."""
+MAX_REPLICAS = 1000
+"""Replicas of one VLLMDeployment."""
+MAX_NUM_SEQS = 1 << 20
+"""--max-num-seqs. vLLM's largest default is 1024."""
+MAX_BATCHED_TOKENS = 1 << 26
+"""--max-num-batched-tokens (at most max-num-seqs x max-model-len is ever used)."""
+
+# --- A node -------------------------------------------------------------------------------------
+
+MAX_GPUS_PER_NODE = 64
+"""GPUs one node reports (nvidia.com/gpu.count, inventory GPUs). Real: 16 (HGX-2 / DGX-2)."""
+MAX_MIG_PER_GPU = 8
+"""MIG slices of one GPU. Real: 7 (A100, H100, B200: 1g profiles)."""
+MAX_GPU_MEMORY_BYTES = 2048 * GIB
+"""Memory of one GPU. Real: 288 GB (B300, MI355X)."""
+MIN_GPU_MEMORY_BYTES = 1 * GIB
+"""Memory of one whole GPU at least (the driver alone keeps about 0.5 GiB). Real: 4 GiB (the smallest
+data-centre GPUs); MIG slices are checked against their GPU instead."""
+MAX_PROCESSES_PER_GPU = 4096
+"""Compute processes the inventory may list on one GPU (NVML's own cap is far lower in practice)."""
+MAX_INVENTORY_CHARS = 256 * 1024
+"""Size of the inventory annotation: all annotations of an object together may hold 256 KiB
+(Kubernetes' TotalAnnotationSizeLimitB)."""
+GPU_MEMORY_TOLERANCE = 0.02
+"""How far the memory the agent reports for a GPU may exceed what the catalog (or the node's
+GFD memory label) says for its product. NVML and GFD read the same number, so real reports match
+to the MiB; lower reports (ECC on, a driver reserving more) are safe and always accepted."""
+
+# --- Names ------------------------------------------------------------------------------------
+
+MAX_REPO_ID = 96
+"""Length of a Hugging Face repo id (huggingface_hub's validate_repo_id: at most 96 characters)."""
+
+# --- Input files ---------------------------------------------------------------------------------
+
+MAX_NESTING = 1000
+"""Flow-collection nesting ([ and {) of one YAML document. libyaml's composer recurses in C and
+crashes the process (SIGSEGV) at about 30,000 levels; a Kubernetes object nests about 10."""
