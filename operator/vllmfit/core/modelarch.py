@@ -367,9 +367,12 @@ def _parse(
     if max_len is None:
         raise ModelConfigError(f"{name}: config.json has no max_position_embeddings and model_type {model_type!r} "
                                "has no default for it; add it")
-    if not 0 < max_len <= limits.MAX_CONTEXT:
+    if max_len <= 0:
         raise ModelConfigError(f"{name}: context length {max_len} (max_position_embeddings with rope scaling) "
-                               f"must be in 1..{limits.MAX_CONTEXT}")
+                               "must be positive")
+    if max_len > limits.MAX_CONTEXT:
+        raise ModelConfigError(f"{name}: context length {max_len} (max_position_embeddings with rope scaling) is "
+                               f"more than any real model ({limits.MAX_CONTEXT} at most)")
     warnings = tuple(f"{name}: {u} is not modelled; the estimate may be wrong" for u in plan.unknown)
     arch = ModelArch(
         name=name,
