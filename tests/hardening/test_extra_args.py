@@ -66,7 +66,7 @@ def test_prefix_resolution_agrees_with_argparse_allow_abbrev() -> None:
         for cut in range(3, len(opt) + 1):
             prefix = opt[:cut]
             try:
-                ns, extra = p.parse_known_args([prefix, "1"])
+                _ns, extra = p.parse_known_args([prefix, "1"])
             except (argparse.ArgumentError, SystemExit):
                 continue  # ambiguous: vLLM errors out; refused here as well (checked below)
             if extra:
