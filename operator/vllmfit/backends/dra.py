@@ -1,0 +1,349 @@
+"""DRA backend (resource.k8s.io/v1, consumable capacity): pure functions on API objects as JSON.
+
+Where a DRA driver publishes a node's GPUs in ResourceSlices with a `memory` capacity and
+`allowMultipleAllocations: true` (NVIDIA's driver with ConsumableShares in `memory` mode; the
+dra-example-driver's GPU profile with gpuAllowMultipleAllocations), Kubernetes itself shares a GPU
+by memory: each claim asks for `capacity.requests.memory`, and the scheduler allocates a device
+only while the sum of the claims' consumed capacity fits. vllmfit then:
+
+- reads the node's GPUs from the slices (`devices_from_slices`: the newest generation of each
+  pool, UUID, product, memory) and the memory every allocated claim consumes on them
+  (`consumption`), claims vllmfit did not make counting as foreign use (`node_from_dra`);
+- gives each replica a ResourceClaimTemplate (`claim_template`) asking, per GPU, for the bytes
+  it booked there, pinned to the GPU's UUID by a CEL selector, with a `distinctAttribute`
+  constraint on the UUID so that a TP group never lands twice on one GPU;
+- reads back what the API server stored (`dropped_fields`): without the DRAConsumableCapacity
+  feature gate (alpha, off in 1.34 and 1.35) it silently drops `capacity` and
+  `distinctAttribute`, and the claim would ask for whole GPUs;
+- reports the scheduler's reason when a replica's pod cannot get its claim (`allocation_failure`).
+
+Device keys are (driver, pool, device); capacity names are normalised (`memory` and
+`<driver>/memory` are one capacity: the domain defaults to the device's driver).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from vllmfit.core import api
+from vllmfit.core.modelarch import GpuType
+from vllmfit.core.placement import GpuSlot, NodeInfo
+from vllmfit.core.placement.inputs import GpuLookup
+
+API_VERSION = "resource.k8s.io/v1"
+NVIDIA_DRIVER = "gpu.nvidia.com"
+MEMORY = "memory"
+CLAIM_NAME = "gpus"  # pod.spec.resourceClaims[].name of a replica
+MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_DEPLOYMENT = f"{api.GROUP}/deployment"
+LABEL_REPLICA = f"{api.GROUP}/replica"
+UUID_ATTRIBUTE = "uuid"
+PRODUCT_ATTRIBUTES = ("productName", "model")  # NVIDIA driver; dra-example-driver
+QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
+SUFFIX = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+          "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
+          "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+
+
+def quantity_bytes(q: Any) -> int:
+    """A Kubernetes Quantity ("81559Mi", "18Gi", "1e9", 1024) as whole bytes, rounded up.
+    Raises ValueError on anything else."""
+    m = QUANTITY.match(str(q).strip())
+    if not m:
+        raise ValueError(f"not a quantity: {q!r}")
+    try:
+        value = Decimal(m.group(1)) * Decimal(SUFFIX[m.group(2)])
+    except InvalidOperation:
+        raise ValueError(f"not a quantity: {q!r}") from None
+    return math.ceil(value)
+
+
+def quantity(n: int) -> str:
+    """Bytes as the canonical Quantity the API server would store: the largest binary suffix that
+    divides it exactly, else plain bytes."""
+    for suffix, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if n and n % size == 0:
+            return f"{n // size}{suffix}"
+    return str(n)
+
+
+def _attr(attrs: Mapping[str, Any], name: str, driver: str) -> Any:
+    """An attribute by its bare name or `<driver>/<name>` (the domain defaults to the driver)."""
+    raw = attrs.get(name, attrs.get(f"{driver}/{name}"))
+    if not isinstance(raw, Mapping):
+        return None
+    for kind in ("string", "int", "bool", "version"):
+        if kind in raw:
+            return raw[kind]
+    return None
+
+
+def capacity_name(name: str, driver: str) -> str:
+    """`memory` for both `memory` and `<driver>/memory`."""
+    return name.removeprefix(f"{driver}/")
+
+
+# --- ResourceSlices -> devices -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device a ResourceSlice publishes on a node."""
+
+    driver: str
+    pool: str
+    name: str
+    node: str
+    uuid: str | None
+    product: str
+    memory_bytes: int
+    shareable: bool  # allowMultipleAllocations and a memory capacity
+    index: int | None = None  # the driver's `index` attribute, when it has one
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.driver, self.pool, self.name)
+
+
+def _number(name: str) -> tuple[int, str]:
+    digits = re.findall(r"\d+", name)
+    return (int(digits[-1]) if digits else 1 << 30, name)
+
+
+def devices_from_slices(slices: Iterable[Mapping[str, Any]], drivers: Sequence[str] = (NVIDIA_DRIVER,)
+                        ) -> dict[str, list[Device]]:
+    """node -> the GPUs the slices of `drivers` publish there, sorted by their `index` attribute
+    or the number in their name. Only the newest generation of each pool counts; a pool whose
+    slices are not all there yet (resourceSliceCount) is skipped; devices without a memory
+    capacity are not GPUs vllmfit can size."""
+    newest: dict[tuple[str, str], int] = {}
+    slices = [s for s in slices if ((s.get("spec") or {}).get("driver")) in drivers]
+    for s in slices:
+        spec = s.get("spec") or {}
+        pool = spec.get("pool") or {}
+        key = (spec.get("driver"), pool.get("name"))
+        newest[key] = max(newest.get(key, 0), int(pool.get("generation") or 0))  # type: ignore[index]
+    current = [s for s in slices if int(((s.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+               == newest[((s.get("spec") or {}).get("driver"), ((s.get("spec") or {}).get("pool") or {}).get("name"))]]
+    counts: dict[tuple[str, str], int] = {}
+    for s in current:
+        spec = s.get("spec") or {}
+        key = (spec.get("driver"), (spec.get("pool") or {}).get("name"))
+        counts[key] = counts.get(key, 0) + 1  # type: ignore[index]
+    out: dict[str, list[Device]] = {}
+    for s in current:
+        spec = s.get("spec") or {}
+        pool = spec.get("pool") or {}
+        driver, node = str(spec.get("driver")), spec.get("nodeName")
+        if not node or counts[(driver, pool.get("name"))] < int(pool.get("resourceSliceCount") or 1):
+            continue
+        for d in spec.get("devices") or []:
+            attrs = d.get("attributes") or {}
+            caps = {capacity_name(k, driver): v for k, v in (d.get("capacity") or {}).items()}
+            if MEMORY not in caps or not isinstance(caps[MEMORY], Mapping):
+                continue
+            try:
+                mem = quantity_bytes(caps[MEMORY].get("value"))
+            except ValueError:
+                continue
+            product = next((str(v) for a in PRODUCT_ATTRIBUTES if (v := _attr(attrs, a, driver)) is not None), "")
+            index = _attr(attrs, "index", driver)
+            out.setdefault(str(node), []).append(Device(
+                driver, str(pool.get("name")), str(d.get("name")), str(node), _attr(attrs, UUID_ATTRIBUTE, driver),
+                "-".join(product.split()), mem, bool(d.get("allowMultipleAllocations")),
+                index if isinstance(index, int) else None))
+    for devs in out.values():
+        devs.sort(key=lambda d: (d.index if d.index is not None else _number(d.name)[0], d.name))
+    return out
+
+
+def shareable(devices: Sequence[Device]) -> bool:
+    """A node DRA can share by memory: it publishes GPUs, every one with a memory capacity and
+    allowMultipleAllocations (the API server drops that field when DRAConsumableCapacity is off)."""
+    return bool(devices) and all(d.shareable for d in devices)
+
+
+def backend_for(mode: str, devices: Sequence[Device]) -> str:
+    """"dra" or "device-plugin" for a node, under the operator's --placement-backend."""
+    if mode == "dra":
+        return "dra"
+    if mode == "device-plugin":
+        return "device-plugin"
+    return "dra" if shareable(devices) else "device-plugin"
+
+
+# --- ResourceClaims -> what is consumed --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Use:
+    """Memory one allocated claim consumes on one device."""
+
+    claim: str  # namespace/name
+    device: tuple[str, str, str]
+    bytes: int
+    deployment: str | None  # namespace/name of the VLLMDeployment when vllmfit made it
+    replica: int | None = None
+
+
+def claim_owner(claim: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    """(namespace/deployment, replica) for a claim vllmfit's template generated, else (None, None)."""
+    meta = claim.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if labels.get(MANAGED_BY) != "vllmfit" or not labels.get(LABEL_DEPLOYMENT):
+        return None, None
+    try:
+        replica = int(labels.get(LABEL_REPLICA, ""))
+    except ValueError:
+        replica = None
+    return f"{meta.get('namespace') or 'default'}/{labels[LABEL_DEPLOYMENT]}", replica
+
+
+def consumption(claims: Iterable[Mapping[str, Any]], devices: Mapping[tuple[str, str, str], Device]) -> list[Use]:
+    """What every allocated claim consumes on the known devices: its `consumedCapacity` memory
+    (rounded up by the device's request policy: what the scheduler counts), or the whole device
+    when the result has none (a device that is not shared: the claim holds all of it)."""
+    out = []
+    for c in claims:
+        meta = c.get("metadata") or {}
+        name = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+        owner, replica = claim_owner(c)
+        results = ((((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or [])
+        for r in results:
+            key = (str(r.get("driver")), str(r.get("pool")), str(r.get("device")))
+            dev = devices.get(key)
+            if dev is None:
+                continue
+            consumed = {capacity_name(k, dev.driver): v for k, v in (r.get("consumedCapacity") or {}).items()}
+            try:
+                used = quantity_bytes(consumed[MEMORY]) if MEMORY in consumed else dev.memory_bytes
+            except ValueError:
+                used = dev.memory_bytes
+            out.append(Use(name, key, used, owner, replica))
+    return out
+
+
+def node_from_dra(node: str, labels: Mapping[str, str], devices: Sequence[Device], uses: Iterable[Use],
+                  gpu_lookup: GpuLookup, *, booked: Mapping[tuple[str, int], int] | None = None,
+                  agent: NodeInfo | None = None) -> NodeInfo:
+    """A DRA node's GPUs as the ledger sees them. Index: the agent's index for the same UUID when
+    the agent runs there, else the position in `devices` (sorted by index attribute or name).
+    Foreign use of a GPU: the memory claims vllmfit did not make consume, plus what vllmfit's
+    own claims consume beyond what it booked (`booked`: (node, index) -> bytes; the scheduler
+    rounds requests up to the device's step); at least the agent's measured foreign use."""
+    by_uuid = {s.uuid: s for s in (agent.gpus if agent else ()) if s.uuid}
+    used: dict[tuple[str, str, str], tuple[int, int]] = {}  # device -> (foreign, vllmfit's)
+    for u in uses:
+        f, m = used.get(u.device, (0, 0))
+        used[u.device] = (f, m + u.bytes) if u.deployment else (f + u.bytes, m)
+    slots = []
+    for pos, d in enumerate(devices):
+        known = by_uuid.get(d.uuid) if d.uuid else None
+        index = known.index if known else pos
+        gpu: GpuType = known.gpu if known else gpu_lookup(d.product or "unknown", d.memory_bytes // (1 << 20))
+        foreign, mine = used.get(d.key, (0, 0))
+        excess = max(0, mine - (booked or {}).get((node, index), mine))
+        slots.append(GpuSlot(node, index, gpu, d.uuid, max(foreign + excess, known.foreign_bytes if known else 0)))
+    return NodeInfo(node, dict(labels), tuple(slots), agent.warnings if agent else ())
+
+
+# --- What vllmfit writes -----------------------------------------------------------------------
+
+
+def template_name(deployment: str, replica: int) -> str:
+    return f"{deployment}-{replica}"
+
+
+def claim_template(name: str, namespace: str, deployment: str, replica: int,
+                   gpus: Sequence[tuple[str, int]], *, device_class: str, driver: str = NVIDIA_DRIVER
+                   ) -> dict[str, Any]:
+    """The ResourceClaimTemplate of one replica: per GPU (UUID, bytes booked there) one request
+    `gpu<i>` for exactly that device and that much memory; a distinctAttribute constraint on the
+    UUID across the requests of a TP group. Its claims carry vllmfit's labels (foreign use is
+    every claim without them)."""
+    labels = {MANAGED_BY: "vllmfit", LABEL_DEPLOYMENT: deployment, LABEL_REPLICA: str(replica)}
+    requests = []
+    for i, (uuid, need) in enumerate(gpus):
+        requests.append({"name": f"gpu{i}", "exactly": {
+            "deviceClassName": device_class,
+            "allocationMode": "ExactCount",
+            "count": 1,
+            "selectors": [{"cel": {"expression": f'device.attributes["{driver}"].{UUID_ATTRIBUTE} == "{uuid}"'}}],
+            "capacity": {"requests": {MEMORY: quantity(need)}},
+        }})
+    devices: dict[str, Any] = {"requests": requests}
+    if len(requests) > 1:
+        devices["constraints"] = [{"requests": [r["name"] for r in requests],
+                                   "distinctAttribute": f"{driver}/{UUID_ATTRIBUTE}"}]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+        "spec": {"metadata": {"labels": dict(labels)}, "spec": {"devices": devices}},
+    }
+
+
+def fingerprint(template: Mapping[str, Any]) -> str:
+    """A short digest of a template's claim spec (templates are immutable: a changed one is
+    deleted and made again under the same name)."""
+    import json
+
+    raw = json.dumps((template.get("spec") or {}).get("spec"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def dropped_fields(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> list[str]:
+    """Fields of a ResourceClaimTemplate the API server did not keep (DRAConsumableCapacity off:
+    it drops `capacity` and `distinctAttribute` without an error)."""
+    out = []
+    want = (((sent.get("spec") or {}).get("spec") or {}).get("devices") or {})
+    got = (((stored.get("spec") or {}).get("spec") or {}).get("devices") or {})
+    got_reqs = {r.get("name"): r for r in got.get("requests") or []}
+    for r in want.get("requests") or []:
+        g = got_reqs.get(r["name"]) or {}
+        w_cap = (((r.get("exactly") or {}).get("capacity") or {}).get("requests") or {})
+        g_cap = (((g.get("exactly") or {}).get("capacity") or {}).get("requests") or {})
+        for k, v in w_cap.items():
+            try:
+                same = k in g_cap and quantity_bytes(g_cap[k]) == quantity_bytes(v)
+            except ValueError:
+                same = False
+            if not same:
+                out.append(f"requests[{r['name']}].exactly.capacity.requests.{k}")
+    for i, c in enumerate(want.get("constraints") or []):
+        if c.get("distinctAttribute") and not any(
+                g.get("distinctAttribute") == c["distinctAttribute"] for g in got.get("constraints") or []):
+            out.append(f"constraints[{i}].distinctAttribute")
+    return out
+
+
+def pod_binding(template: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(pod spec fields, vllm container resources fields) that give the container its claim."""
+    return ({"resourceClaims": [{"name": CLAIM_NAME, "resourceClaimTemplateName": template}]},
+            {"claims": [{"name": CLAIM_NAME}]})
+
+
+# --- The scheduler's answer --------------------------------------------------------------------
+
+ALLOCATION_REASONS = ("cannot allocate all claims", "timed out trying to allocate devices",
+                      "resourceclaim not available on the node", "resourceclaim in use", "does not exist")
+
+
+def allocation_failure(pod: Mapping[str, Any]) -> str | None:
+    """The scheduler's message when a pod with claims is Unschedulable for a DRA reason
+    (`PodScheduled=False`, reason `Unschedulable`, e.g. "0/3 nodes are available: 1 cannot
+    allocate all claims, ..."), else None. A gated pod is not failing."""
+    if not (pod.get("spec") or {}).get("resourceClaims"):
+        return None
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+            message = str(c.get("message") or "")
+            if any(r in message.lower() for r in ALLOCATION_REASONS):
+                return message
+    return None

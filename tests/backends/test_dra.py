@@ -1,0 +1,180 @@
+"""DRA backend, pure part: slices and claims -> GPUs and foreign use, the claim template (validated
+strictly against the resource.k8s.io/v1 schemas of 1.34, 1.35 and 1.36), the read-back check, the
+scheduler's failure text."""
+
+from __future__ import annotations
+
+import copy
+from decimal import Decimal
+from pathlib import Path
+
+import kubernetes.utils
+import kubernetes_validate
+import pytest
+import yaml
+
+from vllmfit.backends import dra
+from vllmfit.core.placement import GpuSlot, NodeInfo
+from vllmfit.sources import catalog
+
+DATA = Path(__file__).parent.parent / "data" / "dra"
+DRA_KUBE = ["1.34.0", "1.35.0", "1.36.0"]
+GIB, MIB = 1 << 30, 1 << 20
+H100_UUID0 = "GPU-4f8e2a9c-1b3d-4e5f-8a7b-0c1d2e3f4a5b"
+
+
+def slice8() -> dict:
+    return yaml.safe_load((DATA / "slice-8xh100.yaml").read_text())
+
+
+def example_slice(node: str = "kind-worker", n: int = 2, generation: int = 1) -> dict:
+    """What dra-example-driver's GPU profile publishes with gpuAllowMultipleAllocations=true."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-gpu.example.com-x"},
+            "spec": {"driver": "gpu.example.com", "nodeName": node,
+                     "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+                     "devices": [{"name": f"gpu-{i}", "allowMultipleAllocations": True,
+                                  "attributes": {"index": {"int": i}, "uuid": {"string": f"gpu-{i}{i}{i}"},
+                                                 "model": {"string": "LATEST-GPU-MODEL"},
+                                                 "driverVersion": {"version": "1.0.0"}},
+                                  "capacity": {"memory": {"value": "80Gi", "requestPolicy": {
+                                      "default": "80Gi", "validRange": {"min": "8Gi", "max": "80Gi", "step": "8Gi"}}}}}
+                                 for i in reversed(range(n))]}}
+
+
+@pytest.mark.parametrize("q", ["81559Mi", "18Gi", "1e9", "100", "1.5Gi", "500m", "2k", "7M", "19327352833"])
+def test_quantities_agree_with_the_kubernetes_client(q: str) -> None:
+    assert dra.quantity_bytes(q) == int(kubernetes.utils.parse_quantity(q).to_integral_value(rounding="ROUND_CEILING"))
+    with pytest.raises(ValueError):
+        dra.quantity_bytes("lots")
+
+
+def test_canonical_quantity_round_trips() -> None:
+    for n in (18 * GIB, 81559 * MIB, 19327352833, 3 * 1024):
+        assert dra.quantity_bytes(dra.quantity(n)) == n
+    assert dra.quantity(18 * GIB) == "18Gi" and dra.quantity(81559 * MIB) == "81559Mi"
+    assert Decimal(dra.quantity(19327352833)) == 19327352833
+
+
+def test_nvidia_slice_gives_eight_shareable_h100s_in_name_order() -> None:
+    devs = dra.devices_from_slices([slice8()])["h100-node-a"]
+    assert [d.name for d in devs] == [f"gpu-{i}" for i in range(8)]
+    d0 = devs[0]
+    assert (d0.uuid, d0.product, d0.memory_bytes, d0.shareable) == (H100_UUID0, "NVIDIA-H100-80GB-HBM3",
+                                                                     81559 * MIB, True)
+    assert dra.backend_for("auto", devs) == "dra"
+    no_share = slice8()
+    for d in no_share["spec"]["devices"]:
+        d.pop("allowMultipleAllocations")  # what the API server keeps without DRAConsumableCapacity
+    assert dra.backend_for("auto", dra.devices_from_slices([no_share])["h100-node-a"]) == "device-plugin"
+    assert dra.backend_for("dra", []) == "dra" and dra.backend_for("device-plugin", devs) == "device-plugin"
+
+
+def test_only_the_newest_complete_generation_of_a_pool_counts() -> None:
+    old, new = example_slice(n=2, generation=1), example_slice(n=3, generation=2)
+    got = dra.devices_from_slices([old, new], drivers=("gpu.example.com",))
+    assert [d.name for d in got["kind-worker"]] == ["gpu-0", "gpu-1", "gpu-2"]  # by the index attribute
+    partial = example_slice(n=3, generation=3)
+    partial["spec"]["pool"]["resourceSliceCount"] = 2  # one of two slices published so far
+    assert dra.devices_from_slices([old, new, partial], drivers=("gpu.example.com",)) == {}
+    assert dra.devices_from_slices([new]) == {}  # another driver
+
+
+def claim(name: str, device: str, consumed: str | None, *, pool: str = "h100-node-a",
+          driver: str = "gpu.nvidia.com", labels: dict | None = None) -> dict:
+    c = yaml.safe_load((DATA / "claim-status.yaml").read_text())
+    c["metadata"]["name"] = name
+    c["metadata"]["labels"] = labels or {}
+    [r] = c["status"]["allocation"]["devices"]["results"]
+    r.update({"pool": pool, "device": device, "driver": driver})
+    if consumed is None:
+        r.pop("consumedCapacity")
+    else:
+        r["consumedCapacity"] = {"memory": consumed}
+    return c
+
+
+def test_foreign_claims_and_rounding_become_foreign_use() -> None:
+    devs = dra.devices_from_slices([slice8()])["h100-node-a"]
+    by_key = {d.key: d for d in devs}
+    mine = {"app.kubernetes.io/managed-by": "vllmfit", "vllmfit.dev/deployment": "a", "vllmfit.dev/replica": "0"}
+    claims = [claim("foreign", "gpu-0", "18Gi"),
+              claim("whole", "gpu-2", None),  # no consumedCapacity: it holds the whole device
+              claim("gpu.nvidia.com-prefixed", "gpu-3", None),
+              claim("a-0-gpus-x", "gpu-1", "20Gi", labels=mine),
+              claim("elsewhere", "gpu-9", "1Gi")]
+    claims[2]["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] = {"gpu.nvidia.com/memory": "4Gi"}
+    uses = dra.consumption(claims, by_key)
+    assert [(u.claim, u.device[2], u.bytes, u.deployment) for u in uses] == [
+        ("llm/foreign", "gpu-0", 18 * GIB, None), ("llm/whole", "gpu-2", 81559 * MIB, None),
+        ("llm/gpu.nvidia.com-prefixed", "gpu-3", 4 * GIB, None), ("llm/a-0-gpus-x", "gpu-1", 20 * GIB, "llm/a")]
+    info = dra.node_from_dra("h100-node-a", {}, devs, uses, catalog.gpu_for_label,
+                             booked={("h100-node-a", 1): 19 * GIB})
+    foreign = {s.index: s.foreign_bytes for s in info.gpus}
+    # vllmfit's own claim consumes 1 GiB more than it booked (rounded up by the device's step): counted as foreign
+    assert foreign == {0: 18 * GIB, 1: 1 * GIB, 2: 81559 * MIB, 3: 4 * GIB, 4: 0, 5: 0, 6: 0, 7: 0}
+    assert info.gpus[0].gpu == catalog.gpu("NVIDIA-H100-80GB-HBM3") and info.gpus[0].uuid == H100_UUID0
+
+
+def test_the_agent_index_wins_and_its_foreign_use_is_a_floor() -> None:
+    devs = dra.devices_from_slices([slice8()])["h100-node-a"]
+    h100 = catalog.gpu("NVIDIA-H100-80GB-HBM3")
+    agent = NodeInfo("h100-node-a", {}, (GpuSlot("h100-node-a", 5, h100, H100_UUID0, 30 * GIB),))
+    info = dra.node_from_dra("h100-node-a", {}, devs, [], catalog.gpu_for_label, agent=agent)
+    slot = next(s for s in info.gpus if s.uuid == H100_UUID0)
+    assert (slot.index, slot.foreign_bytes) == (5, 30 * GIB)
+
+
+def tp2() -> dict:
+    return dra.claim_template("llama-0", "llm", "llama", 0, [(H100_UUID0, 18 * GIB), ("GPU-9a8b", 19327352833)],
+                              device_class="gpu.nvidia.com")
+
+
+@pytest.mark.parametrize("version", DRA_KUBE)
+def test_claim_template_validates_strictly(version: str) -> None:
+    assert kubernetes_validate.validate(tp2(), version, strict=True)
+    one = dra.claim_template("x-1", "llm", "x", 1, [("gpu-000", 8 * GIB)], device_class="gpu.example.com",
+                             driver="gpu.example.com")
+    assert kubernetes_validate.validate(one, version, strict=True)
+
+
+def test_claim_template_asks_per_gpu_for_the_booked_bytes_pinned_by_uuid() -> None:
+    t = tp2()
+    reqs = t["spec"]["spec"]["devices"]["requests"]
+    assert [r["exactly"]["capacity"]["requests"]["memory"] for r in reqs] == ["18Gi", "19327352833"]
+    assert reqs[0]["exactly"]["selectors"][0]["cel"]["expression"] == \
+        f'device.attributes["gpu.nvidia.com"].uuid == "{H100_UUID0}"'
+    assert t["spec"]["spec"]["devices"]["constraints"] == [{"requests": ["gpu0", "gpu1"],
+                                                           "distinctAttribute": "gpu.nvidia.com/uuid"}]
+    assert t["spec"]["metadata"]["labels"]["vllmfit.dev/deployment"] == "llama"
+    assert dra.claim_owner({"metadata": {"namespace": "llm", **t["spec"]["metadata"]}}) == ("llm/llama", 0)
+
+
+def test_read_back_finds_what_the_api_server_dropped() -> None:
+    sent = tp2()
+    assert dra.dropped_fields(sent, copy.deepcopy(sent)) == []
+    stored = copy.deepcopy(sent)  # what 1.34/1.35 keep without DRAConsumableCapacity
+    for r in stored["spec"]["spec"]["devices"]["requests"]:
+        r["exactly"].pop("capacity")
+    stored["spec"]["spec"]["devices"]["constraints"][0].pop("distinctAttribute")
+    assert dra.dropped_fields(sent, stored) == ["requests[gpu0].exactly.capacity.requests.memory",
+                                                "requests[gpu1].exactly.capacity.requests.memory",
+                                                "constraints[0].distinctAttribute"]
+    canonical = copy.deepcopy(sent)  # the API server may re-spell a quantity: same bytes is fine
+    canonical["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"] = "18432Mi"
+    assert dra.dropped_fields(sent, canonical) == []
+
+
+def test_scheduler_allocation_failures_are_recognised() -> None:
+    msg = ("0/2 nodes are available: 1 cannot allocate all claims, 1 node(s) didn't match Pod's node "
+           "affinity/selector. still not schedulable, preemption: 0/2 nodes are available: 2 Preemption is not "
+           "helpful for scheduling.")
+    pod = {"spec": {"resourceClaims": [{"name": "gpus"}]}, "status": {"conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": msg}]}}
+    assert dra.allocation_failure(pod) == msg
+    gated = copy.deepcopy(pod)
+    gated["status"]["conditions"][0]["reason"] = "SchedulingGated"
+    assert dra.allocation_failure(gated) is None
+    cpu = copy.deepcopy(pod)
+    cpu["status"]["conditions"][0]["message"] = "0/2 nodes are available: 2 Insufficient cpu."
+    assert dra.allocation_failure(cpu) is None
