@@ -229,28 +229,43 @@ def consumption(claims: Iterable[Mapping[str, Any]], devices: Mapping[tuple[str,
     return out
 
 
+def device_indices(devices: Sequence[Device], agent: NodeInfo | None = None) -> dict[tuple[str, str, str], int]:
+    """The ledger index of each device: the agent's index for the same UUID when the agent runs
+    on the node, else the position in `devices` (sorted by index attribute or name)."""
+    by_uuid = {s.uuid: s.index for s in (agent.gpus if agent else ()) if s.uuid}
+    return {d.key: by_uuid.get(d.uuid, pos) if d.uuid else pos for pos, d in enumerate(devices)}
+
+
 def node_from_dra(node: str, labels: Mapping[str, str], devices: Sequence[Device], uses: Iterable[Use],
                   gpu_lookup: GpuLookup, *, booked: Mapping[tuple[str, int], int] | None = None,
                   agent: NodeInfo | None = None) -> NodeInfo:
-    """A DRA node's GPUs as the ledger sees them. Index: the agent's index for the same UUID when
-    the agent runs there, else the position in `devices` (sorted by index attribute or name).
-    Foreign use of a GPU: the memory claims vllmfit did not make consume, plus what vllmfit's
-    own claims consume beyond what it booked (`booked`: (node, index) -> bytes; the scheduler
-    rounds requests up to the device's step); at least the agent's measured foreign use."""
-    by_uuid = {s.uuid: s for s in (agent.gpus if agent else ()) if s.uuid}
+    """A DRA node's GPUs as the ledger sees them (indices: `device_indices`). Foreign use of a
+    GPU: the memory claims vllmfit did not make consume, plus what vllmfit's own claims consume
+    beyond what it booked (`booked`: (node, index) -> bytes; the scheduler rounds requests up to
+    the device's step); at least the agent's measured foreign use (the processes of foreign
+    claims are the same memory, so the two are not added)."""
+    known = {s.uuid: s for s in (agent.gpus if agent else ()) if s.uuid}
+    index = device_indices(devices, agent)
     used: dict[tuple[str, str, str], tuple[int, int]] = {}  # device -> (foreign, vllmfit's)
     for u in uses:
         f, m = used.get(u.device, (0, 0))
         used[u.device] = (f, m + u.bytes) if u.deployment else (f + u.bytes, m)
     slots = []
-    for pos, d in enumerate(devices):
-        known = by_uuid.get(d.uuid) if d.uuid else None
-        index = known.index if known else pos
-        gpu: GpuType = known.gpu if known else gpu_lookup(d.product or "unknown", d.memory_bytes // (1 << 20))
+    for d in devices:
+        k = known.get(d.uuid) if d.uuid else None
+        i = index[d.key]
+        gpu: GpuType = k.gpu if k else gpu_lookup(d.product or "unknown", d.memory_bytes // (1 << 20))
         foreign, mine = used.get(d.key, (0, 0))
-        excess = max(0, mine - (booked or {}).get((node, index), mine))
-        slots.append(GpuSlot(node, index, gpu, d.uuid, max(foreign + excess, known.foreign_bytes if known else 0)))
-    return NodeInfo(node, dict(labels), tuple(slots), agent.warnings if agent else ())
+        excess = max(0, mine - (booked or {}).get((node, i), 0))
+        slots.append(GpuSlot(node, i, gpu, d.uuid, max(foreign + excess, k.foreign_bytes if k else 0)))
+    return NodeInfo(node, dict(labels), tuple(sorted(slots, key=lambda s: s.index)), agent.warnings if agent else ())
+
+
+def foreign_claims(node: str, devices: Sequence[Device], uses: Iterable[Use], agent: NodeInfo | None = None
+                   ) -> list[tuple[int, str, int]]:
+    """(GPU index, claim, bytes) for every claim vllmfit did not make on the node's devices."""
+    index = device_indices(devices, agent)
+    return sorted((index[u.device], u.claim, u.bytes) for u in uses if u.deployment is None and u.device in index)
 
 
 # --- What vllmfit writes -----------------------------------------------------------------------

@@ -45,6 +45,8 @@ class Objects:
     nodes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     deployments: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     configmaps: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    slices: list[dict[str, Any]] = field(default_factory=list)  # resource.k8s.io ResourceSlices
+    claims: list[dict[str, Any]] = field(default_factory=list)  # resource.k8s.io ResourceClaims
     errors: list[str] = field(default_factory=list)
 
 
@@ -125,10 +127,14 @@ def _collect(out: Objects, where: str, data: Any) -> None:
         out.deployments.append((f"{KIND} {ns}/{name} ({where})", data))
     elif kind == "ConfigMap":
         out.configmaps[(str(meta.get("namespace") or "default"), name)] = data
+    elif kind == "ResourceSlice" and str(data.get("apiVersion")) == "resource.k8s.io/v1":
+        out.slices.append(data)
+    elif kind == "ResourceClaim" and str(data.get("apiVersion")) == "resource.k8s.io/v1":
+        out.claims.append(data)
     else:
         out.errors.append(
             f"{where}: unknown kind {kind or '(none)'!r} {name}; expected Node, {KIND}, "
-            "ConfigMap or a List of them"
+            "ConfigMap, resource.k8s.io/v1 ResourceSlice or ResourceClaim, or a List of them"
         )
 
 
@@ -268,6 +274,7 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
                 shown.pop(key, None)
             continue
         requests.append(placement.request_from_object(dep, model))
+    notes = _dra_nodes(objs, nodes, admitted)
     if decide:
         plan = placement.plan(
             nodes.values(), requests, admitted=admitted, admitted_flags=flags, policy=policy
@@ -277,7 +284,38 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
         plan.requests.update({r.key: r for r in requests})
         plan.decisions.update(shown)
     plan.errors = sorted(plan.errors + errors)
+    plan.warnings = sorted(set(plan.warnings) | set(notes))
     return plan
+
+
+def _dra_nodes(objs: Objects, nodes: dict[str, placement.NodeInfo],
+               admitted: Mapping[str, list[placement.Booking]]) -> list[str]:
+    """Nodes whose GPUs ResourceSlices publish with shareable memory: their GPUs (and UUIDs) from
+    the slices, and the memory every allocated ResourceClaim vllmfit did not make consumes there
+    as foreign use (vllmfit.backends.dra). Returns one line per such claim."""
+    if not objs.slices:
+        return []
+    from vllmfit.backends import dra
+
+    drivers = sorted({str((s.get("spec") or {}).get("driver")) for s in objs.slices})
+    devices = dra.devices_from_slices(objs.slices, drivers)
+    uses = dra.consumption(objs.claims, {d.key: d for devs in devices.values() for d in devs})
+    booked: dict[tuple[str, int], int] = {}
+    for bookings in admitted.values():
+        for b in bookings:
+            booked[(b.node, b.index)] = booked.get((b.node, b.index), 0) + b.footprint.total
+    notes = []
+    for name, devs in sorted(devices.items()):
+        if dra.backend_for("auto", devs) != "dra":
+            continue
+        known = nodes.get(name)
+        agent = known if known and any(s.uuid for s in known.gpus) else None
+        mine = [u for u in uses if u.device[:2] in {d.key[:2] for d in devs}]
+        nodes[name] = dra.node_from_dra(name, known.labels if known else {}, devs, mine, catalog.gpu_for_label,
+                                        booked=booked, agent=agent)
+        notes += [f"{name} GPU {i}: {memory.fmt_gib(n)} claimed by ResourceClaim {claim} (foreign use)"
+                  for i, claim, n in dra.foreign_claims(name, devs, mine, agent)]
+    return notes
 
 
 def emit(plan: placement.Plan, output: str, out_file: str | None, title: str) -> None:
@@ -377,7 +415,8 @@ def add_parser(subparsers: Any) -> None:
         action="append",
         required=True,
         metavar="FILE",
-        help="YAML with Nodes and VLLMDeployments (kubectl get nodes,vllmdeployments -A -o yaml); "
+        help="YAML with Nodes and VLLMDeployments (kubectl get nodes,vllmdeployments -A -o yaml), and "
+        "on DRA clusters ResourceSlices and ResourceClaims (kubectl get resourceslices,resourceclaims -A -o yaml); "
         "repeatable; - reads stdin",
     )
     _output_args(p)
