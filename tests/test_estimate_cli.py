@@ -104,3 +104,44 @@ def test_no_traceback_from_the_real_entry_point():
     p = subprocess.run([sys.executable, "-m", "vllmfit", "estimate", "--model", "nope-model"],
                        capture_output=True, text=True, check=False)
     assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1
+
+
+def test_fixes_in_the_table_are_cli_flags_that_the_parser_accepts(capsys):
+    """The terminal speaks in flags (`--tp 16`), the JSON in spec fields (`tensorParallelSize: 16`):
+    each printed fix, passed back as flags, fits."""
+    argv = ["estimate", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "NVIDIA-L4", "--max-model-len", "131072"]
+    code, out, _ = run(capsys, *argv)
+    assert code == 1
+    fixes = out.split("fits with (each checked):\n", 1)[1].splitlines()
+    fixes = [f.strip() for f in fixes if f.startswith("  --")]
+    assert fixes and "--tp 16 --quantization fp8" in fixes
+    for fix in fixes:
+        code, out, _ = run(capsys, *argv, *fix.split(), "--output", "json")
+        assert code == 0 and json.loads(out)["fits"], fix
+    code, out, _ = run(capsys, *argv, "--output", "json")
+    assert "tensorParallelSize: 16, quantization: fp8" in json.loads(out)["suggestions"]
+
+
+def test_every_spec_field_a_fix_names_maps_to_an_estimate_flag():
+    from vllmfit.cli import render
+
+    parser = cli.build_parser("estimate")
+    estimate = parser._subparsers._group_actions[0].choices["estimate"]  # noqa: SLF001
+    flags = {opt for a in estimate._actions for opt in a.option_strings}  # noqa: SLF001
+    assert set(render.SPEC_FLAGS.values()) <= flags
+
+
+@pytest.mark.parametrize("command", [["models"], ["models", "-o", "wide"], ["gpus"], ["gpus", "-o", "wide"]])
+@pytest.mark.parametrize("columns", ["60", "80", "120"])
+def test_listings_never_cut_a_name(capsys, monkeypatch, command, columns):
+    from vllmfit.sources import catalog
+
+    monkeypatch.setenv("COLUMNS", columns)
+    code, out, _ = run(capsys, *command)
+    assert code == 0 and "…" not in out
+    names = catalog.models() if command[0] == "models" else catalog.gpus()
+    lines = out.splitlines()
+    header = lines[0].split()
+    assert header[0] in ("NAME", "PRODUCT") and (("ALIASES" in header) == ("wide" in command))
+    for name in names:  # every name whole, at the start of its own row
+        assert any(line.split(" ")[0] == name for line in lines), name

@@ -91,7 +91,7 @@ def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_html_is_one_self_contained_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "plan.html"
-    assert cli.main(["plan", "-f", EXAMPLE, "--output", "html", "-o", str(target)]) == 0
+    assert cli.main(["plan", "-f", EXAMPLE, "-o", "html", "--out-file", str(target)]) == 0
     text = target.read_text()
     assert text.startswith("<!DOCTYPE html>") and "<svg" in text
     assert not re.search(r"""(src|href)=["']|<script|<link|@import|url\(""", text)
@@ -108,3 +108,12 @@ def test_svg_output_is_one_image(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_json_is_byte_for_byte_deterministic(capsys: pytest.CaptureFixture[str]) -> None:
     assert _run(capsys, "--output", "json") == _run(capsys, "--output", "json")
+
+
+@pytest.mark.parametrize("command", [["estimate", "--model", "x"], ["models"], ["gpus"], ["plan", "-f", "x"],
+                                     ["status"], ["crd"]])
+def test_dash_o_is_the_output_format_on_every_command_like_kubectl(command):
+    args = cli.build_parser(command[0]).parse_args([*command, "-o", "json"])
+    assert args.output == "json"
+    if command[0] in ("plan", "status"):
+        assert cli.build_parser(command[0]).parse_args([*command, "--out-file", "f"]).out_file == "f"

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -431,7 +432,10 @@ def _run(args: argparse.Namespace) -> int:
             for path in write_crds(root / d):
                 print(f"wrote {path}")
         return 0
-    sys.stdout.write(to_yaml(render_crd()))
+    if args.output == "json":
+        sys.stdout.write(json.dumps(render_crd(), indent=2) + "\n")
+    else:
+        sys.stdout.write(to_yaml(render_crd()))
     return 0
 
 
@@ -447,5 +451,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     mode.add_argument("--write", action="store_true", help="write crds/ and charts/vllmfit/crds/")
     mode.add_argument("--check", action="store_true", help="exit 1 when the committed CRD files are stale")
     p.add_argument("--root", default=".", help="repository root holding crds/ and charts/ (default: .)")
+    p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format (default: yaml)")
     p.set_defaults(func=_run)
     return p

@@ -50,10 +50,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_estimate)
 
     ls = sub.add_parser("models", help="List the catalog's models")
-    ls.add_argument("--output", "-o", default="table", choices=["table", "json"])
+    ls.add_argument("--output", "-o", default="table", choices=["table", "wide", "json"],
+                    help="table, wide (every column, like kubectl -o wide) or json")
     ls.set_defaults(func=run_models)
     lg = sub.add_parser("gpus", help="List the catalog's GPUs")
-    lg.add_argument("--output", "-o", default="table", choices=["table", "json"])
+    lg.add_argument("--output", "-o", default="table", choices=["table", "wide", "json"],
+                    help="table, wide (every column, like kubectl -o wide) or json")
     lg.set_defaults(func=run_gpus)
 
     for mod in ("vllmfit.cli.plan", "vllmfit.cli.crdgen"):
@@ -220,38 +222,72 @@ def estimate_json(est: memory.Estimate) -> dict[str, Any]:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    rows = [
-        {"name": m.name, "params": m.params if args.output == "json" else f"{m.params / 1e9:.2f}B", "layers": m.num_layers, "kv_heads": m.num_kv_heads,
-         "max_model_len": m.max_model_len, "moe": m.is_moe, "mla": m.is_mla, "pooling": m.pooling,
-         "quantization": m.quant.method if m.quant else None, "aliases": list(m.aliases)}
-        for m in catalog.models().values()
-    ]
-    return _print_rows(args, rows)
+    if args.output == "json":
+        rows = [
+            {"name": m.name, "params": m.params, "layers": m.num_layers, "kv_heads": m.num_kv_heads,
+             "max_model_len": m.max_model_len, "moe": m.is_moe, "mla": m.is_mla, "pooling": m.pooling,
+             "quantization": m.quant.method if m.quant else None, "aliases": list(m.aliases)}
+            for m in catalog.models().values()
+        ]
+        return _print_json(rows)
+    wide = args.output == "wide"
+    rows = []
+    for m in catalog.models().values():
+        row: dict[str, Any] = {"NAME": m.name, "PARAMS": f"{m.params / 1e9:.2f}B", "LAYERS": m.num_layers,
+                               "KV-HEADS": m.num_kv_heads, "MAX-LEN": m.max_model_len,
+                               "QUANT": m.quant.method if m.quant else None}
+        if wide:
+            row |= {"MOE": m.is_moe, "MLA": m.is_mla, "POOLING": m.pooling, "ALIASES": list(m.aliases)}
+        rows.append(row)
+    return _print_table(rows)
 
 
 def run_gpus(args: argparse.Namespace) -> int:
-    rows = [
-        {"product": g.product, "name": g.name, "memory_bytes": g.memory_bytes, "cuda_total_bytes": g.cuda_total_bytes,
-         "aliases": list(g.aliases)} if args.output == "json" else
-        {"product": g.product, "name": g.name, "memory (NVML)": memory.fmt_gib(g.memory_bytes),
-         "visible to CUDA": memory.fmt_gib(g.cuda_total_bytes), "aliases": list(g.aliases)}
-        for g in catalog.gpus().values()
-    ]
-    return _print_rows(args, rows)
-
-
-def _print_rows(args: argparse.Namespace, rows: list[dict[str, Any]]) -> int:
     if args.output == "json":
-        json.dump(rows, sys.stdout, indent=2)
-        print()
-        return 0
+        return _print_json([
+            {"product": g.product, "name": g.name, "memory_bytes": g.memory_bytes, "cuda_total_bytes": g.cuda_total_bytes,
+             "aliases": list(g.aliases)} for g in catalog.gpus().values()])
+    wide = args.output == "wide"
+    rows = []
+    for g in catalog.gpus().values():
+        row: dict[str, Any] = {"PRODUCT": g.product, "MEMORY (NVML)": memory.fmt_gib(g.memory_bytes),
+                               "VISIBLE TO CUDA": memory.fmt_gib(g.cuda_total_bytes)}
+        if wide:
+            row |= {"NAME": g.name, "ALIASES": list(g.aliases)}
+        rows.append(row)
+    return _print_table(rows)
+
+
+def _print_json(rows: list[dict[str, Any]]) -> int:
+    json.dump(rows, sys.stdout, indent=2)
+    print()
+    return 0
+
+
+def _print_table(rows: list[dict[str, Any]], console: Any = None) -> int:
+    """A kubectl-style table: no borders, upper-case headers, a short default set (`-o wide` adds
+    the rest). No cell is cut with "…": names and numbers are printed whole, lists wrap inside their
+    column, and a table wider than the terminal is printed whole (the terminal wraps it, as kubectl's)."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(*rows[0].keys()) if rows else Table()
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+    for i, key in enumerate(rows[0] if rows else ()):
+        cells = [r[key] for r in rows]
+        longest = max([len(key)] + [len(_cell(v)) for v in cells])
+        # names, numbers and short words stay whole; lists (aliases) wrap between items
+        width = len(key) if i and any(isinstance(v, list) for v in cells) else longest
+        table.add_column(key, overflow="fold", min_width=width)
     for r in rows:
         table.add_row(*(_cell(v) for v in r.values()))
-    Console().print(table)
+    console = console or Console()
+    # never crop: where even the narrowest layout is wider than the terminal, print it whole (the
+    # terminal wraps the lines, as with kubectl) instead of letting rich cut the last columns off
+    need = Console(width=1 << 16).measure(table).minimum
+    if need > console.width:
+        console = Console(file=console.file, width=need, color_system=console.color_system)
+    console.print(table)
     return 0
 
 

@@ -347,7 +347,7 @@ def run_plan(args: argparse.Namespace) -> int:
     if not plan.ledger.nodes and not plan.decisions:
         detail = f": {plan.errors[0]}" if plan.errors else ""
         raise UserError(f"nothing to plan: no usable Node or {KIND} in the input{detail}")
-    emit(plan, args.output, args.out, "vllmfit plan: " + ", ".join(args.filename))
+    emit(plan, args.output, args.out_file, "vllmfit plan: " + ", ".join(args.filename))
     return 0
 
 
@@ -395,7 +395,7 @@ def run_status(args: argparse.Namespace, core: Any = None, custom: Any = None) -
     except (OpenApiException, HTTPError, OSError, ValueError) as e:  # API errors, no connection
         raise UserError(f"cannot read the cluster: {_one_line(e)}") from None
     plan = build_plan(objs, decide=False)
-    emit(plan, args.output, args.out, "vllmfit status")
+    emit(plan, args.output, args.out_file, "vllmfit status")
     return 0
 
 
@@ -443,9 +443,11 @@ def add_parser(subparsers: Any) -> None:
 
 def _output_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
+        "-o",
         "--output",
         choices=OUTPUTS,
         default="table",
-        help="table (terminal), json (the plan as data), html (self-contained report), svg (bars)",
+        help="output format, as in kubectl: table (terminal), json (the plan as data), html (self-contained "
+        "report), svg (bars)",
     )
-    p.add_argument("-o", "--out", metavar="FILE", help="write to FILE instead of stdout")
+    p.add_argument("--out-file", metavar="FILE", help="write to FILE instead of stdout")

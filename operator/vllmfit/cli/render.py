@@ -319,9 +319,33 @@ def print_estimate(console: Console, est: Estimate, width: int = BAR_WIDTH) -> N
     if est.suggestions:
         console.print("fits with (each checked):")
         for sug in est.suggestions:
-            console.print(Text(f"  {sug}", style="green"))
+            console.print(Text(f"  {as_flags(sug)}", style="green"))
     for w in est.warnings:
         console.print(Text(f"warning: {w}", style="yellow"))
+
+
+SPEC_FLAGS = {
+    "tensorParallelSize": "--tp",
+    "pipelineParallelSize": "--pp",
+    "dtype": "--dtype",
+    "quantization": "--quantization",
+    "kvCacheDtype": "--kv-cache-dtype",
+    "maxModelLen": "--max-model-len",
+    "maxNumSeqs": "--max-num-seqs",
+    "maxNumBatchedTokens": "--max-num-batched-tokens",
+    "gpuMemoryUtilization": "--gpu-memory-utilization",
+}
+"""Spec field -> `vllmfit estimate` flag: a fix ("maxModelLen: 8192, kvCacheDtype: fp8", the spec's
+vocabulary, as the operator and `--output json` give it) printed in the CLI's own words."""
+
+
+def as_flags(fix: str) -> str:
+    """'tensorParallelSize: 8, quantization: fp8' -> '--tp 8 --quantization fp8' (unknown keys kept)."""
+    parts = []
+    for part in fix.split(", "):
+        key, sep, value = part.partition(": ")
+        parts.append(f"{SPEC_FLAGS[key]} {value}" if sep and key in SPEC_FLAGS else part)
+    return " ".join(parts)
 
 
 def estimate_table(est: Estimate) -> Table:
