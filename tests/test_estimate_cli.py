@@ -126,8 +126,8 @@ def test_every_spec_field_a_fix_names_maps_to_an_estimate_flag():
     from vllmfit.cli import render
 
     parser = cli.build_parser("estimate")
-    estimate = parser._subparsers._group_actions[0].choices["estimate"]  # noqa: SLF001
-    flags = {opt for a in estimate._actions for opt in a.option_strings}  # noqa: SLF001
+    estimate = parser._subparsers._group_actions[0].choices["estimate"]
+    flags = {opt for a in estimate._actions for opt in a.option_strings}
     assert set(render.SPEC_FLAGS.values()) <= flags
 
 

@@ -272,7 +272,7 @@ def test_status_draws_the_ledger_from_status_fields(capsys) -> None:
     ]
     core = FakeCore([V1Node(metadata=V1ObjectMeta(name="a", labels=H100_LABELS))])
     custom = FakeCustom(items)
-    args = argparse.Namespace(kubeconfig=None, context=None, output="json", out=None)
+    args = argparse.Namespace(kubeconfig=None, context=None, output="json", out_file=None)
     assert plancmd.run_status(args, core, custom) == 0
     data = json.loads(capsys.readouterr().out)
     assert custom.calls == [("vllmfit.dev", "v1alpha1", "vllmdeployments")]
@@ -291,14 +291,14 @@ def test_status_reports_api_failures_as_one_line(capsys) -> None:
         def list_node(self) -> V1NodeList:
             raise ConnectionRefusedError("connection refused\nretrying")
 
-    args = argparse.Namespace(kubeconfig=None, context=None, output="table", out=None)
+    args = argparse.Namespace(kubeconfig=None, context=None, output="table", out_file=None)
     with pytest.raises(cli.UserError, match="^cannot read the cluster: connection refused$"):
         plancmd.run_status(args, Broken([]), FakeCustom([]))
 
 
 def test_status_renders_a_table(capsys) -> None:
     core = FakeCore([V1Node(metadata=V1ObjectMeta(name="a", labels=H100_LABELS))])
-    args = argparse.Namespace(kubeconfig=None, context=None, output="table", out=None)
+    args = argparse.Namespace(kubeconfig=None, context=None, output="table", out_file=None)
     assert plancmd.run_status(args, core, FakeCustom([])) == 0
     assert "a: 2x H100-80GB-HBM3" in capsys.readouterr().out
 
