@@ -1,7 +1,10 @@
 """Loads catalog/models.yaml and catalog/gpus.yaml into frozen core types (the only reader of them).
 
-The catalog directory is found from VLLMFIT_CATALOG, else next to the source tree
-(operator/vllmfit/../../catalog), which holds for a checkout and an editable install.
+The catalog ships inside the package as package data (`vllmfit/catalog/*.yaml`, found through
+importlib.resources). In the source tree `operator/vllmfit/catalog` is a symbolic link to the
+top-level `catalog/`, the single source, and setuptools copies the files it points to into the
+wheel (pyproject.toml, [tool.setuptools.package-data]). VLLMFIT_CATALOG, when set, overrides it
+with another directory.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +27,10 @@ class CatalogError(LookupError):
     """Unknown model or GPU (message: one line naming the closest matches)."""
 
 
-def catalog_dir() -> Path:
+def catalog_dir() -> Path | Traversable:
+    """VLLMFIT_CATALOG if set, else the package data `vllmfit/catalog`."""
     env = os.environ.get("VLLMFIT_CATALOG")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "catalog"
+    return Path(env) if env else resources.files("vllmfit") / "catalog"
 
 
 def _load_yaml(name: str) -> list[dict[str, Any]]:
