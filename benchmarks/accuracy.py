@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
 
 from vllmfit.core import memory
+from vllmfit.core.memory import margin
 from vllmfit.sources import catalog
 
 GIB = 1 << 30
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DIR = ROOT.parent / "shared" / "calibration"
+# beside the checkout (../shared), or beside its worktree folder (../../shared)
+DEFAULT_DIR = next((p for p in (ROOT.parent / "shared" / "calibration", ROOT.parent.parent / "shared" / "calibration")
+                    if p.exists()), ROOT.parent / "shared" / "calibration")
+OVER_LIMIT_GIB = 0.5
 
 _QUANT = {"fp8": "fp8"}  # quantization applied online to an unquantized checkpoint
 _DTYPE = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "auto": "auto"}
@@ -70,7 +75,21 @@ def predict(row: dict) -> dict:
         "kv": v.kv_cache_bytes / GIB,
         "tokens": v.kv_cache_tokens,
         "hybrid": is_hybrid(model),
+        "class": margin.arch_class(model),
+        "kv_low": v.kv_cache_low_bytes / GIB,
+        "kv_high": v.kv_cache_high_bytes / GIB,
     }
+
+
+def measured_bands(residuals: dict[str, list[float]]) -> dict[str, tuple[int, int]]:
+    """(over, under) per class in 0.01 GiB: the worst residual plus the logs' rounding, rounded up
+    (the rule memory.margin's constants follow)."""
+    out = {}
+    for cls, res in sorted(residuals.items()):
+        over = max(0.0, max(res)) + margin.LOG_ROUNDING_GIB
+        under = max(0.0, -min(res)) + margin.LOG_ROUNDING_GIB
+        out[cls] = (math.ceil(round(over * 100, 6)), math.ceil(round(under * 100, 6)))
+    return out
 
 
 def main() -> int:
@@ -81,6 +100,9 @@ def main() -> int:
     errs: dict[str, list[float]] = {"weights_pct": [], "kv_gib": [], "activation_gib": [], "non_torch_gib": [],
                                     "tokens_pct": []}
     over = []
+    floor_over = []
+    outside = 0
+    residuals: dict[str, list[float]] = {}
     print(f"{'case':<52} {'W pred/obs':>13} {'act pred/obs':>13} {'nt pred/obs':>12} {'KV pred/obs GiB':>16} "
           f"{'KV tokens pred/obs':>22}")
     for row in rows:
@@ -91,6 +113,9 @@ def main() -> int:
         errs["activation_gib"].append(abs(p["activation"] - row["activation_peak_gib"]))
         errs["non_torch_gib"].append(abs(p["non_torch"] - row["non_torch_gib"]))
         over.append(p["kv"] - obs_kv)
+        floor_over.append(p["kv_low"] - obs_kv)
+        outside += not p["kv_low"] - 0.005 <= obs_kv <= p["kv_high"] + 0.005
+        residuals.setdefault(p["class"], []).append(p["kv"] - obs_kv)
         tok = row.get("kv_cache_tokens")
         if tok and not p["hybrid"]:
             errs["tokens_pct"].append(abs(p["tokens"] - tok) / tok * 100)
@@ -104,14 +129,26 @@ def main() -> int:
         "kv_median_abs_err_gib": round(statistics.median(errs["kv_gib"]), 3),
         "kv_max_abs_err_gib": round(max(errs["kv_gib"]), 3),
         "kv_max_overpredict_gib": round(max(over), 3),
+        "kv_overpredicted_over_0_5_gib_count": sum(1 for o in over if o > OVER_LIMIT_GIB),
+        "kv_floor_max_overpredict_gib": round(max(floor_over), 3),
+        "kv_floor_overpredicted_over_0_5_gib_count": sum(1 for o in floor_over if o > OVER_LIMIT_GIB),
+        "kv_outside_predicted_range_count": outside,
         "activation_median_abs_err_gib": round(statistics.median(errs["activation_gib"]), 3),
         "activation_max_abs_err_gib": round(max(errs["activation_gib"]), 3),
         "non_torch_median_abs_err_gib": round(statistics.median(errs["non_torch_gib"]), 3),
         "kv_tokens_median_err_pct": round(statistics.median(errs["tokens_pct"]), 2) if errs["tokens_pct"] else None,
         "kv_tokens_max_err_pct": round(max(errs["tokens_pct"]), 2) if errs["tokens_pct"] else None,
     }
+    bands = measured_bands(residuals)
     print()
-    print("targets: weights median <= 2%, KV median <= 1.0 GiB, KV max <= 3 GiB, KV over-prediction <= 1 GiB")
+    print(f"{'class':<9} {'logs':>4} {'worst over GiB':>15} {'worst under GiB':>16}  measured band (0.01 GiB)  in memory.margin")
+    for cls, res in sorted(residuals.items()):
+        print(f"{cls:<9} {len(res):>4} {max(res):>15.3f} {-min(res):>16.3f}  {bands[cls]!s:<24}  "
+              f"{margin.KV_BAND_CENTI_GIB.get(cls)}")
+    summary["kv_band_matches_measured"] = all(margin.KV_BAND_CENTI_GIB.get(c) == b for c, b in bands.items())
+    print()
+    print("targets: weights median <= 2%, KV median <= 1.0 GiB, KV max <= 3 GiB, "
+          "KV over-predicted by > 0.5 GiB: 0 cases")
     print(json.dumps(summary))
     return 0
 

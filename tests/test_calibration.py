@@ -13,7 +13,9 @@ from vllmfit.core import memory
 from vllmfit.sources import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
-CAL = ROOT.parent / "shared" / "calibration" / "vllm_startup_logs.jsonl"
+CAL = next((p for p in (ROOT.parent / "shared" / "calibration" / "vllm_startup_logs.jsonl",
+                        ROOT.parent.parent / "shared" / "calibration" / "vllm_startup_logs.jsonl") if p.exists()),
+           ROOT.parent / "shared" / "calibration" / "vllm_startup_logs.jsonl")  # beside the checkout or its worktree
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 pytestmark = pytest.mark.skipif(not CAL.exists(), reason="shared/calibration is not beside this checkout")
@@ -77,3 +79,21 @@ def test_accuracy_targets():
     assert statistics.median(kv_err) <= 1.0
     assert max(kv_err) <= 3.0
     assert max(over) <= 1.0
+
+
+def test_kv_margins_are_the_measured_residuals_and_nothing_over_promises():
+    """memory.margin's bands equal what the calibration residuals give per architecture class
+    (worst residual + log rounding, rounded up to 0.01 GiB), and with them no log's KV is below
+    the promised floor, and none is over-predicted by more than 0.5 GiB even without them."""
+    import accuracy
+
+    from vllmfit.core.memory import margin
+
+    residuals: dict[str, list[float]] = {}
+    for r in rows():
+        p = accuracy.predict(r)
+        residuals.setdefault(p["class"], []).append(p["kv"] - r["kv_cache_gib"])
+        assert p["kv"] - r["kv_cache_gib"] <= 0.5, r["id"]
+        assert p["kv_low"] <= r["kv_cache_gib"] + 0.005, r["id"]  # the floor holds (log rounding)
+        assert r["kv_cache_gib"] <= p["kv_high"] + 0.005, r["id"]
+    assert accuracy.measured_bands(residuals) == {c: margin.KV_BAND_CENTI_GIB[c] for c in residuals}

@@ -329,3 +329,17 @@ def test_a_broken_inventory_annotation_is_one_line() -> None:
         ValueError, match="^node x: annotation vllmfit.dev/gpu-inventory is not a GPU inventory"
     ):
         placement.node_from_object(obj, catalog.gpu_for_label)
+
+
+def test_unknown_layer_type_warns_and_strict_refuses() -> None:
+    """Issue 13: a layer type the memory model does not know is never silent: a warning on the
+    decision (the operator's ModelUnderstood condition, the webhook's admission warning), and with
+    spec.strict a refusal that names it."""
+    from dataclasses import replace as dc_replace
+
+    odd = dc_replace(LLAMA_8B, warnings=("odd: layer type 'hyena_filter' is not modelled; the estimate may be wrong",))
+    ledger = _ledger(node("a", H100, 1))
+    d = placement.decide(ledger, request("d", odd, **SMALL))
+    assert d.admitted and any("hyena_filter" in w for w in d.warnings)
+    refused = placement.decide(ledger, request("s", odd, strict=True, **SMALL))
+    assert not refused.admitted and "hyena_filter" in refused.message and "strict" in refused.message

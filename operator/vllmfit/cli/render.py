@@ -308,6 +308,14 @@ def print_estimate(console: Console, est: Estimate, width: int = BAR_WIDTH) -> N
             f"({sizing.kv_bytes_per_token} bytes per token)",
             highlight=False,
         )
+    fp = sizing.footprint
+    if sizing.fits and est.settings.policy == "vllm" and fp.margin:
+        low, high = fp.kv_range
+        console.print(
+            f"KV cache vLLM will find: {gib(low)} to {gib(high)} GiB (margin {fp.margin / 2**30:.2f} GiB, "
+            "measured for this architecture class, booked in overhead)",
+            highlight=False,
+        )
     if est.vllm is not None and sizing.fits:
         console.print(vllm_table(est))
     if sizing.fits:

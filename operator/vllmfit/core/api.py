@@ -305,6 +305,13 @@ class GpuMemory(_Model):
     activation_bytes: int = Field(ge=0, le=limits.MAX_GPU_MEMORY_BYTES, description="Activation peak.")
     overhead_bytes: int = Field(ge=0, le=limits.MAX_GPU_MEMORY_BYTES, description="CUDA context, NCCL, non-torch memory and CUDA graphs.")
     total_bytes: int = Field(ge=0, le=limits.MAX_GPU_MEMORY_BYTES, description="Everything this process may use on the GPU.")
+    kv_cache_range_bytes: list[int] | None = Field(
+        default=None,
+        min_length=2,
+        max_length=2,
+        description="What vLLM is predicted to log as Available KV cache memory, [low, high]: the reservation "
+        "is the floor; the band is measured per architecture class on real start-up logs.",
+    )
 
 
 class GpuHeadroom(_Model):

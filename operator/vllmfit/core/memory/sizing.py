@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from vllmfit.core import defaults, limits
 from vllmfit.core.memory.budget import requested_bytes, utilization_for
 from vllmfit.core.memory.kv import KvLayout, adr_kv_bytes_per_token, kv_layout
+from vllmfit.core.memory.margin import kv_band
 from vllmfit.core.memory.overhead import activation_bytes, batch_defaults, graph_bytes, runtime_overheads
 from vllmfit.core.memory.types import Flags, Footprint, Settings, Sizing, SpecError, VllmStartup, fmt_gib
 from vllmfit.core.memory.validation import validate
@@ -53,6 +54,8 @@ def resolve(model: ModelArch, s: Settings, gpu: GpuType) -> Resolved:
         cuda_context=ctx,
         non_torch=non_torch,
         cuda_graphs=graph_bytes(model, s),
+        margin=kv_band(model)[0],
+        kv_band_under=kv_band(model)[1],
     )
     return Resolved(s, version, layout, fixed, batched, tuple(warnings))
 
@@ -215,4 +218,6 @@ def vllm_startup(model: ModelArch, s: Settings, gpu: GpuType, u: float, length: 
     kv = R - fp.weights - fp.activation - fp.non_torch - graphs_inside
     blocks = r.layout.num_blocks(kv)
     tokens, conc = r.layout.tokens(kv, length, r.batched_tokens, s.pp) if r.layout.block_bytes else (0, 0.0)
-    return VllmStartup(R, fp.weights, fp.activation, fp.non_torch, fp.cuda_graphs, kv, tokens, blocks, conc)
+    over, under = kv_band(model)
+    return VllmStartup(R, fp.weights, fp.activation, fp.non_torch, fp.cuda_graphs, kv, tokens, blocks, conc,
+                       max(kv - over, 0), kv + under)

@@ -53,11 +53,19 @@ class Footprint:
     non_torch: int  # non-torch growth during profiling
     cuda_graphs: int
     slack: int = 0  # rounding of --gpu-memory-utilization up to UTILIZATION_DECIMALS
+    margin: int = 0  # the measured over-prediction band of the KV estimate (memory.margin), inside R
+    kv_band_under: int = field(default=0, compare=False)  # how much more KV vLLM may find (range only)
 
     @property
     def overhead(self) -> int:
-        """Runtime overhead: CUDA context, NCCL, non-torch memory, CUDA graphs, rounding."""
-        return self.cuda_context + self.non_torch + self.cuda_graphs + self.slack
+        """Runtime overhead: CUDA context, NCCL, non-torch memory, CUDA graphs, rounding, margin."""
+        return self.cuda_context + self.non_torch + self.cuda_graphs + self.slack + self.margin
+
+    @property
+    def kv_range(self) -> tuple[int, int]:
+        """What vLLM is predicted to log as "Available KV cache memory": the reservation is the
+        floor (the margin covers the largest measured over-prediction)."""
+        return self.kv_cache, self.kv_cache + self.margin + self.kv_band_under
 
     @property
     def total(self) -> int:
@@ -112,6 +120,8 @@ class VllmStartup:
     kv_cache_tokens: int
     num_gpu_blocks: int
     max_concurrency: float
+    kv_cache_low_bytes: int = 0  # the measured band around kv_cache_bytes (memory.margin)
+    kv_cache_high_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ def bookings_from_status(key: str, status: VLLMDeploymentStatus) -> list[Booking
             0,
             0,
             slack=max(m.total_bytes - parts, 0),
+            kv_band_under=(m.kv_cache_range_bytes[1] - m.kv_cache_range_bytes[0]) if m.kv_cache_range_bytes else 0,
         )
         out.append(Booking(key, m.replica, m.node, m.index, fp))
     return out
