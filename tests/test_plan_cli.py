@@ -48,7 +48,7 @@ def test_the_impossible_one_is_unschedulable_with_reasons(plan_json: dict) -> No
     # grouped like the kube-scheduler: the one A100 node it may use is short of memory, the 3 others are
     # excluded by its nodeSelector
     assert d["reasons"] == [
-        "1 GPU memory (needs at least 119.0 GiB on each of 4 GPUs, largest free 7.1 GiB on gpu-a100-b GPU 0,1,2,3)",
+        "1 GPU memory (needs at least 119.2 GiB on each of 4 GPUs, largest free 6.9 GiB on gpu-a100-b GPU 0,1,2,3)",
         "3 node(s) didn't match placement.nodeSelector",
     ]
     assert d["gpus"] == [] and d["message"] == "0/4 nodes are available: " + ", ".join(d["reasons"]) + "."
