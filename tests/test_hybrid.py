@@ -162,3 +162,21 @@ def test_versions_before_v1_engine_are_refused_and_spec_version_overrides_the_ta
     s = settings_from_spec(spec)
     assert (memory.parse_version(s.vllm_version)[0].label, s.strict) == ("0.21", True)
     assert memory.parse_version(spec.image)[1]  # the digest alone names no version: warned
+
+
+def test_estimate_json_and_table_describe_the_recurrent_state():
+    from vllmfit.cli.estimate import estimate_json
+    from vllmfit.cli.render import hybrid_text
+
+    a = arch("nvidia__Nemotron-H-56B-Base-8K")
+    gpu = catalog.gpu("NVIDIA-H100-80GB-HBM3")
+    est = memory.estimate(a, memory.Settings(tp=2, max_model_len=4096, max_num_seqs=2), gpu)
+    st = estimate_json(est)["recurrent_state"]
+    # TP 2: conv (3, (16384 + 2*8*256)/2) bf16 + temporal (256/2, 64, 256) fp32
+    page = 3 * (20480 // 2) * 2 + 128 * 64 * 256 * 4
+    assert st["state_page_bytes"] == page and st["block_size"] == 16 * cdiv(page, 16 * 2 * 4 * 128 * 2)
+    assert (st["attention_groups"], st["state_groups"], st["state_blocks_per_request"]) == (1, 6, 3)
+    assert st["state_bytes_per_request"] == 6 * 3 * 10 * st["block_size"] * 2 * 4 * 128 * 2
+    assert "mamba2, 54 of 118 layers" in hybrid_text(est)
+    low, high = estimate_json(est)["kv_cache_range_bytes"]
+    assert low == est.sizing.footprint.kv_cache < high

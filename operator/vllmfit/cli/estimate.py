@@ -209,6 +209,7 @@ def estimate_json(est: memory.Estimate) -> dict[str, Any]:
         },
         "kv_cache_range_bytes": list(fp.kv_range) if est.settings.policy == "vllm" else None,
         "kv_bytes_per_token": z.kv_bytes_per_token,
+        "recurrent_state": _state_json(est),
         "kv_cache_tokens": z.kv_cache_tokens,
         "max_concurrency": round(z.max_concurrency, 2),
         "flags": None if f is None else f.to_json(),
@@ -217,6 +218,24 @@ def estimate_json(est: memory.Estimate) -> dict[str, Any]:
         "suggestions": list(est.suggestions),
         "warnings": list(est.warnings),
         "vllm": None if est.vllm is None else asdict(est.vllm),
+    }
+
+
+def _state_json(est: memory.Estimate) -> dict[str, Any] | None:
+    """A hybrid model's recurrent state as vLLM lays it out (None for attention-only models)."""
+    m = est.model
+    if not m.is_hybrid_state or m.state is None or est.settings.policy != "vllm":
+        return None
+    lay = memory.kv_layout(m, est.settings, est.version)
+    return {
+        "kind": m.state.kind,
+        "layers": m.num_state_layers,
+        "state_page_bytes": lay.state_page_bytes,
+        "block_size": lay.block_size,
+        "attention_groups": lay.full_groups + lay.sliding_groups,
+        "state_groups": lay.state_groups,
+        "state_blocks_per_request": lay.state_blocks,
+        "state_bytes_per_request": lay.state_bytes_per_request,
     }
 
 

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from vllmfit.core import memory
 from vllmfit.core.defaults import GIB
 from vllmfit.core.memory import Estimate
 from vllmfit.core.placement import Decision, GpuSlot, Plan, where
@@ -308,6 +309,9 @@ def print_estimate(console: Console, est: Estimate, width: int = BAR_WIDTH) -> N
             f"({sizing.kv_bytes_per_token} bytes per token)",
             highlight=False,
         )
+    hybrid = hybrid_text(est)
+    if hybrid and sizing.fits:
+        console.print(hybrid, highlight=False)
     fp = sizing.footprint
     if sizing.fits and est.settings.policy == "vllm" and fp.margin:
         low, high = fp.kv_range
@@ -354,6 +358,19 @@ def as_flags(fix: str) -> str:
         key, sep, value = part.partition(": ")
         parts.append(f"{SPEC_FLAGS[key]} {value}" if sep and key in SPEC_FLAGS else part)
     return " ".join(parts)
+
+
+def hybrid_text(est: Estimate) -> str:
+    """One line on a hybrid model's recurrent state, as vLLM lays it out."""
+    m = est.model
+    if not m.is_hybrid_state or est.settings.policy != "vllm":
+        return ""
+    lay = memory.kv_layout(m, est.settings, est.version)
+    assert m.state is not None
+    return (f"recurrent state ({m.state.kind}, {m.num_state_layers} of {m.num_layers} layers): "
+            f"{lay.state_bytes_per_request / 2**20:.1f} MiB per request in {lay.state_groups} state groups "
+            f"x {lay.state_blocks} blocks; attention block size {lay.block_size} tokens "
+            f"(grown to hold a {lay.state_page_bytes} B state page)")
 
 
 def estimate_table(est: Estimate) -> Table:

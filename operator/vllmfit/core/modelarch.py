@@ -485,9 +485,11 @@ def params_from_index(index: dict[str, Any], config: dict[str, Any]) -> int | No
     if isinstance(meta.get("total_parameters"), int) and meta["total_parameters"] > 0:
         return int(meta["total_parameters"])
     total = meta.get("total_size")
-    if not isinstance(total, int) or total <= 0 or config.get("quantization_config"):
+    cfg = text_config(config)[0]  # a nested text_config may carry the dtype or the quantization
+    if not isinstance(total, int) or total <= 0 or config.get("quantization_config") or cfg.get("quantization_config"):
         return None
-    dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or cfg.get("torch_dtype") or cfg.get("dtype")
+                or "bfloat16")
     return total // DTYPE_BYTES.get(dtype, 2)
 
 

@@ -168,8 +168,10 @@ def state_page_bytes(model: ModelArch, s: Settings, version: VllmVersion) -> int
 
 def prefix_caching_mode(version: VllmVersion) -> str:
     """vLLM's mamba cache mode with default flags: "none" up to 0.21 (hybrid prefix caching off,
-    config/model.py is_prefix_caching_supported), "align" in 0.33 (on by default)."""
-    return "align" if version.at_least(33) else "none"
+    config/model.py is_prefix_caching_supported), "align" in 0.33 (on by default). Versions between
+    the two are not modelled; they get "align", which holds more blocks per request (never
+    over-promises)."""
+    return "align" if version.at_least(22) else "none"
 
 
 def _group_size(n_a: int, n_b: int, version: VllmVersion) -> int:
