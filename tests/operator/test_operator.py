@@ -457,3 +457,21 @@ async def test_a_status_written_by_the_previous_active_replica_is_booked_not_dou
     used = used_from_statuses([cluster.status("old"), cluster.status("new")])
     assert used == {("gpu-a", 0): total(cluster.status("old"))} and get_store().ledger.used_bytes("gpu-a", 0) == \
         total(cluster.status("old"))
+
+
+async def test_unknown_layer_type_is_a_condition_and_strict_refuses(cluster: Cluster, operator: Operator) -> None:
+    """Issue 13: a layer type the memory model does not know is never silent: ModelUnderstood=False
+    names it on an admitted deployment; with spec.strict the deployment is rejected."""
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 16,
+              "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 8192,
+              "vocab_size": 128256, "max_position_embeddings": 8192, "torch_dtype": "bfloat16",
+              "layer_types": ["full_attention"] * 15 + ["hyena_filter"]}
+    await cluster.create(node("gpu-a", gpus=1))
+    await cluster.create(vd("odd", "acme/odd", modelConfig=config, modelParams=1_235_814_400))
+    await cluster.create(vd("strict", "acme/odd", modelConfig=config, modelParams=1_235_814_400, strict=True))
+    st = await cluster.phase("odd", "Admitted")
+    c = condition(st, "ModelUnderstood")
+    assert (c["status"], c["reason"]) == ("False", "UnknownLayerType") and "'hyena_filter'" in c["message"]
+    assert any("hyena_filter" in w for w in st["warnings"])
+    refused = await cluster.phase("strict", "Rejected")
+    assert "hyena_filter" in condition(refused, "Admitted")["message"]
