@@ -193,7 +193,7 @@ def main() -> None:
         ),
         (
             "a deployment that fits nowhere p50",
-            f"{result['denied_p50_ms']} ms (reasons per node, checked fixes)",
+            f"{result['denied_p50_ms']} ms (grouped reasons, checked fixes)",
         ),
         ("peak RSS", f"{result['peak_rss_mb']:.0f} MB"),
         ("GPUs used", f"{pack['gpus_used']}"),

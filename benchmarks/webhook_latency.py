@@ -7,7 +7,9 @@ by placement.decide + book. The client is a separate process (as kube-apiserver 
 
 - sequential: 2,000 validating reviews over one keep-alive TLS connection;
 - concurrent: 2,000 reviews from 16 clients, each with its own keep-alive connection;
-- denials: 50 sequential reviews of a spec that fits nowhere (the placement core scans every GPU).
+- denials: 50 sequential reviews of a spec that fits nowhere: the placement core groups the reasons
+  over every node (from its headroom indices) and checks each suggested fix (targets: p50 under
+  10 ms, max under 30 ms).
 
 Reviews are CREATEs of new deployments (mostly fitting, like most applies). Everything is pinned to
 two CPU cores, like CI. Three rounds; the figures are the medians. Prints a table, then as its last
@@ -149,7 +151,7 @@ def main() -> None:
           f"(ledger built in {build_s:.1f} s); CPU cores {cores}; median of {a.rounds} rounds")
     print(f"{'case':<40} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'reviews/s':>10} {'denied':>7}")
     for case, label in (("seq", "sequential, 1 keep-alive connection"), ("conc", f"{CLIENTS} concurrent clients"),
-                        ("deny", "sequential, fits nowhere (full scan)")):
+                        ("deny", "fits nowhere: grouped reasons + fixes")):
         print(f"{label + f' ({rounds[0][case][chr(110)]})':<40} {med(case, 'p50'):>8.2f} {med(case, 'p99'):>8.2f} "
               f"{med(case, 'max'):>8.2f} {med(case, 'rate'):>10.0f} {med(case, 'denied'):>7.0f}")
     result = {

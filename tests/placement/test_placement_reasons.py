@@ -4,10 +4,14 @@ clusters; the numbers in it are checked against the memory model and ADR-0002 bu
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from placement_fakes import H100, L4, LLAMA_8B, node, request
 
 from vllmfit.core import memory, placement
 from vllmfit.core.defaults import GIB
+from vllmfit.core.placement import reasons
+from vllmfit.core.placement.inputs import settings_from_spec
 
 FIXED = {"maxModelLen": 16384, "maxNumSeqs": 8, "maxNumBatchedTokens": 8192}  # nothing to lower: "needs"
 
@@ -74,3 +78,61 @@ def test_a_pinned_node_keeps_its_own_line() -> None:
     ledger = placement.Ledger([node("a", L4, 1)])
     d = placement.decide(ledger, request("d", placement={"nodeName": "a", "allowReschedule": False}, **FIXED))
     assert d.message.startswith("pinned placement does not fit: a: GPU 0 needs 33.9 GiB, 17.8 GiB free")
+
+
+# --- the indexed path gives exactly the node-by-node causes -----------------------------------------
+
+
+def _mig_type():
+    from vllmfit.core.api import GpuInventory, InventoryGpu, InventoryMigDevice
+    from vllmfit.sources import catalog
+
+    inv = GpuInventory(sampled_at="2025-01-01T00:00:00Z", gpus=[InventoryGpu(
+        index=0, uuid="GPU-0", product="NVIDIA-A100-SXM4-80GB", total_bytes=85899345920, mig_enabled=True,
+        mig_devices=[InventoryMigDevice(index=0, uuid="MIG-a", profile="3g.40gb", total_bytes=42144366592)])])
+    obj = {"metadata": {"name": "m", "labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+                                                 "nvidia.com/gpu.count": "1"},
+                        "annotations": {"vllmfit.dev/gpu-inventory": inv.model_dump_json(by_alias=True)}}}
+    return placement.node_from_object(obj, catalog.gpu_for_label).gpus[0].gpu
+
+
+MIG = _mig_type()
+KINDS = [H100, L4, MIG]
+SPECS = [
+    {"maxModelLen": 16384, "maxNumSeqs": 8},
+    {"maxModelLen": 131072, "maxNumSeqs": 8},
+    {"tensorParallelSize": 2, "maxModelLen": 65536, "maxNumSeqs": 16},
+    {"tensorParallelSize": 4, "maxModelLen": 131072, "maxNumSeqs": 32, "maxNumBatchedTokens": 8192},
+    {"maxModelLen": 32768, "placement": {"nodeSelector": {"pool": "a"}}},
+    {"tensorParallelSize": 2, "placement": {"nodeSelector": {"pool": "b"}}},
+]
+
+
+@st.composite
+def clusters(draw):
+    out = []
+    for k in range(draw(st.integers(1, 20))):
+        kinds = draw(st.lists(st.sampled_from(KINDS), min_size=0, max_size=5))
+        slots = []
+        for i, t in enumerate(kinds):
+            mig = t is MIG
+            slots.append(placement.GpuSlot(f"n{k:02d}", 2000 + i if mig else i, t, mig=mig,
+                                           foreign_bytes=draw(st.sampled_from([0, 4 * GIB, 40 * GIB, 70 * GIB]))))
+        out.append(placement.NodeInfo(f"n{k:02d}", {"pool": draw(st.sampled_from("ab"))}, tuple(slots)))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(clusters(), st.integers(0, 5), st.sampled_from(SPECS))
+def test_indexed_causes_equal_node_by_node_causes(nodes, filled, spec) -> None:
+    ledger = placement.Ledger(nodes)
+    for i in range(filled):  # some deployments booked, to make headroom differ
+        d = placement.decide(ledger, request(f"f{i}", maxModelLen=8192, maxNumSeqs=4 + 8 * i))
+        if d.admitted:
+            ledger.book(d)
+    req = request("x", **spec)
+    s = settings_from_spec(req.spec)
+    matching = ledger.matching(req.spec.placement.node_selector)
+    fast = reasons._why_not(ledger, req, s, matching, indexed=True)
+    slow = reasons._why_not(ledger, req, s, matching, indexed=False)
+    assert fast == slow

@@ -163,7 +163,7 @@ def _where(d: placement.Decision) -> str:
 def _elsewhere(ledger: placement.Ledger, req: placement.Request) -> str:
     """Where the request would fit if it were not pinned ('' if nowhere)."""
     free = req.spec.placement.model_copy(update={"node_name": None, "gpu_indices": None})
-    d = placement.decide(ledger, replace(req, spec=req.spec.model_copy(update={"placement": free})))
+    d = placement.decide(ledger, replace(req, spec=req.spec.model_copy(update={"placement": free})), suggest=False)
     return _where(d) if d.admitted else ""
 
 

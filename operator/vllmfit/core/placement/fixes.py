@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Any
 
 from vllmfit.core import memory
 from vllmfit.core.memory import Settings, SpecError
-from vllmfit.core.modelarch import GpuType
+from vllmfit.core.modelarch import GpuType, ModelArch
 from vllmfit.core.placement import affinity
 from vllmfit.core.placement.inputs import Request, settings_from_spec
 from vllmfit.core.placement.ledger import Decision, Ledger, NodeSet
@@ -33,7 +34,7 @@ def _suggest(ledger: Ledger, req: Request, policy: memory.Policy) -> list[str]:
     def fits(**changes: Any) -> Decision | None:
         new_pin = changes.pop("placement", pin)
         r = replace(req, spec=spec.model_copy(update={**changes, "placement": new_pin}))
-        d = _decide(ledger, r, policy)
+        d = _decide(ledger, r, policy, explain=False)
         return d if d.admitted else None
 
     # 1. somewhere else: drop the pin or the selector
@@ -49,20 +50,22 @@ def _suggest(ledger: Ledger, req: Request, policy: memory.Policy) -> list[str]:
         if d and d.replicas:
             out.append(f"placement.nodeSelector: remove (fits on {d.replicas[0].node})")
     # 2. fewer replicas
-    if spec.replicas > 1:
-        for k in range(spec.replicas - 1, 0, -1):
-            if fits(replicas=k):
-                out.append(f"replicas: {k}")
-                break
+    if spec.replicas > 1:  # the most replicas that fit: fewer always fit if more do, so bisect
+        lo, hi = 0, spec.replicas - 1  # lo fits (0: nothing to place), hi + 1 does not
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fits(replicas=mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo:
+            out.append(f"replicas: {lo}")
     # 3. memory changes, sized on the roomiest group the deployment may use
     s = settings_from_spec(spec, policy)
     room = _roomiest(ledger, req, s)
     if room is not None:
         gpu, avail = room
-        try:
-            changes = memory.fixes(req.model, s, gpu, (), available=avail)
-        except SpecError:
-            changes = []
+        changes = _memory_fixes(req.model, s, gpu, avail)
         for text in changes:  # "key: value" or "key: value, key: value"
             pairs = [part.partition(": ") for part in text.split(", ")]
             if any(key not in _FIX_FIELDS for key, _, _ in pairs):
@@ -71,6 +74,16 @@ def _suggest(ledger: Ledger, req: Request, policy: memory.Policy) -> list[str]:
             if fits(**update):
                 out.append(text)
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _memory_fixes(model: ModelArch, s: Settings, gpu: GpuType, available: int) -> tuple[str, ...]:
+    """memory.fixes, cached: it sizes the model a dozen times, and the answer depends only on these
+    (a refused spec asked again, by kubectl retries or the operator's waiting list, costs nothing)."""
+    try:
+        return tuple(memory.fixes(model, s, gpu, (), available=available))
+    except SpecError:
+        return ()
 
 
 def _roomiest(ledger: Ledger, req: Request, s: Settings) -> tuple[GpuType, int] | None:

@@ -106,25 +106,34 @@ def _spec_errors(req: Request, s: Settings) -> list[str]:
 
 
 def _decide(
-    ledger: Ledger, req: Request, policy: memory.Policy, keep: Sequence[ReplicaAllocation] = ()
+    ledger: Ledger,
+    req: Request,
+    policy: memory.Policy,
+    keep: Sequence[ReplicaAllocation] = (),
+    explain: bool = True,
 ) -> Decision:
     """decide without suggestions; replicas in `keep` stay where they are (their sizing's flags,
     when known, fix the context and concurrency of the others).
 
     Every replica runs the same context and concurrency. When unset values were lowered for
     replica 0 and a later replica does not fit with them, they are lowered to what the roomiest
-    group left takes, and all replicas are placed again (at most `replicas` rounds)."""
+    group left takes, and all replicas are placed again (at most `replicas` rounds).
+
+    explain=False: an Unschedulable decision carries no reasons (checking a fix needs only
+    whether it fits; the reasons cost a pass over every node)."""
     s = settings_from_spec(req.spec, policy)
     errors = _spec_errors(req, s)
     if errors:
         return Decision(req.key, "Rejected", reasons=tuple(errors), message=f"{req.key}: {errors[0]}")
     spec, pin = req.spec, req.spec.placement
     matching = ledger.matching(pin.node_selector, affinity.required_terms(spec))
-    attempt = _place_replicas(ledger, req, s, keep, matching)
+    attempt = _place_replicas(ledger, req, s, keep, matching, explain=explain)
     for _ in range(spec.replicas):
         if attempt.smaller is None:
             break
-        attempt = _place_replicas(ledger, req, s, keep, matching, attempt.smaller, attempt.smaller_warnings)
+        attempt = _place_replicas(
+            ledger, req, s, keep, matching, attempt.smaller, attempt.smaller_warnings, explain=explain
+        )
     replicas = tuple(attempt.placed[r] for r in sorted(attempt.placed))
     if len(replicas) < spec.replicas:
         failure = attempt.failure
@@ -180,6 +189,7 @@ def _place_replicas(
     every: NodeSet | None,
     fixed: Settings | None = None,
     warnings: Sequence[str] = (),
+    explain: bool = True,
 ) -> _Attempt:
     """One round: every replica not kept, in order, with `fixed` settings (else those of the
     first replica placed)."""
@@ -209,11 +219,10 @@ def _place_replicas(
             else:
                 cand = _search(ledger, req, rs, every, spread)
             if cand is None:
-                out.failure = (
-                    [why]
-                    if (pin.node_name and not pin.allow_reschedule)
-                    else _why_not(ledger, req, rs, every)
-                )
+                if pin.node_name and not pin.allow_reschedule:
+                    out.failure = [why]
+                elif explain:
+                    out.failure = _why_not(ledger, req, rs, every)
                 if rs != s and _shrinkable(s) and len(out.placed) > len(keep):  # lower, try again
                     smaller = _search(ledger, req, s, every, spread)
                     if smaller is not None and smaller.sizing.flags is not None:

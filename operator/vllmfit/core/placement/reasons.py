@@ -12,13 +12,13 @@ the groups read "<count> <reason>", sorted as strings, joined with ", ". The per
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vllmfit.core.memory import Settings, fmt_gib
 from vllmfit.core.placement import affinity
 from vllmfit.core.placement.inputs import Request, gpu_label, where
 from vllmfit.core.placement.ledger import Ledger, NodeSet
-from vllmfit.core.placement.search import _UNLIMITED, _full_sizing, _min_need, _shrinkable
+from vllmfit.core.placement.search import _UNLIMITED, _full_sizing, _is_mig_type, _min_need, _shrinkable
 
 NO_NODE = "0/{} nodes are available"
 """kube-scheduler's NoNodeAvailableMsg."""
@@ -39,35 +39,57 @@ class _Why:
     missing: int = _UNLIMITED  # bytes short of fitting (sort key)
 
 
+_INDEXED_FROM = 16
+"""From this many nodes on, causes are read from the ledger's headroom indices (one pass over each
+GPU type's sorted list) instead of node by node; both give the same causes (tested)."""
+
+
 def _why_not(
-    ledger: Ledger, req: Request, s: Settings, matching: NodeSet | None, only: Sequence[str] | None = None
+    ledger: Ledger,
+    req: Request,
+    s: Settings,
+    matching: NodeSet | None,
+    only: Sequence[str] | None = None,
+    indexed: bool | None = None,
 ) -> list[str]:
     """Why no node (or no node of `only`) takes one more replica: the causes grouped as the
     kube-scheduler groups them, each "<count> <reason>", sorted as strings."""
     allowed = ledger.nodes.keys() if matching is None else matching.members
     names = only if only is not None else ledger.nodes
-    whys = [_node_cause(ledger, req, s, name) for name in names if name in allowed]
-    excluded = sum(1 for name in names if name not in allowed)
-    return _grouped(whys, excluded, req, s)
+    if indexed is None:
+        indexed = only is None and len(ledger.nodes) >= _INDEXED_FROM
+    if indexed:
+        whys = _indexed_causes(ledger, req, s, matching)
+    else:
+        whys = [_node_cause(ledger, req, s, name) for name in names if name in allowed]
+    excluded = sum(1 for name in names if name not in allowed) if matching is not None else 0
+    return _grouped(whys, excluded, req, s, ledger)
 
 
-def _grouped(whys: list[_Why], excluded: int, req: Request, s: Settings) -> list[str]:
+def _grouped(whys: list[_Why], excluded: int, req: Request, s: Settings, ledger: Ledger) -> list[str]:
     groups: dict[tuple[object, ...], list[_Why]] = {}
+    shown: dict[int, str] = {}  # need -> as printed: GPU types whose need prints the same share a group
     for w in whys:
-        key: tuple[object, ...] = (
-            ("memory", fmt_gib(w.need)) if w.kind == "memory" else ("small", w.product, w.text) if w.kind == "small" else (w.kind,)
-        )
+        if w.kind == "memory":
+            key: tuple[object, ...] = ("memory", shown.get(w.need) or shown.setdefault(w.need, fmt_gib(w.need)))
+        else:
+            key = ("small", w.product, w.text) if w.kind == "small" else (w.kind,)
         groups.setdefault(key, []).append(w)
-    needs = {fmt_gib(w.need) for w in whys if w.kind == "memory"}  # as shown: GPU types of one need share a group
+    needs = set(shown.values())
     out = []
     for key, members in groups.items():
-        out.append(f"{len(members)} {_group_text(str(key[0]), members, s, len(needs) > 1)}")
+        best = members[0]
+        if key[0] == "memory":  # the best candidate, with its GPUs
+            best = min(members, key=lambda w: (-w.free, w.node))
+            if not best.gpus:
+                best = replace(best, gpus=_best_group(ledger, best.node, best.product, s.gpus))
+        out.append(f"{len(members)} {_group_text(str(key[0]), members, best, s, len(needs) > 1)}")
     if excluded:
         out.append(f"{excluded} node(s) didn't match {_selector_words(req)}")
     return sorted(out)
 
 
-def _group_text(kind: str, members: list[_Why], s: Settings, name_product: bool) -> str:
+def _group_text(kind: str, members: list[_Why], best: _Why, s: Settings, name_product: bool) -> str:
     n = s.gpus
     if kind == "nogpu":
         return "node(s) had no GPUs"
@@ -77,7 +99,6 @@ def _group_text(kind: str, members: list[_Why], s: Settings, name_product: bool)
     first = members[0]
     if kind == "small":
         return f"node(s) with {first.product}: {first.text}"
-    best = min(members, key=lambda w: (-w.free, w.node, w.gpus))
     least = "at least " if _shrinkable(s) else ""
     each = f" on each of {n} GPUs" if n > 1 else ""
     on = "/".join(sorted({w.product for w in members})) + ": " if name_product else ""
@@ -131,6 +152,64 @@ def _node_cause(ledger: Ledger, req: Request, s: Settings, name: str) -> _Why:
     result = best or few or small
     assert result is not None
     return result
+
+
+def _best_group(ledger: Ledger, node: str, product: str, n: int) -> tuple[int, ...]:
+    """The n GPUs of `product` on `node` with the most headroom (ties: lower index), sorted."""
+    heads = sorted(
+        ((ledger._head[(node, sl.index)], sl.index) for sl in ledger.nodes[node].gpus
+         if sl.gpu.product == product and (n == 1 or not sl.mig)),
+        key=lambda e: (-e[0], e[1]),
+    )
+    return tuple(sorted(i for _, i in heads[:n]))
+
+
+def _indexed_causes(ledger: Ledger, req: Request, s: Settings, matching: NodeSet | None) -> list[_Why]:
+    """`_node_cause` for every node `matching` allows (None: all), from the ledger's indices: per
+    GPU type, one pass over its sorted headroom list (one GPU) or its group index (n GPUs). The
+    same rules: memory (least missing, the first type by product on ties) before too few GPUs
+    (the most of one type) before a type the model never runs on (the first by product)."""
+    n = s.gpus
+    allowed = None if matching is None else matching.members
+    memory: dict[str, _Why] = {}
+    few: dict[str, _Why] = {}
+    small: dict[str, _Why] = {}
+    for t in ledger.gpu_types():  # by product, as _node_cause iterates them
+        if n > 1 and _is_mig_type(ledger, t):
+            continue
+        full = _full_sizing(req.model, s, t)
+        need = _min_need(req.model, s, t)
+        if isinstance(full, str) or need is None or not full.fits:
+            text = full if isinstance(full, str) else "; ".join(full.reasons)
+            for _, nd, _ in ledger.free_index(t):
+                if nd not in small and (allowed is None or nd in allowed):
+                    small[nd] = _Why("small", t.product, node=nd, text=text)
+            continue
+        if n == 1:
+            top: dict[str, int] = {}
+            idx: dict[str, int] = {}
+            for h, nd, i in ledger.free_index(t):  # ascending: the last of a node is its largest
+                if nd not in top or h > top[nd]:
+                    top[nd], idx[nd] = h, i
+            tops = ((nd, h, (idx[nd],)) for nd, h in top.items())
+        else:
+            tops = ((nd, h, ()) for h, nd in ledger.group_index(t, n))
+            for nd, types in ledger._by_type.items():
+                have = len(types.get(t, ()))
+                if 0 < have < n and (allowed is None or nd in allowed) and (nd not in few or have > few[nd].free):
+                    few[nd] = _Why("few", t.product, free=have, node=nd)
+        for nd, h, gpus in tops:
+            if allowed is not None and nd not in allowed:
+                continue
+            w = _Why("memory", t.product, need, h, nd, gpus, missing=need - h)
+            old = memory.get(nd)
+            if old is None or w.missing < old.missing:
+                memory[nd] = w
+    out = []
+    for nd in ledger.nodes if allowed is None else matching.names:  # type: ignore[union-attr]
+        w = memory.get(nd) or few.get(nd) or small.get(nd)
+        out.append(w if w is not None else _Why("nogpu", node=nd))
+    return out
 
 
 def _node_why_not(ledger: Ledger, req: Request, s: Settings, name: str) -> str:
