@@ -40,6 +40,8 @@ EXPECTED_OPERATOR_ARGS = [
     "--reservation-priority-class=vllmfit-reservation",
     "--reservation-runtime-class=nvidia",
     "--reservation-service-account=vllmfit-reservation",
+    "--dra-driver=gpu.nvidia.com",
+    "--dra-device-class=gpu.nvidia.com",
     "--peering=vllmfit",
 ]
 

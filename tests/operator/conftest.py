@@ -19,6 +19,12 @@ async def km() -> Any:
         km.resources[VD] = kmock.ResourceInfo(
             kind=api.KIND, namespaced=True, singular=api.SINGULAR, shortnames=set(api.SHORT_NAMES),
             subresources={"status"}, verbs={"get", "list", "watch", "create", "patch", "update", "delete"})
+        for plural, kind, namespaced in (("resourceslices", "ResourceSlice", False),  # DRA (resource.k8s.io/v1)
+                                         ("resourceclaims", "ResourceClaim", True),
+                                         ("resourceclaimtemplates", "ResourceClaimTemplate", True)):
+            km.resources[f"resource.k8s.io/v1/{plural}"] = kmock.ResourceInfo(
+                kind=kind, namespaced=namespaced, subresources={"status"} if plural == "resourceclaims" else set(),
+                verbs={"get", "list", "watch", "create", "patch", "update", "delete"})
         yield km
 
 

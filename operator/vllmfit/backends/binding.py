@@ -15,13 +15,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllmfit.backends import reservation
+from vllmfit.backends import dra, reservation
 from vllmfit.core import api
 
 GPU_RESOURCE = "nvidia.com/gpu"
 RUNTIME_CLASS = "nvidia"
 PIN_DEVICE_PLUGIN = "device-plugin"
 PIN_VISIBLE_DEVICES = "visible-devices"
+PIN_DRA = "dra"
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Binding:
     env: tuple[dict[str, Any], ...] = ()
     pod: dict[str, Any] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)  # on the pod template
+    claims: tuple[dict[str, Any], ...] = ()  # the container's resources.claims
 
 
 def visible_devices(gpus: Sequence[api.GpuRef]) -> str:
@@ -42,10 +44,15 @@ def visible_devices(gpus: Sequence[api.GpuRef]) -> str:
 
 
 def bind(replica: api.ReplicaPlacement, n_gpus: int, *, exclusive: bool, pins: Sequence[str] | None = None,
-         gated: bool = False) -> Binding:
+         gated: bool = False, claim_template: str | None = None) -> Binding:
     """`pins`: the UUIDs to pin to (None: from the placement). `gated`: the pod waits behind the
     reservation gate until the operator sees every pinned GPU held; with no pins known yet it
-    names no GPU (`void`) and is replaced once they are."""
+    names no GPU (`void`) and is replaced once they are. `claim_template`: a DRA node; the
+    container gets its GPUs through a claim made from that ResourceClaimTemplate (the DRA driver
+    exposes them; no limit, no runtime class, no env)."""
+    if claim_template:
+        pod_fields, container = dra.pod_binding(claim_template)
+        return Binding(PIN_DRA, pod=pod_fields, claims=tuple(container["claims"]))
     if exclusive:
         return Binding(PIN_DEVICE_PLUGIN, limits={GPU_RESOURCE: n_gpus})
     if pins is None and not gated:

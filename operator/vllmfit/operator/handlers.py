@@ -24,11 +24,11 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiException
 
-from vllmfit.backends import binding
+from vllmfit.backends import binding, dra
 from vllmfit.backends import reservation as rsv
 from vllmfit.core import api, defaults, memory, observe, placement
 from vllmfit.core.placement import Decision, Request
-from vllmfit.operator import builders, metrics, pods, report, reservations, webhook
+from vllmfit.operator import builders, claims, metrics, pods, report, reservations, webhook
 from vllmfit.operator.record import ModelResolutionError, Record, key_of
 from vllmfit.operator.state import Store, get_store
 from vllmfit.sources import catalog
@@ -279,7 +279,9 @@ def children_state(rec: Record) -> tuple[Any, ...]:
     """What the children of `rec` are built from (to skip rewriting them unchanged)."""
     req = rec.admitted_request
     store = get_store()
-    pinning = tuple((tuple(reservations.pins(store, rec.key, p) or ()), reservations.gated(store, rec.key, p))
+    pinning = tuple((tuple(reservations.pins(store, rec.key, p) or ()), reservations.gated(store, rec.key, p),
+                     ((claims.desired(store, rec.key, p) or {}).get("metadata") or {}).get("name"),
+                     store.backend_of(p.node))
                     for p in rec.placement)
     return (rec.admitted, tuple(builders.placement_text(p) for p in rec.placement), rec.flags,
             req.spec if req else None, req.model.name if req else None, pinning)
@@ -303,22 +305,35 @@ async def sync_children(store: Store, key: str) -> None:
             obj = api.VLLMDeployment(metadata=api.ObjectMeta.model_validate(rec.body["metadata"]), spec=req.spec)
             flags = rec.flags
             for p in rec.placement:
-                ex = builders.exclusive(store.ledger, key, p.node, [g.index for g in p.gpus])
+                want.add(p.replica)
+                tmpl: str | None = None
+                if store.backend_of(p.node) == "dra":
+                    tmpl = await claim_template(store, rec, p)
+                    if tmpl is None:
+                        continue  # no template it can use: its Deployment is not written (condition, Event)
+                ex = builders.exclusive(store.ledger, key, p.node, [g.index for g in p.gpus]) and not tmpl
                 pins, gated = reservations.pins(store, key, p), reservations.gated(store, key, p)
 
                 weights = sum(b.footprint.weights for b in store.ledger.bookings_of(key) if b.replica == p.replica)
 
                 def make(exclusive: bool, p: api.ReplicaPlacement = p, weights: int = weights,
-                         pins: list[str] | None = pins, gated: bool = gated) -> dict[str, Any]:
-                    return builders.deployment(obj, p, flags, req.model.name, exclusive=exclusive,
-                                               weights_bytes=weights, pins=pins, gated=gated and not exclusive)
+                         pins: list[str] | None = pins, gated: bool = gated, tmpl: str | None = tmpl) -> dict[str, Any]:
+                    return builders.deployment(obj, p, flags, req.model.name, exclusive=exclusive and not tmpl,
+                                               weights_bytes=weights, pins=pins, gated=gated and not exclusive,
+                                               claim_template=tmpl)
 
-                if await apply_deployment(apps, make, ex, rec.body):
+                if await apply_deployment(apps, make, ex, rec.body) and not tmpl:
                     store.whole[(key, p.replica)] = p.node
                 else:
                     store.whole.pop((key, p.replica), None)
+                old = store.templates.get((key, p.replica))
+                if tmpl:
+                    store.templates[(key, p.replica)] = tmpl
+                else:
+                    store.templates.pop((key, p.replica), None)
+                if old and old != tmpl:
+                    await claims.delete(store, rec.namespace, old)
                 rec.children.add(p.replica)
-                want.add(p.replica)
             await apply_service(core, builders.service(obj), rec.body)
         for r in sorted(rec.children - want):
             try:
@@ -328,7 +343,34 @@ async def sync_children(store: Store, key: str) -> None:
                     raise
             rec.children.discard(r)
             store.whole.pop((key, r), None)
+            old = store.templates.pop((key, r), None)
+            if old:
+                await claims.delete(store, rec.namespace, old)
         rec.synced = state
+
+
+async def claim_template(store: Store, rec: Record, p: api.ReplicaPlacement) -> str | None:
+    """The ResourceClaimTemplate of a replica on a DRA node, created and read back; None when it
+    cannot be used (a GPU's UUID is unknown, or the API server dropped the capacity requests:
+    then DRA nodes share nothing on this cluster, and what is placed there is placed again)."""
+    want = claims.desired(store, rec.key, p)
+    if want is None or not store.dra_capacity_ok:
+        return None
+    dropped = await claims.ensure(store, want, rec.body)
+    if not dropped:
+        return str(want["metadata"]["name"])
+    message = (f"the API server dropped {', '.join(dropped)} from ResourceClaimTemplate {want['metadata']['name']}: "
+               "the DRAConsumableCapacity feature gate is off (Kubernetes 1.34/1.35 need it on; 1.36 has it on by "
+               "default), so a claim would take whole GPUs; vllmfit does not share GPUs through DRA on this cluster")
+    logger.error("%s", message)
+    post_event(rec.body, "Warning", "DRACapacityUnsupported", message)
+    async with store.changing():
+        store.dra_capacity_ok = False
+        rec.conditions = report.set_condition(rec.conditions, "Placed", "False", "DRACapacityUnsupported", message,
+                                                now(), rec.generation)
+        store.mark([rec.key])
+    store.tasks.append(asyncio.create_task(refresh_nodes(store, store.dra_nodes(), "DRA capacity requests are not kept")))
+    return None
 
 
 async def finish(store: Store, fx: Effects, *, strict: bool = True, hold: bool = True) -> None:
@@ -577,24 +619,60 @@ async def on_node(type: str | None, body: kopf.Body, **_: Any) -> None:
                 pass
     fx, t = Effects(), now()
     async with store.changing():
-        old = store.ledger.nodes.get(name)
-        if info != old:
-            slots = [(s.node, s.index) for s in (old.gpus if old else ())]
-            before = {k: store.ledger.headroom_bytes(*k) for k in slots}
-            if info is None:
-                store.ledger.remove_node(name)
-                cause = f"node {name} {'was removed' if type == 'DELETED' else 'no longer reports GPUs'}"
-            else:
-                store.ledger.set_node(info)
-                cause = f"node {name} changed ({', '.join(info.warnings) or 'capacity, labels or foreign use'})"
-            replan(store, name, fx, cause)
-            grew = info is not None and (old is None or any(
-                store.ledger.headroom_bytes(s.node, s.index) > before.get((s.node, s.index), 0) for s in info.gpus))
-            if grew:
-                retry_waiting(store, fx)
-            fx.mark.update(builders.neighbours(store.ledger, {(s.node, s.index) for s in info.gpus} if info else set()))
+        if type == "DELETED":
+            store.node_infos.pop(name, None)
+        else:
+            store.node_infos[name] = info
+            info = store.effective_node(name, info)
+        update_node(store, name, info, fx, "was removed" if type == "DELETED" else "no longer reports GPUs")
         if info is not None:
             attribute(store, name, body, t)
+    await finish(store, fx, strict=False)
+
+
+def update_node(store: Store, name: str, info: placement.NodeInfo | None, fx: Effects, gone: str) -> None:
+    """Put a node's GPUs into the ledger (hold the lock): move what no longer fits, give waiting
+    specs a chance when room grew; rewrite the children whose GPU binding changed (a node moved
+    from the device plugin to DRA)."""
+    old = store.ledger.nodes.get(name)
+    if info != old:
+        slots = [(s.node, s.index) for s in (old.gpus if old else ())]
+        before = {k: store.ledger.headroom_bytes(*k) for k in slots}
+        if info is None:
+            store.ledger.remove_node(name)
+            cause = f"node {name} {gone}"
+        else:
+            store.ledger.set_node(info)
+            cause = f"node {name} changed ({', '.join(info.warnings) or 'capacity, labels or foreign use'})"
+        replan(store, name, fx, cause)
+        grew = info is not None and (old is None or any(
+            store.ledger.headroom_bytes(s.node, s.index) > before.get((s.node, s.index), 0) for s in info.gpus))
+        if grew:
+            retry_waiting(store, fx)
+        fx.mark.update(builders.neighbours(store.ledger, {(s.node, s.index) for s in info.gpus} if info else set()))
+    for k, rec in store.records.items():
+        if rec.admitted and rec.synced is not None and any(p.node == name for p in rec.placement) \
+                and rec.synced != children_state(rec):
+            fx.sync.add(k)
+
+
+async def refresh_nodes(store: Store, names: set[str], why: str) -> None:
+    """Slices or claims changed: the DRA view of these nodes again (as on_node does)."""
+    if not names:
+        return
+    for key in {b.deployment for k in store.ledger.deployments() for b in store.ledger.bookings_of(k)
+                if b.node in names}:
+        rec = store.records.get(key)
+        if rec is not None and rec.request is None:
+            try:
+                rec.request = await store.request_for(parse(rec.body))
+            except (Invalid, ModelResolutionError):
+                pass
+    fx = Effects()
+    async with store.changing():
+        for name in sorted(names):
+            update_node(store, name, store.effective_node(name, store.node_infos.get(name)), fx,
+                        f"has no shareable GPUs any more ({why})")
     await finish(store, fx, strict=False)
 
 
@@ -741,6 +819,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         await store.api.close()
     store.api = client.ApiClient(store.kube_config or await load_config())
     node_dicts, deployments = await list_cluster(store)
+    await claims.load(store)  # the DRA nodes' GPUs and claims, before the ledger is rebuilt
     problems = store.rebuild(node_dicts, deployments)
     await reservations.load(store)
     for p in problems:
@@ -789,3 +868,58 @@ async def on_gated_pod(type: str | None, body: kopf.Body, **_: Any) -> None:
         reservations.track(store, body, type == "DELETED")
     if reservations.has_gate(body):
         await reservations.ungate(store)
+    failure = None if type == "DELETED" else dra.allocation_failure(body)
+    if failure:
+        await allocation_failed(store, body, failure)
+
+
+async def allocation_failed(store: Store, pod: Mapping[str, Any], message: str) -> None:
+    """The scheduler could not allocate a replica's claim (a race lost to another claim, or the
+    ledger was stale): say so with the scheduler's words, and decide the deployment again on the
+    ledger as it is now (the winning claim is foreign use by then)."""
+    meta = pod.get("metadata") or {}
+    key = f"{meta.get('namespace') or 'default'}/{(meta.get('labels') or {}).get(builders.LABEL_DEPLOYMENT)}"
+    fx = Effects()
+    async with store.changing():
+        rec = store.records.get(key)
+        if rec is None or not rec.admitted or message == rec.allocation_failure:
+            return
+        rec.allocation_failure = message
+        req = rec.request or rec.admitted_request
+        text = f"the scheduler could not allocate the GPU claim of pod {meta.get('name')}: {message}"
+        fx.events.append((rec.body, "Warning", "AllocationFailed", text))
+        rec.conditions = report.set_condition(rec.conditions, "Placed", "False", "AllocationFailed", text, now(),
+                                                rec.generation)
+        fx.mark.add(key)
+        for name in {p.node for p in rec.placement}:
+            update_node(store, name, store.effective_node(name, store.node_infos.get(name)), fx, "has no GPUs")
+        if req is not None and store.records.get(key) is rec and rec.admitted:
+            before = builders.gpus_of(store.ledger, key)
+            old = store.ledger.release(key)
+            d = placement.decide(store.ledger, req)
+            if d.admitted:
+                apply_decision(store, rec, req, d, fx, cause="the scheduler could not allocate its claim")
+            else:
+                store.ledger.restore(key, old)  # nowhere else: stay, the scheduler retries
+            fx.mark.update(builders.neighbours(store.ledger, before))
+    await finish(store, fx, strict=False)
+
+
+@kopf.on.event("resource.k8s.io", "v1", "resourceslices", id="slices")
+async def on_slice(type: str | None, body: kopf.Body, **_: Any) -> None:
+    """A DRA driver (re)published GPUs: the nodes' GPUs and backends follow."""
+    store = get_store()
+    await store.ready.wait()
+    async with store.lock:
+        names = claims.observe_slice(store, body, type == "DELETED")
+    await refresh_nodes(store, names, "ResourceSlice changed")
+
+
+@kopf.on.event("resource.k8s.io", "v1", "resourceclaims", id="claims")
+async def on_claim(type: str | None, body: kopf.Body, **_: Any) -> None:
+    """A claim was allocated or released: foreign use on its GPUs changed."""
+    store = get_store()
+    await store.ready.wait()
+    async with store.lock:
+        names = claims.observe_claim(store, body, type == "DELETED")
+    await refresh_nodes(store, names, "ResourceClaim changed")

@@ -65,6 +65,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reservation-service-account", default=os.environ.get("VLLMFIT_RESERVATION_SERVICE_ACCOUNT") or "",
                    help="service account of reservation pods: it may get and patch pods in the operator's "
                         "namespace (the pod writes its GPU's UUID on itself)")
+    p.add_argument("--dra-driver", default=os.environ.get("VLLMFIT_DRA_DRIVER") or "gpu.nvidia.com",
+                   help="DRA driver whose ResourceSlices publish the GPUs (default: gpu.nvidia.com)")
+    p.add_argument("--dra-device-class", default=os.environ.get("VLLMFIT_DRA_DEVICE_CLASS") or "gpu.nvidia.com",
+                   help="DeviceClass the replicas' claims ask for (default: gpu.nvidia.com)")
     p.add_argument("--verbose", action="store_true", help="log Kopf's debug messages")
     hook = _webhook()
     if hook is not None:
@@ -87,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     store.options.default_image = args.default_image
     store.options.resync_seconds = args.resync_seconds
     store.options.placement_backend = args.placement_backend
+    store.options.dra_driver, store.options.dra_device_class = args.dra_driver, args.dra_device_class
     store.options.reservation = rsv.Config(
         namespace=args.namespace or "default", image=args.reservation_image or rsv.Config().image,
         priority_class=args.reservation_priority_class, runtime_class=args.reservation_runtime_class,

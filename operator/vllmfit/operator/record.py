@@ -64,6 +64,7 @@ class Record:
     last_event: str = ""  # the last decision message sent as an Event (no repeats on retries)
     written: dict[str, Any] | None = None  # the status last written (or read back)
     mine: bool = False  # this process wrote its status (echoes of it are not news)
+    allocation_failure: str = ""  # the scheduler's last DRA allocation failure message for its pods
 
     @property
     def name(self) -> str:

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllmfit.backends import dra
 from vllmfit.backends import reservation as rsv
 from vllmfit.core import api, defaults, placement
 from vllmfit.core.modelarch import ModelArch, ModelConfigError, parse_hf_config
@@ -45,6 +46,8 @@ class Options:
     resync_seconds: float = field(default_factory=lambda: float(os.environ.get("VLLMFIT_RESYNC_SECONDS") or 30))
     placement_backend: str = field(default_factory=lambda: os.environ.get("VLLMFIT_PLACEMENT_BACKEND") or "auto")
     reservation: rsv.Config = field(default_factory=rsv.Config)
+    dra_driver: str = field(default_factory=lambda: os.environ.get("VLLMFIT_DRA_DRIVER") or dra.NVIDIA_DRIVER)
+    dra_device_class: str = field(default_factory=lambda: os.environ.get("VLLMFIT_DRA_DEVICE_CLASS") or dra.NVIDIA_DRIVER)
 
 
 class Store:
@@ -79,6 +82,12 @@ class Store:
         self.reservations: dict[str, rsv.Reservation] = {}  # reservation pod name -> what it holds
         self.gated: dict[tuple[str, str], tuple[str, list[str], list[dict[str, Any]]]] = {}  # pod -> node, pins, gates
         self.whole: dict[tuple[str, int], str] = {}  # (deployment, replica) written with device-plugin limits -> node
+        self.slices: dict[str, dict[str, Any]] = {}  # ResourceSlice name -> object
+        self.claims: dict[str, dict[str, Any]] = {}  # ResourceClaim namespace/name -> object
+        self.node_infos: dict[str, placement.NodeInfo | None] = {}  # node -> what its Node object says
+        self.templates: dict[tuple[str, int], str] = {}  # (deployment, replica) -> its ResourceClaimTemplate
+        self.dra_capacity_ok = True  # False once the API server dropped capacity requests (feature gate off)
+        self._devices: dict[str, list[dra.Device]] | None = None
 
     @contextlib.asynccontextmanager
     async def changing(self) -> AsyncIterator[None]:
@@ -90,8 +99,58 @@ class Store:
                 self.changes += 1
 
     def backend_of(self, node: str) -> str:
-        """How the GPUs of `node` are held: "device-plugin" (reservation pods, limits) or "dra"."""
-        return "dra" if self.options.placement_backend == "dra" else "device-plugin"
+        """How the GPUs of `node` are held: "device-plugin" (reservation pods, limits) or "dra"
+        (claims for the booked memory), under --placement-backend (vllmfit.backends.dra.backend_for)."""
+        return dra.backend_for(self.options.placement_backend, self.devices().get(node, []))
+
+    def devices(self) -> dict[str, list[dra.Device]]:
+        """node -> the GPUs ResourceSlices of the configured driver publish there (cached)."""
+        if self._devices is None:
+            self._devices = dra.devices_from_slices(self.slices.values(), (self.options.dra_driver,))
+        return self._devices
+
+    def slices_changed(self) -> None:
+        self._devices = None
+
+    def effective_node(self, name: str, info: placement.NodeInfo | None) -> placement.NodeInfo | None:
+        """The GPUs of a node as the ledger should see them: on a DRA node, from its slices, with
+        the memory every claim vllmfit did not make consumes as foreign use (and the agent's UUIDs
+        and indices when it runs there); None on a DRA node when capacity requests are not kept
+        (nothing can be shared there). Elsewhere what the Node object says."""
+        if self.backend_of(name) != "dra":
+            return info
+        devs = self.devices().get(name) or []
+        if not devs or not self.dra_capacity_ok:
+            return None
+        uses = dra.consumption(self.claims.values(), {d.key: d for d in devs})
+        booked: dict[tuple[str, int], int] = {}
+        for key in self.ledger.deployments():
+            for b in self.ledger.bookings_of(key):
+                if b.node == name:
+                    booked[(name, b.index)] = booked.get((name, b.index), 0) + b.footprint.total
+        agent = info if info is not None and any(s.uuid for s in info.gpus) else None
+        try:
+            return dra.node_from_dra(name, info.labels if info else {}, devs, uses, catalog.gpu_for_label,
+                                     booked=booked, agent=agent)
+        except LookupError as e:
+            logger.warning("node %s: DRA devices unusable: %s", name, e)
+            return None
+
+    def dra_nodes(self) -> set[str]:
+        return {n for n in set(self.devices()) | set(self.node_infos) if self.backend_of(n) == "dra"}
+
+    def overlay_dra(self, ledger: Ledger) -> None:
+        """Put the DRA view of every DRA node into `ledger` (after its bookings are restored)."""
+        saved, self.ledger = self.ledger, ledger
+        try:
+            for name in sorted(self.dra_nodes()):
+                info = self.effective_node(name, self.node_infos.get(name))
+                if info is None:
+                    ledger.remove_node(name)
+                else:
+                    ledger.set_node(info)
+        finally:
+            self.ledger = saved
 
     def busy(self) -> bool:
         """Statuses remain to be written (the API does not show the ledger yet)."""
@@ -187,13 +246,19 @@ class Store:
             rec = record_from_object(body)
             self.records[rec.key] = rec
         pods = self.managed_pods()  # read before the nodes: their GPU memory is booked, not foreign
+        self.node_infos = {}
         for obj in nodes:
+            name = str((obj.get("metadata") or {}).get("name") or "")
             try:
-                self.ledger.set_node(placement.node_from_object(obj, catalog.gpu_for_label, pods))
+                info = placement.node_from_object(obj, catalog.gpu_for_label, pods)
             except ValueError:
+                self.node_infos[name] = None
                 continue  # no GPU information: not a GPU node
             except LookupError as e:
                 problems.append(str(e))
+                continue
+            self.node_infos[name] = info
+            self.ledger.set_node(info)
         for body in ordered:
             rec = self.records[key_of(body)]
             if rec.admitted:
@@ -202,6 +267,7 @@ class Store:
                 except ValueError:
                     continue
                 self.ledger.restore(rec.key, placement.bookings_from_status(rec.key, status))
+        self.overlay_dra(self.ledger)
         self.ready.set()
         return problems
 
@@ -214,10 +280,13 @@ class Store:
         fresh = Ledger()
         pods = self.managed_pods()
         for obj in nodes:
+            name = str((obj.get("metadata") or {}).get("name") or "")
             try:
-                fresh.set_node(placement.node_from_object(obj, catalog.gpu_for_label, pods))
+                info = placement.node_from_object(obj, catalog.gpu_for_label, pods)
             except (ValueError, LookupError):
                 continue
+            self.node_infos[name] = info
+            fresh.set_node(info)
         records: dict[str, Record] = {}
         for body in deployments:
             key = key_of(body)
@@ -233,6 +302,7 @@ class Store:
                 except ValueError:
                     continue
                 fresh.restore(key, placement.bookings_from_status(key, st))
+        self.overlay_dra(fresh)
         self.ledger, self.records = fresh, records
 
     def adopt(self, body: Mapping[str, Any]) -> bool:
