@@ -145,6 +145,7 @@ def apply_decision(store: Store, rec: Record, req: Request, d: Decision, fx: Eff
         old_by = {p.replica: builders.placement_text(p) for p in rec.placement}
         ledger.book(d)
         rec.admitted, rec.outcome, rec.waiting = True, "Admitted", False
+        rec.allocation_failure = ""  # a new placement: a new claim the scheduler may fail to allocate
         rec.admitted_request = req
         rec.placement = report.placement_from(d, ledger)
         rec.flags = report.api_flags(d.flags)
@@ -897,10 +898,11 @@ async def allocation_failed(store: Store, pod: Mapping[str, Any], message: str) 
             before = builders.gpus_of(store.ledger, key)
             old = store.ledger.release(key)
             d = placement.decide(store.ledger, req)
-            if d.admitted:
+            same = sorted((b.node, b.index) for b in d.bookings()) == sorted((b.node, b.index) for b in old)
+            if d.admitted and not same:
                 apply_decision(store, rec, req, d, fx, cause="the scheduler could not allocate its claim")
             else:
-                store.ledger.restore(key, old)  # nowhere else: stay, the scheduler retries
+                store.ledger.restore(key, old)  # nowhere better: stay (the scheduler retries), condition kept
             fx.mark.update(builders.neighbours(store.ledger, before))
     await finish(store, fx, strict=False)
 
