@@ -330,7 +330,7 @@ def emit(plan: placement.Plan, output: str, out_file: str | None, title: str) ->
     text = {
         "json": lambda: placement.to_json(plan) + "\n",
         "html": lambda: render.plan_html(plan, title),
-        "svg": lambda: render.plan_svg(plan),
+        "svg": lambda: render.plan_svg(plan, title),
     }[output]()
     if out_file:
         try:

@@ -7,6 +7,7 @@ integers; GiB appear only here.
 
 from __future__ import annotations
 
+import colorsys
 import html
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,24 +22,13 @@ from vllmfit.core.memory import Estimate
 from vllmfit.core.placement import Decision, GpuSlot, Plan, where
 
 BAR_WIDTH = 48
-PALETTE = (  # (rich colour, hex) per deployment, assigned in name order
-    ("dodger_blue2", "#1c86ee"),
-    ("dark_orange", "#ff8c00"),
-    ("green3", "#00cd00"),
-    ("magenta", "#cd00cd"),
-    ("gold1", "#ffd700"),
-    ("cyan3", "#00cdcd"),
-    ("deep_pink2", "#ff1493"),
-    ("chartreuse3", "#66cd00"),
-    ("medium_purple2", "#9f79ee"),
-    ("salmon1", "#ff8c69"),
-    ("steel_blue1", "#63b8ff"),
-    ("khaki1", "#fff68f"),
-    ("spring_green2", "#00ee76"),
-    ("orchid", "#da70d6"),
-    ("light_coral", "#f08080"),
-    ("turquoise2", "#00e5ee"),
-)
+GOLDEN_ANGLE = 137.50776405003785
+"""360 x (1 - 1/phi) degrees: successive multiples never repeat and stay far apart (the namespaces' hues)."""
+PHI = 1.618033988749895
+FAMILY_SPREAD = 36.0
+"""Degrees a namespace's deployments spread around its hue (+- half)."""
+LIGHTNESS = (0.42, 0.60, 0.30, 0.72)
+"""Lightness steps a namespace's deployments cycle through, so neighbours in a family differ twice."""
 COMPONENTS = (  # (key, label, terminal character, SVG opacity)
     ("weights", "weights", "█", 1.0),
     ("kv_cache", "KV cache", "▓", 0.7),
@@ -75,9 +65,29 @@ class Segment:
 
 
 def colors(p: Plan) -> dict[str, tuple[str, str]]:
-    """Deployment -> (rich colour, hex), in name order (deterministic)."""
+    """Deployment -> (rich colour, hex), in name order (deterministic); see `family_colors`."""
     names = sorted(set(p.ledger.deployments()) | {k for k, d in p.decisions.items() if d.replicas})
-    return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)}
+    return {n: (c, c) for n, c in family_colors(names).items()}
+
+
+def family_colors(keys: Sequence[str]) -> dict[str, str]:
+    """"namespace/name" -> "#rrggbb", distinct for any count, one hue family per namespace.
+
+    Namespace i (in name order) gets the hue i x the golden angle: hues of successive namespaces
+    land far apart and never repeat. Its j-th deployment gets that hue shifted by
+    FAMILY_SPREAD x (frac(j x phi) - 1/2), again never repeating, at a lightness cycling through
+    LIGHTNESS. rich prints "#rrggbb" in truecolor or the nearest colour the terminal has."""
+    by_ns: dict[str, list[str]] = {}
+    for key in sorted(keys):
+        by_ns.setdefault(key.split("/", 1)[0] if "/" in key else "", []).append(key)
+    out = {}
+    for i, ns in enumerate(sorted(by_ns)):
+        base = (i * GOLDEN_ANGLE) % 360.0
+        for j, key in enumerate(by_ns[ns]):
+            hue = (base + FAMILY_SPREAD * ((j * PHI) % 1.0 - 0.5)) % 360.0
+            r, g, b = colorsys.hls_to_rgb(hue / 360.0, LIGHTNESS[j % len(LIGHTNESS)], 0.75)
+            out[key] = f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
+    return out
 
 
 def gpu_segments(p: Plan, sl: GpuSlot, palette: dict[str, tuple[str, str]]) -> list[Segment]:
@@ -198,10 +208,11 @@ def gpu_row_label(p: Plan, sl: GpuSlot) -> str:
     return sl.label + (f" {short(sl.gpu.product)}" if mixed else "")
 
 
-def node_title(p: Plan, node: str) -> str:
+def node_title(p: Plan, node: str, full: bool = False) -> str:
     counts: dict[str, int] = {}
     for s in p.ledger.nodes[node].gpus:
-        counts[short(s.gpu.product)] = counts.get(short(s.gpu.product), 0) + 1
+        name = s.gpu.product if full else short(s.gpu.product)
+        counts[name] = counts.get(name, 0) + 1
     return f"{node}: " + (", ".join(f"{n}x {prod}" for prod, n in sorted(counts.items())) or "no GPUs")
 
 
@@ -425,6 +436,11 @@ def vllm_table(est: Estimate) -> Table:
 
 SVG_BAR = 520
 ROW = 22
+MARGIN = 10
+CHAR_PX = 7.3
+"""Advance of one character of the 12 px monospace font labels are set in (0.6 em), for widths."""
+FONT = "font-family=\"DejaVu Sans, Arial, sans-serif\""
+MONO = "font-family=\"DejaVu Sans Mono, Menlo, Consolas, monospace\""
 
 
 def svg_bar(segments: Sequence[Segment], x: int, y: int, width: int = SVG_BAR, height: int = 16) -> str:
@@ -442,17 +458,29 @@ def svg_bar(segments: Sequence[Segment], x: int, y: int, width: int = SVG_BAR, h
     return "".join(out)
 
 
-SVG_LABEL = 260  # label column: "GPU 2 MIG 0 " and 24 characters of the product
+def gpu_label_text(sl: GpuSlot) -> str:
+    """'GPU 1 MIG 0 NVIDIA-A100-SXM4-80GB-MIG-3g.40gb': the slot and its whole product name."""
+    return f"{sl.label} {sl.gpu.product}"
 
 
-def gpu_row_svg(p: Plan, sl: GpuSlot, palette: dict[str, tuple[str, str]], y: int, indent: int = 0) -> str:
-    """One GPU as SVG: its label, its bar, and used/budget and free GiB (HTML report and SVG image)."""
+def text_px(text: str) -> int:
+    return int(len(text) * CHAR_PX) + 1
+
+
+def label_px(p: Plan, indent: int = 0) -> int:
+    """Width of the label column: the longest GPU label, whole."""
+    return max((text_px(gpu_label_text(sl)) for sl in p.ledger.slots()), default=80) + indent + 12
+
+
+def gpu_row_svg(p: Plan, sl: GpuSlot, palette: dict[str, tuple[str, str]], y: int, indent: int = 0,
+                label_w: int | None = None) -> str:
+    """One GPU as SVG: its whole label, its bar, and used/budget and free GiB."""
     used, head = p.ledger.used_bytes(sl.node, sl.index), p.ledger.headroom_bytes(sl.node, sl.index)
+    x = label_w if label_w is not None else label_px(p, indent)
     return (
-        f'<text x="{indent}" y="{y + 13}" font-size="12">{html.escape(sl.label)} '
-        f"{html.escape(sl.gpu.product[:24])}</text>"
-        + svg_bar(gpu_segments(p, sl, palette), SVG_LABEL, y)
-        + f'<text x="{SVG_LABEL + SVG_BAR + 8}" y="{y + 13}" font-size="12">'
+        f'<text x="{indent}" y="{y + 13}" font-size="12" {MONO}>{html.escape(gpu_label_text(sl))}</text>'
+        + svg_bar(gpu_segments(p, sl, palette), x, y)
+        + f'<text x="{x + SVG_BAR + 8}" y="{y + 13}" font-size="12" {FONT}>'
         f"{gib(used)}/{gib(sl.budget_bytes)} GiB, {gib(head)} free</text>"
     )
 
@@ -460,27 +488,87 @@ def gpu_row_svg(p: Plan, sl: GpuSlot, palette: dict[str, tuple[str, str]], y: in
 def node_svg(p: Plan, node: str, palette: dict[str, tuple[str, str]]) -> str:
     slots = sorted(p.ledger.nodes[node].gpus, key=lambda s: s.index)
     height = ROW * max(len(slots), 1) + 6
-    rows = [gpu_row_svg(p, sl, palette, 3 + i * ROW) for i, sl in enumerate(slots)]
-    width = SVG_LABEL + SVG_BAR + 200
+    label_w = label_px(p)
+    rows = [gpu_row_svg(p, sl, palette, 3 + i * ROW, label_w=label_w) for i, sl in enumerate(slots)]
+    width = label_w + SVG_BAR + 200
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif">{"".join(rows)}</svg>'
+        f'viewBox="0 0 {width} {height}" {FONT}>{"".join(rows)}</svg>'
     )
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The cluster in numbers, for picture titles."""
+
+    nodes: int
+    gpus: int
+    gpus_in_use: int
+    budget_bytes: int
+    used_bytes: int
+    free_bytes: int
+    admitted: int
+    refused: int  # Unschedulable or Rejected
+    pending: int
+
+    def text(self) -> str:
+        return (
+            f"{self.nodes} nodes, {self.gpus} GPUs ({self.gpus_in_use} in use): used {gib(self.used_bytes)} GiB, "
+            f"free {gib(self.free_bytes)} GiB of {gib(self.budget_bytes)} GiB budget; "
+            f"{self.admitted} admitted, {self.refused} refused" + (f", {self.pending} pending" if self.pending else "")
+        )
+
+
+def summary(p: Plan) -> Summary:
+    slots = p.ledger.slots()
+    phases = [d.phase for d in p.decisions.values()]
+    return Summary(
+        nodes=len(p.ledger.nodes),
+        gpus=len(slots),
+        gpus_in_use=sum(1 for sl in slots if p.ledger.bookings_on(sl.node, sl.index)),
+        budget_bytes=sum(sl.budget_bytes for sl in slots),
+        used_bytes=sum(min(p.ledger.used_bytes(sl.node, sl.index), sl.budget_bytes) for sl in slots),
+        free_bytes=sum(max(p.ledger.headroom_bytes(sl.node, sl.index), 0) for sl in slots),
+        admitted=sum(1 for ph in phases if ph in ("Admitted", "Running")),
+        refused=sum(1 for ph in phases if ph in ("Unschedulable", "Rejected", "Failed")),
+        pending=sum(1 for ph in phases if ph == "Pending"),
+    )
+
+
+def refused(p: Plan) -> list[tuple[str, Decision]]:
+    """The deployments not admitted, in name order."""
+    return [(k, d) for k, d in sorted(p.decisions.items()) if d.phase in ("Unschedulable", "Rejected", "Failed")]
+
+
+NODES_AVAILABLE = "nodes are available"
+
+
+def refusal_lines(d: Decision) -> list[str]:
+    """What a refused deployment is told: the headline and its grouped reasons, then the fixes."""
+    at = d.message.find(NODES_AVAILABLE)
+    head = d.message[: at + len(NODES_AVAILABLE)] if d.reasons and at >= 0 else ""
+    lines = [f"{d.phase}: {head}" if head else f"{d.phase}: {d.reasons[0] if d.reasons else d.message}"]
+    rest = d.reasons if head else d.reasons[1:]
+    lines += [f"  {r}" for r in rest]
+    lines += [f"  fits with: {s}" for s in d.suggestions]
+    return lines
 
 
 def legend_html(palette: dict[str, tuple[str, str]]) -> str:
     items = [
-        f'<span class="sw" style="background:{c};opacity:{o}"></span>{html.escape(lbl)}'
+        f'<span class="item"><span class="sw" style="background:{c};opacity:{o}"></span>{html.escape(lbl)}</span>'
         for c, o, lbl in [("#555555", op, label) for _, label, _, op in COMPONENTS]
     ]
     items += [
-        f'<span class="sw" style="background:{c}"></span>{lbl}'
-        for c, lbl in ((FOREIGN[1], "foreign"), (FREE[1], "free"), (RESERVE[1], "reserve"))
+        f'<span class="item"><span class="sw" style="background:{c}"></span>{lbl}</span>'
+        for c, lbl in ((FOREIGN[1], "foreign use"), (FREE[1], "free"), (RESERVE[1], "reserve"))
     ]
     deps = [
-        f'<span class="sw" style="background:{c}"></span>{html.escape(n)}' for n, (_, c) in palette.items()
+        f'<span class="item"><span class="sw" style="background:{c}"></span>{html.escape(n)}</span>'
+        for n, (_, c) in palette.items()
     ]
-    return f'<p class="legend">{" ".join(items)}</p><p class="legend">{" ".join(deps)}</p>'
+    return (f'<p class="legend" title="legend">{" ".join(items)}</p>'
+            f'<p class="legend" title="deployments">{" ".join(deps)}</p>')
 
 
 def plan_html(p: Plan, title: str = "vllmfit plan") -> str:
@@ -488,11 +576,16 @@ def plan_html(p: Plan, title: str = "vllmfit plan") -> str:
     palette = colors(p)
     parts = [
         f"<h1>{html.escape(title)}</h1>",
-        f"<p>{html.escape(summary_line(p).plain)}</p>",
+        f'<p class="summary">{html.escape(summary(p).text())}</p>',
         legend_html(palette),
     ]
+    gone = refused(p)
+    if gone:
+        parts.append('<h2>Refused</h2><ul class="refused">' + "".join(
+            f'<li><b>{html.escape(k)}</b><ul>' + "".join(f"<li>{html.escape(x.strip())}</li>" for x in refusal_lines(d))
+            + "</ul></li>" for k, d in gone) + "</ul>")
     for node in sorted(p.ledger.nodes):
-        parts.append(f"<h2>{html.escape(node)}</h2>{node_svg(p, node, palette)}")
+        parts.append(f"<h2>{html.escape(node_title(p, node, full=True))}</h2>{node_svg(p, node, palette)}")
     parts.append(
         "<h2>Deployments</h2><table><tr><th>deployment</th><th>model</th><th>phase</th><th>placement</th>"
         "<th>flags</th><th>per GPU (GiB)</th><th>KV cache</th><th>notes</th></tr>"
@@ -511,6 +604,7 @@ def plan_html(p: Plan, title: str = "vllmfit plan") -> str:
         "body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}"
         ".sw{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;border:1px solid #555}"
+        ".item{white-space:nowrap}"
         ".Admitted{color:#1b5e20}.Unschedulable{color:#b26a00}.Rejected{color:#b71c1c}"
         ".warn{color:#b26a00}.err{color:#b71c1c}.fix{color:#1b5e20}ul{margin:0;padding-left:1.2em}"
     )
@@ -547,24 +641,69 @@ def deployment_row_html(p: Plan, key: str, palette: dict[str, tuple[str, str]]) 
     return "<tr>" + "".join(f"<td>{c}</td>" for c in cells_) + "</tr>"
 
 
-def plan_svg(p: Plan) -> str:
-    """One standalone SVG image: every GPU of every node as a bar, nodes in name order."""
+def plan_svg(p: Plan, title: str = "vllmfit plan") -> str:
+    """One standalone SVG image: a title with the cluster summary, a legend (components and a
+    colour per deployment), every GPU of every node as a bar with its whole product name, and the
+    refused deployments with their grouped reasons."""
     palette = colors(p)
-    row, out, y = ROW, [], 4
+    label_w = label_px(p, indent=10)
+    out: list[str] = []
+    texts: list[str] = []  # every line of text, for the image's width
+    y = 4
+
+    def line(text: str, size: int = 12, bold: bool = False, x: int = 0, mono: bool = False, cls: str = "") -> None:
+        nonlocal y
+        weight = ' font-weight="bold"' if bold else ""
+        klass = f' class="{cls}"' if cls else ""
+        out.append(f'<text x="{x}" y="{y + size + 2}" font-size="{size}"{weight}{klass} {MONO if mono else FONT}>'
+                   f"{html.escape(text)}</text>")
+        texts.append(" " * (x // 7) + text)
+        y += size + 8
+
+    line(title, 16, bold=True, cls="title")
+    line(summary(p).text(), cls="summary")
+    y += 4
+    # legend: components, then one swatch per deployment, in columns
+    x = 0
+    items = [(label, "#555555", op) for _, label, _, op in COMPONENTS]
+    items += [("foreign use", FOREIGN[1], 1.0), ("free", FREE[1], 1.0), ("reserve", RESERVE[1], 1.0)]
+    out.append('<g class="legend">')
+    for label, color, opacity in items:
+        out.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{color}" fill-opacity="{opacity}" '
+                   f'stroke="#555555" stroke-width="0.5"/><text x="{x + 16}" y="{y + 11}" font-size="12" {FONT}>'
+                   f"{html.escape(label)}</text>")
+        x += 16 + text_px(label) + 14
+    y += ROW
+    names = list(palette)
+    col_w = max((text_px(n) for n in names), default=0) + 30
+    width = max(label_w + SVG_BAR + 200, x)
+    per_row = max(1, width // max(col_w, 1))
+    for k, name in enumerate(names):
+        cx, cy = (k % per_row) * col_w, y + (k // per_row) * ROW
+        out.append(f'<rect x="{cx}" y="{cy}" width="12" height="12" fill="{palette[name][1]}"/>'
+                   f'<text x="{cx + 16}" y="{cy + 11}" font-size="12" {MONO}>{html.escape(name)}</text>')
+    y += ROW * ((len(names) + per_row - 1) // per_row) + 8
+    out.append("</g>")
     for node in sorted(p.ledger.nodes):
-        out.append(f'<text x="0" y="{y + 14}" font-size="14" font-weight="bold">{html.escape(node)}</text>')
-        y += row
+        line(node_title(p, node, full=True), 14, bold=True)
         for sl in sorted(p.ledger.nodes[node].gpus, key=lambda s: s.index):
-            out.append(gpu_row_svg(p, sl, palette, y, indent=10))
-            y += row
-    for i, (name, (_, color)) in enumerate(palette.items()):
-        out.append(
-            f'<rect x="0" y="{y + 4}" width="12" height="12" fill="{color}"/>'
-            f'<text x="18" y="{y + 14}" font-size="12">{html.escape(name)}</text>'
-        )
-        y += row if i < len(palette) - 1 else 0
-    width, height = SVG_LABEL + SVG_BAR + 200, y + row
+            out.append(gpu_row_svg(p, sl, palette, y, indent=10, label_w=label_w))
+            y += ROW
+        y += 6
+    gone = refused(p)
+    if gone:
+        out.append('<g class="refused">')
+        line(f"Refused ({len(gone)})", 14, bold=True)
+        for key, d in gone:
+            line(key, 12, bold=True, mono=True)
+            for text in refusal_lines(d):
+                line(text, 12, x=10, mono=True)
+        out.append("</g>")
+    width = max([width] + [text_px(t) + 10 for t in texts]) + 2 * MARGIN
+    height = y + 8 + 2 * MARGIN
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} '
-        f'{height}" font-family="sans-serif">{"".join(out)}</svg>\n'
+        f'{height}" {FONT}><title>{html.escape(title + ": " + summary(p).text())}</title>'
+        f'<rect width="100%" height="100%" fill="#ffffff"/><g transform="translate({MARGIN},{MARGIN})">'
+        f'{"".join(out)}</g></svg>\n'
     )
