@@ -60,19 +60,18 @@ def test_printer_columns(kube):
     try:
         admitted(kube, "columns")
         header, row = kube("get", "vllmd", "columns", "-n", TEST_NAMESPACE).stdout.splitlines()
+        assert header.split() == ["NAME", "READY", "MODEL", "STATUS", "AGE"]
+        assert row.split()[:3] == ["columns", row.split()[1], MODEL] and row.split()[1].endswith("/1")
+        header, row = kube("get", "vllmd", "columns", "-n", TEST_NAMESPACE, "-o", "wide").stdout.splitlines()
         assert header.split() == [
-            "NAME",
-            "MODEL",
-            "PHASE",
-            "NODE",
-            "GPUS",
-            "MAX-LEN",
-            "SEQS",
-            "UTIL",
-            "HEADROOM",
-            "AGE",
+            "NAME", "READY", "MODEL", "STATUS", "AGE", "NODE", "GPUS", "MAX-LEN", "SEQS", "UTIL", "HEADROOM",
         ]
-        assert row.split()[:7] == ["columns", MODEL, row.split()[2], NODE, "0", "4096", "1"]
+        assert row.split()[5:9] == [NODE, "0", "4096", "1"]
+        assert "vllmdeployments" not in kube("get", "all", "-n", TEST_NAMESPACE).stdout  # no `all` category
+        kube("scale", "vllmd", "columns", "-n", TEST_NAMESPACE, "--replicas=0")
+        scale = kube("get", "--raw", f"/apis/vllmfit.dev/v1alpha1/namespaces/{TEST_NAMESPACE}/vllmdeployments/"
+                     "columns/scale").stdout
+        assert '"replicas":0' in scale.replace(" ", "")
     finally:
         delete(kube, "columns")
 

@@ -56,6 +56,8 @@ REFUSED = [
      "podTemplate.spec.runtimeClassName is set by vllmfit (vllmfit's GPU binding sets it); remove it"),
     ({"spec": {"resourceClaims": [{"name": "gpu"}]}},
      "podTemplate.spec.resourceClaims is set by vllmfit (vllmfit's GPU binding sets it); remove it"),
+    ({"spec": {"schedulingGates": [{"name": "mine"}]}},
+     "podTemplate.spec.schedulingGates is set by vllmfit (vllmfit's GPU binding sets it); remove it"),
     ({"spec": {"containers": [{"name": "vllm", "image": "x"}]}},
      "podTemplate.spec.containers[vllm].image is set by vllmfit; use spec.image instead"),
     ({"spec": {"containers": [{"name": "vllm", "args": ["--x"]}]}},
@@ -299,3 +301,18 @@ def test_the_model_cache_example_mounts_the_cache_where_hf_home_points() -> None
     volume = next(v for v in pod(d)["volumes"] if v["name"] == "model-cache")
     assert mount["mountPath"] == hf_home == "/root/.cache/huggingface"
     assert volume["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+
+
+@pytest.mark.parametrize("kind", ["gated", "dra"])
+def test_reservation_gates_and_dra_claims_survive_an_allowed_template(kind: str) -> None:
+    o = obj(copy.deepcopy(FULL))
+    assert builders.spec_problems(o) == []
+    extra = {"gated": True, "pins": ["GPU-1"]} if kind == "gated" else {"claim_template": "llama-0-gpus"}
+    plain = builders.deployment(obj(), replica(), FLAGS, "m", exclusive=False, **extra)
+    d = builders.deployment(o, replica(), FLAGS, "m", exclusive=False, **extra)
+    for field in ("schedulingGates", "resourceClaims", "runtimeClassName"):
+        assert pod(d).get(field) == pod(plain).get(field), field
+    assert vllm(d)["resources"].get("claims") == vllm(plain)["resources"].get("claims")
+    assert vllm(d)["env"] == vllm(plain)["env"]
+    for key, value in plain["spec"]["template"]["metadata"]["annotations"].items():
+        assert d["spec"]["template"]["metadata"]["annotations"][key] == value

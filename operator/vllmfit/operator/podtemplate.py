@@ -27,6 +27,7 @@ OWNED_POD_FIELDS: dict[str, str | None] = {
     "nodeSelector": "spec.placement.nodeSelector (or a required nodeAffinity in podTemplate.spec.affinity)",
     "runtimeClassName": None,
     "resourceClaims": None,
+    "schedulingGates": None,  # the reservation gate the operator lifts (backends/reservation.py)
 }
 # Fields of the vllm container vllmfit sets -> what to use instead.
 OWNED_CONTAINER_FIELDS: dict[str, str | None] = {
