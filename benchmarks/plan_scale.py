@@ -9,12 +9,18 @@ maxNumSeqs, some unset, some with a nodeSelector or pinned to a node), all seede
   released again), p50 and p99; and decide of a deployment that fits nowhere (p50 of 20);
 - peak RSS of this process (resource.getrusage);
 - packing: GPUs in use, versus one GPU per process (the stock device plugin: tp x pp whole GPUs
-  per replica) and versus a lower bound (per product, total booked bytes / one GPU's budget).
+  per replica) and versus a lower bound (per product, total booked bytes / one GPU's budget);
+- `vllmfit plan` end to end (issue 14): a realistic `kubectl get nodes,vllmdeployments -A -o yaml`
+  export of 1,000 nodes and 2,000 deployments (managedFields, container images, conditions,
+  capacity, addresses: about 10 MB, generated here), run as its own process (interpreter start,
+  YAML parse with libyaml, validation, plan, JSON output); median wall and CPU time of 3 runs
+  and the child's peak RSS. Target: under 3 s and 400 MB.
 
 Pinned to two CPU cores, like CI. Prints a table, then as its LAST line one JSON object whose keys
 end in their units.
 
     .venv/bin/python benchmarks/plan_scale.py [--nodes 1000] [--deployments 4000] [--rounds 3]
+        [--export-nodes 1000] [--export-deployments 2000]
 """
 
 from __future__ import annotations
@@ -26,7 +32,13 @@ import os
 import random
 import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
+
+import yaml
 
 from vllmfit.core import defaults, placement
 from vllmfit.core.api import VLLMDeploymentSpec
@@ -114,6 +126,121 @@ def packing(p: placement.Plan) -> dict[str, int]:
     return {"gpus_used": used, "gpus_one_per_process": per_process, "gpus_lower_bound": lower}
 
 
+# --- A realistic kubectl export -------------------------------------------------------------------
+
+_T = "2025-06-01T10:00:00Z"
+
+
+def _managed(manager: str, fields: dict) -> dict:
+    return {"apiVersion": "v1", "fieldsType": "FieldsV1", "fieldsV1": fields, "manager": manager,
+            "operation": "Update", "time": _T}
+
+
+def export_node(i: int, rnd: random.Random) -> dict:
+    """One v1 Node as `kubectl get nodes -o yaml` shows it on a GPU cluster (GFD labels included)."""
+    product = [p for p, w, _ in PRODUCTS for _ in range(w)][i % 10]
+    gpu = catalog.gpu(product)
+    name = f"gpu-node-{i:04d}.cluster.internal"
+    labels = {
+        "beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+        "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "node.kubernetes.io/instance-type": "p5.48xlarge",
+        "topology.kubernetes.io/region": "us-east-1", "topology.kubernetes.io/zone": f"us-east-1{'abc'[i % 3]}",
+        defaults.GFD_PRODUCT_LABEL: product, defaults.GFD_COUNT_LABEL: "8",
+        defaults.GFD_MEMORY_LABEL: str(gpu.memory_bytes // defaults.MIB), "nvidia.com/gpu.family": "hopper",
+        "nvidia.com/cuda.driver.major": "550", "nvidia.com/cuda.driver.minor": "54", "nvidia.com/cuda.driver.rev": "15",
+        "nvidia.com/cuda.runtime.major": "12", "nvidia.com/cuda.runtime.minor": "4", "nvidia.com/gfd.timestamp":
+        "1717236000", "nvidia.com/gpu.compute.major": "9", "nvidia.com/gpu.compute.minor": "0",
+        "nvidia.com/gpu.deploy.device-plugin": "true", "nvidia.com/gpu.deploy.gpu-feature-discovery": "true",
+        "nvidia.com/gpu.machine": "p5.48xlarge", "nvidia.com/gpu.replicas": "1", "nvidia.com/mig.capable": "true",
+        "nvidia.com/mig.strategy": "single", "feature.node.kubernetes.io/cpu-cpuid.AVX512F": "true",
+        "feature.node.kubernetes.io/kernel-version.full": "5.15.0-1063-aws", "pool": "large",
+    }
+    images = [{"names": [f"registry.example.com/team-{k % 40}/image-{k}@sha256:{rnd.getrandbits(256):064x}",
+                         f"registry.example.com/team-{k % 40}/image-{k}:v{k % 9}.{k % 7}.{k % 5}"],
+               "sizeBytes": rnd.randrange(10**7, 2 * 10**10)} for k in range(12)]
+    conditions = [{"lastHeartbeatTime": _T, "lastTransitionTime": _T, "message": f"kubelet has {m}",
+                   "reason": r, "status": st, "type": t} for t, r, m, st in (
+        ("MemoryPressure", "KubeletHasSufficientMemory", "sufficient memory available", "False"),
+        ("DiskPressure", "KubeletHasNoDiskPressure", "no disk pressure", "False"),
+        ("PIDPressure", "KubeletHasSufficientPID", "sufficient PID available", "False"),
+        ("Ready", "KubeletReady", "kubelet is posting ready status", "True"))]
+    resources = {"cpu": "192", "ephemeral-storage": "1951862700Ki", "hugepages-1Gi": "0", "hugepages-2Mi": "0",
+                 "memory": "2097152000Ki", "nvidia.com/gpu": "8", "pods": "110"}
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0", "volumes.kubernetes.io/controller-managed-attach-detach":
+                            "true", "nfd.node.kubernetes.io/feature-labels": ",".join(sorted(labels))[:400]},
+            "creationTimestamp": _T, "labels": labels,
+            "managedFields": [
+                _managed("kubelet", {"f:metadata": {"f:labels": {f"f:{k}": {} for k in labels if "nvidia" not in k}},
+                                     "f:status": {"f:conditions": {f'k:{{"type":"{c["type"]}"}}': {
+                                         "f:lastHeartbeatTime": {}, "f:message": {}, "f:reason": {}, "f:status": {}}
+                                         for c in conditions}, "f:images": {}}}),
+                _managed("gpu-feature-discovery", {"f:metadata": {"f:labels": {
+                    f"f:{k}": {} for k in labels if "nvidia" in k}}}),
+            ],
+            "name": name, "resourceVersion": str(10**7 + i), "uid": f"{rnd.getrandbits(128):032x}",
+        },
+        "spec": {"podCIDR": f"10.{i // 256}.{i % 256}.0/24", "providerID": f"aws:///us-east-1a/i-{rnd.getrandbits(64):016x}"},
+        "status": {
+            "addresses": [{"address": f"10.0.{i // 256}.{i % 256}", "type": "InternalIP"},
+                          {"address": name, "type": "Hostname"}],
+            "allocatable": resources, "capacity": resources, "conditions": conditions,
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}}, "images": images,
+            "nodeInfo": {"architecture": "amd64", "bootID": f"{rnd.getrandbits(128):032x}", "containerRuntimeVersion":
+                         "containerd://1.7.11", "kernelVersion": "5.15.0-1063-aws", "kubeProxyVersion": "v1.30.2",
+                         "kubeletVersion": "v1.30.2", "machineID": f"{rnd.getrandbits(128):032x}", "operatingSystem":
+                         "linux", "osImage": "Ubuntu 22.04.4 LTS", "systemUUID": f"{rnd.getrandbits(128):032x}"},
+        },
+    }
+
+
+def export_deployment(r: placement.Request) -> dict:
+    ns, name = r.key.split("/")
+    spec = r.spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_defaults=True)
+    spec.update(image=defaults.DEFAULT_IMAGE, env=[{"name": "VLLM_LOGGING_LEVEL", "value": "INFO"}],
+                resources={"requests": {"cpu": "8", "memory": "64Gi"}})
+    return {
+        "apiVersion": "vllmfit.dev/v1alpha1", "kind": "VLLMDeployment",
+        "metadata": {"annotations": {"kubectl.kubernetes.io/last-applied-configuration": json.dumps(
+            {"apiVersion": "vllmfit.dev/v1alpha1", "kind": "VLLMDeployment", "metadata": {"name": name,
+             "namespace": ns}, "spec": spec})},
+            "creationTimestamp": r.order[0], "finalizers": ["kopf.zalando.org/KopfFinalizerMarker"], "generation": 1,
+            "managedFields": [_managed("kubectl-client-side-apply", {"f:spec": {f"f:{k}": {} for k in spec}})],
+            "name": name, "namespace": ns, "resourceVersion": "1", "uid": f"uid-{name}"},
+        "spec": spec,
+    }
+
+
+def kubectl_export(n_nodes: int, n_deployments: int) -> str:
+    rnd = random.Random(4)
+    items = [export_node(i, rnd) for i in range(n_nodes)]
+    items += [export_deployment(r) for r in requests(n_deployments, n_nodes, random.Random(5))]
+    for d in items[n_nodes:]:  # pin only to nodes of the export
+        pin = d["spec"].get("placement", {})
+        if "nodeName" in pin:
+            pin["nodeName"] = f"gpu-node-{int(pin['nodeName'].split('-')[1]):04d}.cluster.internal"
+    doc = {"apiVersion": "v1", "kind": "List", "items": items, "metadata": {"resourceVersion": ""}}
+    return yaml.dump(doc, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), default_flow_style=False,
+                     sort_keys=False, width=10**6)
+
+
+def plan_end_to_end(path: Path, rounds: int) -> dict[str, float]:
+    """`vllmfit plan -f export.yaml --output json` as a child process: median wall time, peak RSS."""
+    times, cpu, peak = [], [], 0.0
+    cmd = [sys.executable, "-m", "vllmfit", "plan", "-f", str(path), "--output", "json", "--out-file", os.devnull]
+    for _ in range(rounds):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t = time.perf_counter()
+        subprocess.run(cmd, check=True)
+        times.append(time.perf_counter() - t)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+        peak = after.ru_maxrss / 1024  # the largest child so far
+    return {"median_s": statistics.median(times), "cpu_s": statistics.median(cpu), "peak_mb": peak, "rounds": times}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=1000)
@@ -121,6 +248,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--samples", type=int, default=1000)
     ap.add_argument("--denials", type=int, default=20)
+    ap.add_argument("--export-nodes", type=int, default=1000)
+    ap.add_argument("--export-deployments", type=int, default=2000)
     args = ap.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
@@ -162,6 +291,11 @@ def main() -> None:
         assert d.phase == "Unschedulable"
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     pack = packing(p)
+    with tempfile.TemporaryDirectory() as tmp:
+        export = Path(tmp) / "cluster-export.yaml"
+        export.write_text(kubectl_export(args.export_nodes, args.export_deployments), encoding="utf-8")
+        export_mb = export.stat().st_size / 1e6
+        e2e = plan_end_to_end(export, args.rounds)
     result = {
         "nodes": args.nodes,
         "gpus": args.nodes * 8,
@@ -176,6 +310,12 @@ def main() -> None:
         "denied_p50_ms": round(1000 * statistics.median(denied), 1) if denied else None,
         "peak_rss_mb": round(rss_mb, 1),
         **pack,
+        "export_nodes": args.export_nodes,
+        "export_deployments": args.export_deployments,
+        "export_size_mb": round(export_mb, 1),
+        "plan_cli_median_s": round(e2e["median_s"], 3),
+        "plan_cli_cpu_median_s": round(e2e["cpu_s"], 3),
+        "plan_cli_peak_rss_mb": round(e2e["peak_mb"], 1),
     }
     per_process = pack["gpus_one_per_process"] / max(pack["gpus_used"], 1)
     over_bound = pack["gpus_used"] / max(pack["gpus_lower_bound"], 1)
@@ -205,6 +345,19 @@ def main() -> None:
             "  lower bound (bytes / budget)",
             f"{pack['gpus_lower_bound']}  ({over_bound:.2f}x of it)",
         ),
+    ]
+    rows += [
+        (
+            "`vllmfit plan` end to end",
+            (f"{args.export_nodes} nodes + {args.export_deployments} deployments, kubectl export of "
+             f"{export_mb:.1f} MB"),
+        ),
+        (
+            f"  wall time (median of {args.rounds}, parse included)",
+            f"{e2e['median_s']:.2f} s  (runs: {', '.join(f'{x:.2f}' for x in e2e['rounds'])}; target < 3 s)",
+        ),
+        ("  CPU time of the process (median)", f"{e2e['cpu_s']:.2f} s  (wall time minus waiting for a shared CPU)"),
+        ("  peak RSS of the process", f"{e2e['peak_mb']:.0f} MB  (target < 400 MB)"),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
