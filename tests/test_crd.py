@@ -446,6 +446,8 @@ def test_full_status_survives_pruning():
                 "sampled_at": "2026-01-01T00:00:00Z",
             }
         ],
+        kv_cache={"bytes": 1, "tokens": 16, "concurrency_at_max_model_len": 1.0, "typical_length": 8,
+                  "concurrency_at_typical_length": 2.0},
         pod_uids=["u1"],
         reasons=["r"],
         suggestions=["s"],

@@ -20,7 +20,7 @@ def run(capsys, *argv):
 
 
 def test_json_contract(capsys):
-    code, out, _ = run(capsys, "estimate", "--model", LLAMA8, "--max-model-len", "8192", "--max-num-seqs", "8",
+    code, out, _ = run(capsys, "estimate", "--model", LLAMA8, "--max-model-len", "8192", "--max-num-seqs", "8", "--kv-concurrency", "8",
                        "--output", "json")
     assert code == 0
     d = json.loads(out)

@@ -25,6 +25,12 @@ FLAGS = {  # spec field -> estimate flag
     "maxModelLen": "--max-model-len",
     "maxNumSeqs": "--max-num-seqs",
 }
+KV_FLAGS = {  # spec.kvCache field -> estimate flag
+    "tokens": "--kv-cache-tokens",
+    "memory": "--kv-cache-memory",
+    "concurrency": "--kv-concurrency",
+    "typicalLength": "--typical-length",
+}
 
 
 def cases() -> dict[str, list[str]]:
@@ -38,6 +44,11 @@ def cases() -> dict[str, list[str]]:
             for field, flag in FLAGS.items():
                 if spec.get(field) is not None:
                     args += [flag, str(spec[field])]
+            for field, flag in KV_FLAGS.items():
+                if (spec.get("kvCache") or {}).get(field) is not None:
+                    args += [flag, str(spec["kvCache"][field])]
+            if (spec.get("kvCache") or {}).get("grow"):
+                args.append("--kv-grow")
             out[f"{path.stem}-{doc['metadata']['name']}"] = args
     return out
 

@@ -114,7 +114,7 @@ def test_mamba2_groups_replicated_when_tp_exceeds_groups():
 def test_hybrid_estimate_reports_state_and_is_consistent():
     a = arch("Qwen__Qwen3.5-27B")
     gpu = catalog.gpu("NVIDIA-H100-80GB-HBM3")
-    est = memory.estimate(a, memory.Settings(max_model_len=32768, max_num_seqs=4), gpu)
+    est = memory.estimate(a, memory.Settings(max_model_len=32768, max_num_seqs=4, kv_concurrency=4), gpu)
     assert est.sizing.fits
     assert est.sizing.kv_bytes_per_token == 16 * 4096  # the "about right" is attention only
     v = est.vllm

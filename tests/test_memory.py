@@ -143,7 +143,7 @@ def test_sliding_window_saves_only_when_window_plus_batch_is_below_length():
 
 
 def test_utilization_holds_the_requested_part(llama, h100):
-    sz = memory.size(llama, Settings(max_model_len=8192, max_num_seqs=8), h100, memory.budget_bytes(H100_T))
+    sz = memory.size(llama, Settings(max_model_len=8192, kv_concurrency=8), h100, memory.budget_bytes(H100_T))
     fp = sz.footprint
     u = sz.flags.gpu_memory_utilization
     requested = math.ceil(H100_T * u)
@@ -157,30 +157,32 @@ def test_utilization_holds_the_requested_part(llama, h100):
 
 
 def test_auto_context_shrinks_to_fit_and_warns(llama, h100):
-    sz = memory.size(llama, Settings(), h100, memory.budget_bytes(H100_T))
+    sz = memory.size(llama, Settings(kv_concurrency=8), h100, memory.budget_bytes(H100_T))
     assert sz.fits and sz.flags.max_model_len < 131_072 and sz.flags.max_model_len % 16 == 0
     assert sz.footprint.total <= memory.budget_bytes(H100_T)
     assert any("context reduced" in w for w in sz.warnings)
 
 
 def test_explicit_context_is_never_reduced(llama, h100):
-    sz = memory.size(llama, Settings(max_model_len=131_072, max_num_seqs=8), h100, memory.budget_bytes(H100_T))
+    sz = memory.size(llama, Settings(max_model_len=131_072, kv_concurrency=8), h100, memory.budget_bytes(H100_T))
     assert not sz.fits and sz.flags.max_model_len == 131_072 and sz.reasons
 
 
 def test_estimate_misfit_lists_checked_fixes(h100):
     big = catalog.model("meta-llama/Llama-3.1-70B-Instruct")
-    est = memory.estimate(big, Settings(max_model_len=32768, max_num_seqs=4), h100,
+    est = memory.estimate(big, Settings(max_model_len=32768, kv_concurrency=4), h100,
                           other_gpus=tuple(catalog.gpus().values()))
     assert not est.sizing.fits
     assert any(s.startswith("tensorParallelSize") for s in est.suggestions)
     fields = {"tensorParallelSize": ("tp", int), "maxModelLen": ("max_model_len", int),
               "kvCacheDtype": ("kv_cache_dtype", str), "quantization": ("quantization", str),
-              "maxNumSeqs": ("max_num_seqs", int)}
+              "kvCache": ("kv_tokens", lambda v: int(v.strip("{}").split(": ")[1]))}
     for fix in est.suggestions:  # every fix re-checked independently ("k: v" or "k: v, k: v")
         pairs = [part.partition(": ") for part in fix.split(", ")]
         if all(k in fields for k, _, _ in pairs):
             s = replace(est.settings, **{fields[k][0]: fields[k][1](v) for k, _, v in pairs})
+            if s.kv_tokens is not None:
+                s = replace(s, kv_concurrency=None)
             assert memory.size(big, s, h100, memory.budget_bytes(H100_T)).fits, fix
 
 
@@ -188,9 +190,9 @@ def test_combined_fix_needs_fewer_gpus_than_tp_alone(h100):
     # 70B bf16 at 8k on H100s: tp=2 alone leaves ~65.7 GiB weights per GPU plus KV and overheads
     # (no fit), fp8 alone ~66 GiB on one GPU (no fit); tp=4 fits, and so does fp8 with tp=2
     big = catalog.model("meta-llama/Llama-3.1-70B-Instruct")
-    est = memory.estimate(big, Settings(max_model_len=8192, max_num_seqs=8), h100)
+    est = memory.estimate(big, Settings(max_model_len=8192, kv_concurrency=8), h100)
     assert est.suggestions[-2:] == ("tensorParallelSize: 4", "tensorParallelSize: 2, quantization: fp8")
-    assert memory.size(big, Settings(max_model_len=8192, max_num_seqs=8, tp=2, quantization="fp8"), h100,
+    assert memory.size(big, Settings(max_model_len=8192, kv_concurrency=8, tp=2, quantization="fp8"), h100,
                        memory.budget_bytes(H100_T)).fits
 
 
@@ -253,7 +255,7 @@ def test_a_larger_gpu_never_turns_a_fit_into_a_misfit(name, length, seqs, gib, e
     from vllmfit.core.modelarch import GpuType
 
     m = catalog.model(name)
-    s = Settings(max_model_len=min(length, m.max_model_len), max_num_seqs=seqs)
+    s = Settings(max_model_len=min(length, m.max_model_len), kv_concurrency=seqs)
     small = GpuType("a", "a", int(gib * GIB), int(gib * GIB))
     large = GpuType("b", "b", int((gib + extra_gib) * GIB), int((gib + extra_gib) * GIB))
     if memory.size(m, s, small, memory.budget_bytes(small.cuda_total_bytes)).fits:

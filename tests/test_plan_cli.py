@@ -47,11 +47,15 @@ def test_the_impossible_one_is_unschedulable_with_reasons(plan_json: dict) -> No
     assert d["phase"] in ("Unschedulable", "Rejected")
     # grouped like the kube-scheduler: the one A100 node it may use is short of memory, the 3 others are
     # excluded by its nodeSelector
+    # excluded by its nodeSelector; then the budget policy of the node it looked at
     assert d["reasons"] == [
-        "1 GPU memory (needs at least 119.2 GiB on each of 4 GPUs, largest free 6.9 GiB on gpu-a100-b GPU 0,1,2,3)",
+        "1 GPU memory (needs at least 119.4 GiB on each of 4 GPUs, largest free 0.1 GiB on gpu-a100-b GPU 0,1,2,3)",
         "3 node(s) didn't match placement.nodeSelector",
+        "budget policy (default) 0.9 x capacity - 2.0 GiB holds back 6.0 GiB of each NVIDIA-A100-SXM4-40GB",
     ]
-    assert d["gpus"] == [] and d["message"] == "0/4 nodes are available: " + ", ".join(d["reasons"]) + "."
+    assert d["gpus"] == [] and d["message"] == (
+        "0/4 nodes are available: " + ", ".join(d["reasons"][:2]) + ". Budget policy (default) 0.9 x capacity - "
+        "2.0 GiB holds back 6.0 GiB of each NVIDIA-A100-SXM4-40GB.")
 
 
 def test_the_pinned_one_moves_with_a_warning(plan_json: dict) -> None:

@@ -52,8 +52,15 @@ def test_params_must_be_a_real_count(capsys, tmp_path: Path, value: str) -> None
     assert code == 2 and "--params" in one_line_error(err)
 
 
+def test_unset_max_num_seqs_follows_a_small_batch(capsys) -> None:
+    # max_num_seqs unset: vLLM's default S = min(S_default, B) (vllm-flags.md section 3): 1 here
+    code, out, err = run(capsys, "estimate", "--model", LLAMA8, "--max-num-batched-tokens", "1", "--max-model-len",
+                         "4096", "-o", "json")
+    assert code in (0, 1) and err == ""
+    assert json.loads(out)["flags"]["max_num_seqs"] == 1
+
+
 @pytest.mark.parametrize("argv,needed", [
-    (["--max-num-batched-tokens", "1"], 8),  # max_num_seqs unset: vllmfit injects 8 (DEFAULT_MAX_NUM_SEQS)
     (["--max-num-batched-tokens", "100", "--max-num-seqs", "256"], 256),
 ])
 def test_batched_tokens_below_max_num_seqs(capsys, argv: list[str], needed: int) -> None:

@@ -55,7 +55,7 @@ def env(d: dict[str, Any]) -> dict[str, Any]:
     ("--tensor-parallel-size", "spec.tensorParallelSize"),
     ("-tp", "spec.tensorParallelSize"),
     ("-pp=2", "spec.pipelineParallelSize"),
-    ("--kv-cache-memory-bytes=1000", "spec.maxModelLen and spec.maxNumSeqs"),
+    ("--kv-cache-memory-bytes=1000", "spec.kvCache"),
     ("--dtype", "spec.dtype"),
     ("-q", "spec.quantization"),
     ("--quantization=awq", "spec.quantization"),
@@ -96,7 +96,7 @@ def test_args_are_the_model_the_computed_flags_the_spec_settings_then_extra_args
     assert c["args"] == [
         "meta-llama/Llama-3.1-8B-Instruct", "--host=0.0.0.0", "--port=8000",
         "--max-model-len=32768", "--max-num-seqs=8", "--gpu-memory-utilization=0.4321",
-        "--tensor-parallel-size=2", "--pipeline-parallel-size=1", "--dtype=bfloat16", "--kv-cache-dtype=fp8",
+        "--kv-cache-memory-bytes=4294967296", "--tensor-parallel-size=2", "--pipeline-parallel-size=1", "--dtype=bfloat16", "--kv-cache-dtype=fp8",
         "--quantization=fp8", "--enforce-eager", "--max-num-batched-tokens=4096",
         "--served-model-name", "llama",
     ]

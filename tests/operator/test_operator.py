@@ -207,11 +207,12 @@ async def test_rejections_have_a_condition_and_an_event_and_are_reexamined_on_sp
 async def test_unschedulable_explains_and_is_admitted_when_room_frees_up(cluster: Cluster,
                                                                          operator: Operator) -> None:
     await cluster.create(node("gpu-a", gpus=1))
-    await cluster.create(vd("a", QWEN7))
+    eight = {"kvCache": {"concurrency": 8}}  # 8 full-context (32k) requests of KV each: two fit a GPU
+    await cluster.create(vd("a", QWEN7, **eight))
     await cluster.phase("a", "Admitted")
-    await cluster.create(vd("b", QWEN7))
+    await cluster.create(vd("b", QWEN7, **eight))
     await cluster.phase("b", "Admitted")
-    await cluster.create(vd("c", QWEN7))
+    await cluster.create(vd("c", QWEN7, **eight))
     st = await cluster.phase("c", "Unschedulable")
     assert st["reasons"] and "gpu-a" in st["reasons"][0]
     assert condition(st, "Admitted")["reason"] == "Unschedulable"
@@ -253,7 +254,7 @@ async def test_foreign_use_growing_evicts_the_newest_then_a_new_node_takes_it(cl
     await cluster.create(node("gpu-a", gpus=1, annotations=inventory(0)))
     await cluster.create(vd("old", QWEN7))
     await cluster.phase("old", "Admitted")
-    await cluster.create(vd("new", QWEN7, maxModelLen=32768, maxNumSeqs=8))  # fixed: cannot shrink to stay
+    await cluster.create(vd("new", QWEN7, maxModelLen=32768, kvCache={"concurrency": 8}))  # fixed: cannot shrink to stay
     await cluster.phase("new", "Admitted")
     await cluster.until(lambda: cluster.get(DEPLOYMENTS, "new-0"))
     await cluster.patch_node("gpu-a", {"metadata": {"annotations": inventory(20 * GIB)}})  # something else grew
@@ -439,7 +440,7 @@ async def test_a_status_written_by_the_previous_active_replica_is_booked_not_dou
     await cluster.create(node("gpu-a", gpus=1))
     peer = Store()  # what the other replica decided
     peer.rebuild([node("gpu-a", gpus=1)], [])
-    obj = vd("old", QWEN7, maxModelLen=32768, maxNumSeqs=8)
+    obj = vd("old", QWEN7, maxModelLen=32768, kvCache={"concurrency": 8})
     rec = peer.upsert(obj)
     req = await peer.request_for(handlers.parse(obj))
     handlers.apply_decision(peer, rec, req, pl.decide(peer.ledger, req), handlers.Effects())
@@ -449,7 +450,7 @@ async def test_a_status_written_by_the_previous_active_replica_is_booked_not_dou
     obj["metadata"]["finalizers"] = ["vllmfit.dev/finalizer"]
     await cluster.create(obj)
     await cluster.until(lambda: get_store().ledger.bookings_of("default/old"), what="the peer's bookings")
-    await cluster.create(vd("new", QWEN7, maxModelLen=32768, maxNumSeqs=16))  # fits only on an empty GPU
+    await cluster.create(vd("new", QWEN7, maxModelLen=32768, kvCache={"concurrency": 16}))  # fits only on an empty GPU
     st = await cluster.phase("new", "Unschedulable")
     assert "GPU 0" in st["reasons"][0]
     assert not get_store().records["default/old"].mine  # adopted as the peer wrote it, not decided again

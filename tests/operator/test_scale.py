@@ -78,7 +78,7 @@ def test_the_hpa_targeting_a_vllmdeployment_is_a_valid_autoscaling_v2_object() -
 
 async def test_hpa_grows_while_it_fits_never_past_and_shrinks_always(cluster: Cluster, operator: Operator) -> None:
     await cluster.create(node("gpu-a", gpus=1))
-    await cluster.create(vd("s", QWEN7, replicas=1))
+    await cluster.create(vd("s", QWEN7, replicas=1, kvCache={"concurrency": 8}))  # ~35 GiB a replica
     st = await cluster.phase("s", "Admitted")
     assert (st["replicas"], st["readyReplicas"], st["ready"]) == (1, 0, "0/1")
     assert st["selector"] == "app.kubernetes.io/managed-by=vllmfit,vllmfit.dev/deployment=s"

@@ -105,13 +105,13 @@ def test_record_from_a_status_with_a_pending_update_waits_for_room() -> None:
 def test_an_update_that_does_not_fit_keeps_the_admitted_spec() -> None:
     store = Store()
     store.rebuild([node("gpu-a", 1)], [])
-    admitted_status(store, "x")
-    admitted_status(store, "yy")  # a neighbour: together they leave less than x's update needs
+    admitted_status(store, "x", kvCache={"concurrency": 8})
+    admitted_status(store, "yy", kvCache={"concurrency": 8})  # a neighbour: together they leave less than x's update needs
     rec = store.records["ns/x"]
     before = store.ledger.bookings_of("ns/x")
     flags = rec.flags
     rec.generation = 2
-    big = obj("x", maxModelLen=32768, maxNumSeqs=16)
+    big = obj("x", maxModelLen=32768, kvCache={"concurrency": 16})
     req = placement.request_from_object(big, catalog.model(QWEN7))
     fx = handlers.Effects()
     handlers.apply_decision(store, rec, req, placement.decide(store.ledger, req), fx)
@@ -129,7 +129,7 @@ def test_replan_moves_the_newest_off_an_overfull_gpu_and_keeps_the_oldest() -> N
     store = Store()
     store.rebuild([node("gpu-a", 1), node("gpu-b", 1)], [])
     for name in ("a", "bb"):  # fixed sizes: neither can shrink its context to stay
-        admitted_status(store, name, placement={"nodeName": "gpu-a"}, maxModelLen=32768, maxNumSeqs=8)
+        admitted_status(store, name, placement={"nodeName": "gpu-a"}, maxModelLen=32768, kvCache={"concurrency": 8})
     used = store.ledger.used_bytes("gpu-a", 0)
     old_a = store.ledger.bookings_of("ns/a")
     nodes = {n.name: n for n in store.ledger.nodes.values()}

@@ -30,10 +30,12 @@ def node(
     count: int = 1,
     labels: Mapping[str, str] | None = None,
     foreign: Mapping[int, int] | None = None,
+    policy: memory.BudgetPolicy = memory.DEFAULT_POLICY,
 ) -> placement.NodeInfo:
     types = [gpus] * count if isinstance(gpus, GpuType) else list(gpus)
     slots = tuple(
-        placement.GpuSlot(name, i, t, foreign_bytes=(foreign or {}).get(i, 0)) for i, t in enumerate(types)
+        placement.GpuSlot(name, i, t, foreign_bytes=(foreign or {}).get(i, 0), policy=policy)
+        for i, t in enumerate(types)
     )
     return placement.NodeInfo(name, dict(labels or {}), slots)
 

@@ -1,13 +1,20 @@
-"""Colocated vLLM processes start in any order: vLLM's start-up check, simulated for every permutation.
+"""Colocated vLLM processes start in any order: vLLM's start-up check, simulated for every permutation,
+under each budget policy and memory policy, on four vLLM versions.
 
-vLLM (vllm-memory-accounting.md §3): a starting process measures free0 after its own CUDA context is
-resident and refuses to start unless free0 >= R = ceil(T x u). Processes already running hold their
-context plus R (plus the CUDA-graph pool before 0.21, captured outside R).
+vLLM (vllm-memory-accounting.md §3, vllm-flags.md §4): a starting process measures free0 after its own
+CUDA context is resident and refuses to start unless free0 >= R = ceil(T x u) (T x u before 0.15), also
+when --kv-cache-memory-bytes is set. What a running process then holds:
+- u only: its context + R (+ the CUDA-graph pool before 0.21, captured outside R);
+- --kv-cache-memory-bytes N: its context + weights + activation + non-torch + graphs + N, whatever u is.
+
+Three flag combinations are checked against the memory model; vllmfit injects the one that is safe in
+every start order and pins the KV cache to the request: N with the matching u.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 from placement_fakes import (
@@ -22,49 +29,90 @@ from placement_fakes import (
     start_order_ok,
 )
 
-from vllmfit.core import placement
+from vllmfit.core import memory, placement
+from vllmfit.core.defaults import GIB
+
+VERSIONS = {"0.11": "vllm/vllm-openai:v0.11.0", "0.15": "vllm/vllm-openai:v0.15.0",
+            "0.21": "vllm/vllm-openai:v0.21.0", "0.33": "vllm/vllm-openai:v0.33.0"}
+POLICIES = {
+    "adr-default": memory.BudgetPolicy(),
+    "tight": memory.BudgetPolicy(0.88, 3 * GIB, "cluster"),
+    "loose": memory.BudgetPolicy(0.97, GIB // 2, "node pool label"),
+}
 
 
-def _procs(
-    p: placement.Plan, node_name: str, index: int, graphs_outside: bool
-) -> list[tuple[int, float, int]]:
+def _procs(p: placement.Plan, version: memory.VllmVersion, combo: str) -> list[tuple[int, float, int]]:
+    """(context, u, held beyond context + R once running) of every process on n GPU 0, for one flag
+    combination: 'ours' (what vllmfit injects), 'u-only', or 'kv+default-u' (vLLM's default u)."""
+    T = H100.cuda_total_bytes
     out = []
-    for b in p.ledger.bookings_on(node_name, index):
-        d = p.decisions[b.deployment]
-        r = next(r for r in d.replicas if r.replica == b.replica)
-        fp = r.sizing.footprint
-        out.append(
-            (fp.cuda_context, r.sizing.flags.gpu_memory_utilization, fp.cuda_graphs if graphs_outside else 0)
-        )
+    for b in p.ledger.bookings_on("n", 0):
+        r = next(r for r in p.decisions[b.deployment].replicas if r.replica == b.replica)
+        fp, f = r.sizing.footprint, r.sizing.flags
+        outside = 0 if version.graphs_in_budget else fp.cuda_graphs
+        kv = f.kv_cache_memory_bytes
+        if combo == "u-only":
+            kv = None
+        u = version.default_utilization if combo == "kv+default-u" else f.gpu_memory_utilization
+        if combo == "kv+default-u" and kv is None:
+            kv = fp.kv_cache
+        R = memory.requested_bytes(T, u, version)
+        if kv is None:  # vLLM fills R: KV = R - the rest
+            held_beyond = outside
+        else:  # vLLM holds exactly N of KV plus what it measured, whatever R is
+            inside = fp.weights + fp.activation + fp.non_torch + (fp.cuda_graphs if version.graphs_in_budget else 0)
+            held_beyond = inside + kv - R + outside
+        out.append((fp.cuda_context, u, held_beyond))
     return out
 
 
-@pytest.mark.parametrize(
-    "image,graphs_outside",
-    [
-        ("vllm/vllm-openai:v0.33.0", False),
-        ("vllm/vllm-openai:v0.21.0", False),
-        ("vllm/vllm-openai:v0.15.0", True),
-    ],
-)
-@pytest.mark.parametrize("foreign", [0, 6 << 30])
-def test_four_colocated_deployments_start_in_every_order(
-    image: str, graphs_outside: bool, foreign: int
-) -> None:
+def _plan(image: str, policy: memory.BudgetPolicy, mem: memory.Policy, foreign: int) -> placement.Plan:
     reqs = [
-        request("llama", LLAMA_8B, "1", maxModelLen=8192, maxNumSeqs=4, image=image),
-        request("qwen7", QWEN_7B, "2", maxModelLen=8192, maxNumSeqs=8, image=image),
-        request("qwen05", QWEN_05B, "3", maxModelLen=4096, maxNumSeqs=16, image=image),
-        request("qwen05b", QWEN_05B, "4", maxModelLen=2048, maxNumSeqs=4, image=image),
+        request("llama", LLAMA_8B, "1", maxModelLen=8192, kvCache={"concurrency": 4}, image=image),
+        request("qwen7", QWEN_7B, "2", maxModelLen=8192, kvCache={"tokens": 40000}, image=image),
+        request("qwen05", QWEN_05B, "3", maxModelLen=4096, kvCache={"memory": "1Gi"}, image=image),
+        request("qwen05b", QWEN_05B, "4", maxModelLen=2048, kvCache={"concurrency": 16, "typicalLength": 512},
+                image=image),
     ]
-    p = placement.plan([node("n", H100, 1, foreign={0: foreign})], reqs)
+    if mem == "adr":  # ADR-0002's formulas take maxNumSeqs x maxModelLen
+        reqs = [request(r.key.split("/")[1], r.model, r.order[0], maxModelLen=r.spec.max_model_len, maxNumSeqs=4,
+                        image=image) for r in reqs]
+    return placement.plan([node("n", H100, 1, foreign={0: foreign}, policy=policy)], reqs, policy=mem)
+
+
+@pytest.mark.parametrize("label", sorted(VERSIONS))
+@pytest.mark.parametrize("policy_name", sorted(POLICIES))
+@pytest.mark.parametrize("mem", ["vllm", "adr"])
+@pytest.mark.parametrize("foreign", [0, 3 << 30])
+def test_colocated_servers_start_in_every_order(label: str, policy_name: str, mem: memory.Policy,
+                                                 foreign: int) -> None:
+    version, _ = memory.parse_version(label)
+    policy = POLICIES[policy_name]
+    p = _plan(VERSIONS[label], policy, mem, foreign)
     assert all(d.admitted for d in p.decisions.values()), {k: d.message for k, d in p.decisions.items()}
     check_invariant(p.ledger)
-    procs = _procs(p, "n", 0, graphs_outside)
-    assert len(procs) == 4
-    ceil_r = image != "vllm/vllm-openai:v0.11.0"
-    for order in itertools.permutations(range(4)):
-        assert start_order_ok(H100.cuda_total_bytes, foreign, procs, order, ceil_r), order
+    T = H100.cuda_total_bytes
+    used = p.ledger.used_bytes("n", 0)
+    assert used <= policy.budget(T)
+    ceil_r = version.ceil_requested
+    for combo in ("ours", "u-only"):
+        procs = _procs(p, version, combo)
+        assert len(procs) == 4
+        for order in itertools.permutations(range(4)):
+            assert start_order_ok(T, foreign, procs, order, ceil_r), (combo, order)
+        # and once all run, they hold no more than the ledger booked (+ foreign): never past T
+        held = foreign + sum(ctx + memory.requested_bytes(T, u, version) + extra for ctx, u, extra in procs)
+        assert held <= used <= T
+    flags = [d.flags for d in p.decisions.values()]
+    if mem == "vllm":  # every modelled version has --kv-cache-memory-bytes (>= 0.10.2): injected
+        assert all(f.kv_cache_memory_bytes for f in flags)
+        assert all(f"--kv-cache-memory-bytes={f.kv_cache_memory_bytes}" in f.args() for f in flags)
+        # --kv-cache-memory-bytes with vLLM's default u: the second server to start finds less
+        # than 0.9 (0.92) x T free and refuses, in every order
+        bad = _procs(p, version, "kv+default-u")
+        assert not any(start_order_ok(T, foreign, bad, order, ceil_r) for order in itertools.permutations(range(4)))
+    else:  # adr: u only (the ADR footprint has no runtime overheads to pin a KV size against)
+        assert not any(f.kv_cache_memory_bytes for f in flags)
 
 
 def test_a_full_gpu_fails_the_start_check_in_some_order() -> None:
@@ -75,13 +123,23 @@ def test_a_full_gpu_fails_the_start_check_in_some_order() -> None:
     assert not start_order_ok(T, 0, procs, (0, 1))
 
 
+def test_an_image_older_than_0_10_2_gets_no_kv_cache_memory_bytes() -> None:
+    """--kv-cache-memory-bytes first shipped in 0.10.2 (vllm-flags.md §4): older images get u only."""
+    for image, has in (("vllm/vllm-openai:v0.10.1", False), ("vllm/vllm-openai:v0.10.2", True),
+                       ("vllm/vllm-openai:v0.10.0", False), ("vllm/vllm-openai:v0.11.0", True)):
+        d = placement.decide(placement.Ledger([node("n", H100, 1)]), request("a", QWEN_05B, maxModelLen=4096,
+                                                                              image=image))
+        assert d.admitted
+        assert (d.flags.kv_cache_memory_bytes is not None) is has, image
+
+
 def test_an_unset_context_takes_only_the_room_left() -> None:
     """maxModelLen unset: the context shrinks to the headroom left; earlier bookings are untouched."""
     ledger = placement.Ledger([node("n", H100, 1)])
-    ledger.book(placement.decide(ledger, request("a", LLAMA_8B, "1", maxModelLen=8192, maxNumSeqs=8)))
+    ledger.book(placement.decide(ledger, request("a", LLAMA_8B, "1", maxModelLen=8192, kvCache={"concurrency": 8})))
     a_before = ledger.bookings_of("default/a")
     room = ledger.headroom_bytes("n", 0)
-    d = placement.decide(ledger, request("b", LLAMA_8B, "2", maxNumSeqs=4))
+    d = placement.decide(ledger, request("b", LLAMA_8B, "2", kvCache={"concurrency": 4}))
     assert d.admitted
     assert d.replicas[0].sizing.footprint.total <= room
     assert 2048 <= d.flags.max_model_len < LLAMA_8B.max_model_len  # 131072 x 4 x 128 KiB would be 64 GiB
@@ -89,6 +147,23 @@ def test_an_unset_context_takes_only_the_room_left() -> None:
     ledger.book(d)
     assert ledger.bookings_of("default/a") == a_before
     check_invariant(ledger)
+
+
+def test_a_growing_kv_cache_takes_the_room_left_and_no_more() -> None:
+    """kvCache.grow: the KV cache grows into the GPU's headroom (block multiples); the ledger stays
+    within budget and a later deployment is refused rather than squeezed."""
+    ledger = placement.Ledger([node("n", H100, 1)])
+    ledger.book(placement.decide(ledger, request("a", QWEN_05B, "1", maxModelLen=4096)))
+    d = placement.decide(ledger, request("g", LLAMA_8B, "2", maxModelLen=8192, kvCache={"tokens": 8192,
+                                                                                          "grow": True}))
+    assert d.admitted
+    sz = d.replicas[0].sizing
+    assert sz.granted_tokens > 8192 * 10  # tens of GiB at 128 KiB per token
+    ledger.book(d)
+    check_invariant(ledger)
+    block = 16 * 131072  # 16 tokens x 128 KiB (Llama-3.1-8B, bf16, TP 1)
+    assert 0 <= ledger.headroom_bytes("n", 0) < block + math.ceil(H100.cuda_total_bytes / 10_000)
+    assert not placement.decide(ledger, request("late", QWEN_05B, "3", maxModelLen=4096)).admitted
 
 
 def test_a_mixed_capacity_group_books_each_gpus_own_request() -> None:
@@ -100,7 +175,7 @@ def test_a_mixed_capacity_group_books_each_gpus_own_request() -> None:
         LLAMA_8B,
         tensorParallelSize=2,
         maxModelLen=4096,
-        maxNumSeqs=4,
+        kvCache={"concurrency": 4},
         placement={"nodeName": "m", "gpuIndices": [0, 1]},
     )
     p = placement.plan([mixed], [r])
@@ -108,8 +183,6 @@ def test_a_mixed_capacity_group_books_each_gpus_own_request() -> None:
     assert d.admitted
     assert any("mix capacities" in w for w in d.warnings)
     u = d.flags.gpu_memory_utilization
-    import math
-
     fp_h100, fp_a100 = d.replicas[0].footprints
     ctx = fp_h100.cuda_context
     assert fp_h100.total == ctx + math.ceil(H100.cuda_total_bytes * u)

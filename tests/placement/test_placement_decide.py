@@ -6,13 +6,14 @@ import json
 import re
 
 import pytest
+import yaml
 from placement_fakes import A100_40, H100, L4, LLAMA_8B, QWEN_05B, check_invariant, node, request
 
 from vllmfit.core import defaults, memory, placement
 from vllmfit.core.api import GpuInventory, InventoryGpu, InventoryMigDevice, InventoryProcess
 from vllmfit.sources import catalog
 
-SMALL = {"maxModelLen": 8192, "maxNumSeqs": 8}
+SMALL = {"maxModelLen": 8192, "kvCache": {"concurrency": 8}}
 
 
 def _ledger(*nodes: placement.NodeInfo) -> placement.Ledger:
@@ -40,12 +41,17 @@ def _apply(req: placement.Request, fix: str) -> placement.Request:
     for part in fix.split(", "):
         key, _, value = part.partition(": ")
         parsed = json.loads(value) if value[:1] in "[0123456789" or value in ("true", "false") else value
+        if value.startswith("{"):  # kvCache: {tokens: N} replaces the KV request
+            parsed = yaml.safe_load(value)
         if key.startswith("placement."):
             field = key.removeprefix("placement.")
             if value.startswith("remove"):
                 spec["placement"].pop(field, None)
             else:
                 spec["placement"][field] = parsed
+        elif "." in key:
+            head, _, sub = key.partition(".")
+            spec[head] = {**spec.get(head, {}), sub: parsed}
         else:
             spec[key] = parsed
     return placement.Request(req.key, type(req.spec).model_validate(spec), req.model, req.order)
@@ -60,7 +66,7 @@ def test_pinned_gpu_is_used_even_when_best_fit_would_pick_another() -> None:
 
 def test_pinned_overfit_without_reschedule_is_unschedulable_with_a_checked_fix_elsewhere() -> None:
     ledger = _ledger(node("a", H100, 1), node("b", H100, 1))
-    _fill(ledger, "a", 0, maxModelLen=65536, maxNumSeqs=6)  # leaves about 11 GiB on a/0
+    _fill(ledger, "a", 0, maxModelLen=65536, kvCache={"concurrency": 6})  # leaves about 11 GiB on a/0
     req = request("d", placement={"nodeName": "a", "gpuIndices": [0], "allowReschedule": False}, **SMALL)
     d = placement.decide(ledger, req)
     assert d.phase == "Unschedulable"
@@ -75,7 +81,7 @@ def test_pinned_overfit_without_reschedule_is_unschedulable_with_a_checked_fix_e
 
 def test_pinned_overfit_with_reschedule_moves_with_a_warning() -> None:
     ledger = _ledger(node("a", H100, 1), node("b", H100, 1))
-    _fill(ledger, "a", 0, maxModelLen=65536, maxNumSeqs=6)
+    _fill(ledger, "a", 0, maxModelLen=65536, kvCache={"concurrency": 6})
     d = placement.decide(ledger, request("d", placement={"nodeName": "a", "gpuIndices": [0]}, **SMALL))
     assert d.admitted and d.moved and d.replicas[0].node == "b"
     assert any(
@@ -139,9 +145,9 @@ def test_node_selector_limits_the_search_and_the_fix_drops_it() -> None:
 def test_best_fit_packs_and_spread_spreads() -> None:
     ledger = _ledger(node("a", H100, 2))
     _fill(ledger, "a", 1, **SMALL)
-    packed = placement.decide(ledger, request("d", maxModelLen=4096, maxNumSeqs=2))
+    packed = placement.decide(ledger, request("d", maxModelLen=4096, kvCache={"concurrency": 2}))
     spread = placement.decide(
-        ledger, request("d", maxModelLen=4096, maxNumSeqs=2, placement={"policy": "spread"})
+        ledger, request("d", maxModelLen=4096, kvCache={"concurrency": 2}, placement={"policy": "spread"})
     )
     assert packed.replicas[0].gpus == (1,)  # least headroom that still fits
     assert spread.replicas[0].gpus == (0,)  # most headroom
@@ -159,9 +165,9 @@ def test_a_group_needs_tp_gpus_of_one_node() -> None:
 
 def test_a_group_takes_the_tightest_gpus_that_fit() -> None:
     ledger = _ledger(node("a", H100, 4))
-    _fill(ledger, "a", 1, "f1", maxModelLen=8192, maxNumSeqs=4)
-    _fill(ledger, "a", 3, "f3", maxModelLen=8192, maxNumSeqs=8)
-    d = placement.decide(ledger, request("tp2", tensorParallelSize=2, maxModelLen=8192, maxNumSeqs=8))
+    _fill(ledger, "a", 1, "f1", maxModelLen=8192, kvCache={"concurrency": 4})
+    _fill(ledger, "a", 3, "f3", maxModelLen=8192, kvCache={"concurrency": 8})
+    d = placement.decide(ledger, request("tp2", tensorParallelSize=2, maxModelLen=8192, kvCache={"concurrency": 8}))
     assert d.admitted and d.replicas[0].gpus == (1, 3)
     ledger.book(d)
     check_invariant(ledger)
@@ -170,20 +176,21 @@ def test_a_group_takes_the_tightest_gpus_that_fit() -> None:
 def test_replicas_share_context_and_concurrency() -> None:
     """Unset context: replica 0 picks it; the others run the same (on different headroom)."""
     ledger = _ledger(node("a", H100, 3))
-    _fill(ledger, "a", 1, "f1", maxModelLen=8192, maxNumSeqs=8)
-    _fill(ledger, "a", 2, "f2", maxModelLen=16384, maxNumSeqs=8)
-    d = placement.decide(ledger, request("r", replicas=3, maxNumSeqs=4))
+    _fill(ledger, "a", 1, "f1", maxModelLen=8192, kvCache={"concurrency": 8})
+    _fill(ledger, "a", 2, "f2", maxModelLen=16384, kvCache={"concurrency": 8})
+    d = placement.decide(ledger, request("r", replicas=3, kvCache={"concurrency": 4}))
     assert d.admitted
     lens = {r.sizing.flags.max_model_len for r in d.replicas}
     seqs = {r.sizing.flags.max_num_seqs for r in d.replicas}
-    assert len(lens) == 1 and seqs == {4}
+    kv = {r.sizing.footprint.kv_cache for r in d.replicas}
+    assert len(lens) == 1 and len(seqs) == 1 and len(kv) == 1
     ledger.book(d)
     check_invariant(ledger)
 
 
 def test_partial_replicas_report_what_was_placed() -> None:
     ledger = _ledger(node("a", H100, 1))
-    d = placement.decide(ledger, request("r", replicas=4, maxModelLen=16384, maxNumSeqs=8))
+    d = placement.decide(ledger, request("r", replicas=4, maxModelLen=16384, kvCache={"concurrency": 8}))
     assert d.phase == "Unschedulable"
     assert d.message.startswith("2/4 replicas placed; replica 2: 0/1 nodes are available: 1 GPU memory (needs ")
     assert "replicas: 2" in d.suggestions
@@ -197,27 +204,31 @@ def test_adding_a_deployment_never_moves_the_ones_before() -> None:
             LLAMA_8B if i % 2 else QWEN_05B,
             f"{i:02d}",
             maxModelLen=4096 * (1 + i % 3),
-            maxNumSeqs=1 + i % 5,
+            kvCache={"concurrency": 1 + i % 5},
         )
         for i in range(10)
     ]
     before = placement.plan(nodes, reqs)
-    after = placement.plan(nodes, [*reqs, request("late", LLAMA_8B, "99", maxModelLen=32768, maxNumSeqs=8)])
+    after = placement.plan(nodes, [*reqs, request("late", LLAMA_8B, "99", maxModelLen=32768, kvCache={"concurrency": 8})])
     for r in reqs:
         assert after.decisions[r.key] == before.decisions[r.key]
 
 
 def test_unschedulable_message_groups_nodes_like_the_scheduler() -> None:
     ledger = _ledger(node("a", H100, 1), node("b", A100_40, 2), node("c", L4, 1))
-    _fill(ledger, "a", 0, maxModelLen=65536, maxNumSeqs=6)
-    d = placement.decide(ledger, request("big", maxModelLen=32768, maxNumSeqs=8))
+    _fill(ledger, "a", 0, maxModelLen=65536, kvCache={"concurrency": 6})
+    d = placement.decide(ledger, request("big", maxModelLen=32768, kvCache={"concurrency": 8}))
     assert d.phase == "Unschedulable"
     fit = memory.fmt_gib
-    # one cause for all three nodes, with the best candidate's numbers: the empty A100 40GB
-    # (0.9 x capacity - 2 GiB). "at least": maxNumBatchedTokens is unset, so memory.size may lower it
+    # two needs: the H100 tier's vLLM default max_num_seqs (1024, not 256) enlarges the profile run's
+    # logits; the A100 40GB and the L4 share one, with the best candidate's numbers: the empty A100
+    # 40GB (0.9 x capacity - 2 GiB). "at least": maxNumBatchedTokens is unset, so memory.size may
+    # lower it. Then the budget policy and what it holds back of each GPU.
     m = re.match(
-        r"0/3 nodes are available: 3 GPU memory \(needs at least (\d+\.\d) GiB, "
-        r"largest free (\d+\.\d) GiB on b GPU 0\)\.",
+        r"0/3 nodes are available: 1 GPU memory \(NVIDIA-H100-80GB-HBM3: needs at least [\d.]+ GiB, largest free "
+        r"[\d.]+ GiB on a GPU 0\), 2 GPU memory \(NVIDIA-A100-SXM4-40GB/NVIDIA-L4: needs at least (\d+\.\d) GiB, "
+        r"largest free (\d+\.\d) GiB on b GPU 0\)\. Budget policy \(default\) 0.9 x capacity - 2.0 GiB holds back "
+        r"6.0 GiB of each NVIDIA-A100-SXM4-40GB, 9.9 GiB of each NVIDIA-H100-80GB-HBM3, 4.2 GiB of each NVIDIA-L4\.",
         d.message,
     )
     assert m, d.message
@@ -230,7 +241,7 @@ def test_unschedulable_message_groups_nodes_like_the_scheduler() -> None:
     assert d.suggestions, "some change fits (a shorter context at least)"
     for fix in d.suggestions:
         assert placement.decide(
-            ledger, _apply(request("big", maxModelLen=32768, maxNumSeqs=8), fix)
+            ledger, _apply(request("big", maxModelLen=32768, kvCache={"concurrency": 8}), fix)
         ).admitted, fix
 
 
@@ -305,7 +316,7 @@ def test_inventory_foreign_use_and_mig_slices() -> None:
     one = placement.decide(
         ledger,
         request(
-            "m", QWEN_05B, maxModelLen=4096, maxNumSeqs=4, placement={"nodeName": "d", "gpuIndices": [2000]}
+            "m", QWEN_05B, maxModelLen=4096, kvCache={"concurrency": 4}, placement={"nodeName": "d", "gpuIndices": [2000]}
         ),
     )
     assert one.admitted and one.message == "admitted on d GPU 1 MIG 0"
@@ -316,7 +327,7 @@ def test_inventory_foreign_use_and_mig_slices() -> None:
             QWEN_05B,
             tensorParallelSize=2,
             maxModelLen=4096,
-            maxNumSeqs=4,
+            kvCache={"concurrency": 4},
             placement={"nodeName": "d", "gpuIndices": [2000, 2001], "allowReschedule": False},
         ),
     )

@@ -45,7 +45,7 @@ def _dep(
         "apiVersion": "vllmfit.dev/v1alpha1",
         "kind": "VLLMDeployment",
         "metadata": {"name": name, "namespace": ns, "creationTimestamp": created},
-        "spec": {"model": model, "maxModelLen": 8192, "maxNumSeqs": 4, **spec},
+        "spec": {"model": model, "maxModelLen": 8192, "kvCache": {"concurrency": 4}, **spec},
     }
     if status:
         obj["status"] = status

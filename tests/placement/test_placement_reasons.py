@@ -13,7 +13,8 @@ from vllmfit.core.defaults import GIB
 from vllmfit.core.placement import reasons
 from vllmfit.core.placement.inputs import settings_from_spec
 
-FIXED = {"maxModelLen": 16384, "maxNumSeqs": 8, "maxNumBatchedTokens": 8192}  # nothing to lower: "needs"
+L4_POLICY = " Budget policy (default) 0.9 x capacity - 2.0 GiB holds back 4.2 GiB of each NVIDIA-L4."
+FIXED = {"maxModelLen": 16384, "maxNumSeqs": 8, "maxNumBatchedTokens": 8192, "kvCache": {"concurrency": 8}}  # nothing to lower: "needs"
 
 
 def test_twenty_nodes_two_causes_like_the_issue_says() -> None:
@@ -23,11 +24,14 @@ def test_twenty_nodes_two_causes_like_the_issue_says() -> None:
     d = placement.decide(ledger, request("d", placement={"nodeSelector": {"pool": "gpu"}}, **FIXED))
     assert d.message == (
         "0/20 nodes are available: 12 GPU memory (needs 33.9 GiB, largest free 17.8 GiB on l4-00 GPU 0), "
-        "8 node(s) didn't match placement.nodeSelector. Fits with: placement.nodeSelector: remove (fits on h100-0)"
+        "8 node(s) didn't match placement.nodeSelector. Budget policy (default) 0.9 x capacity - 2.0 GiB holds "
+        "back 4.2 GiB of each NVIDIA-L4. Fits with: placement.nodeSelector: remove (fits on h100-0); "
+        "or quantization: fp8, kvCache: {tokens: 52672}; or quantization: fp8, maxModelLen: 6576"
     )
     assert d.reasons == (
         "12 GPU memory (needs 33.9 GiB, largest free 17.8 GiB on l4-00 GPU 0)",
         "8 node(s) didn't match placement.nodeSelector",
+        "budget policy (default) 0.9 x capacity - 2.0 GiB holds back 4.2 GiB of each NVIDIA-L4",
     )
     # the numbers: 33.9 GiB is the memory model's footprint (with the measured 0.23 GiB dense KV margin, issue 13); 17.8 GiB is an L4's ADR-0002 budget,
     # int(0.9 x 23616028672) - 2 GiB = 19106942156 bytes
@@ -47,20 +51,22 @@ def test_the_best_candidate_is_the_node_with_the_most_room() -> None:
 
 def test_groups_need_enough_gpus_and_gpuless_nodes_are_counted() -> None:
     ledger = placement.Ledger([node("cpu", [], 0), node("a", H100, 1), node("b", L4, 1)])
-    d = placement.decide(ledger, request("tp2", tensorParallelSize=2, maxModelLen=8192, maxNumSeqs=8,
+    d = placement.decide(ledger, request("tp2", tensorParallelSize=2, maxModelLen=8192, maxNumSeqs=8, kvCache={"concurrency": 8},
                                          maxNumBatchedTokens=8192))
     assert d.message == (
-        "0/3 nodes are available: 1 node(s) had no GPUs, 2 node(s) had fewer than 2 GPUs of one type (at most 1)."
+        "0/3 nodes are available: 1 node(s) had no GPUs, 2 node(s) had fewer than 2 GPUs of one type (at most 1). "
+        "Budget policy (default) 0.9 x capacity - 2.0 GiB holds back 9.9 GiB of each NVIDIA-H100-80GB-HBM3, "
+        "4.2 GiB of each NVIDIA-L4."
     )
 
 
 def test_a_tensor_parallel_group_names_its_best_gpus() -> None:
     ledger = placement.Ledger([node("a", L4, 2), node("b", L4, 4, foreign={1: 2 * GIB, 3: 4 * GIB})])
-    d = placement.decide(ledger, request("tp2", tensorParallelSize=2, maxModelLen=131072, maxNumSeqs=16,
+    d = placement.decide(ledger, request("tp2", tensorParallelSize=2, maxModelLen=131072, maxNumSeqs=16, kvCache={"concurrency": 16},
                                          maxNumBatchedTokens=8192))
     # a's two GPUs and b's two emptiest (0 and 2) all have the whole 17.8 GiB; a sorts first
     assert d.message.startswith("0/2 nodes are available: 2 GPU memory (needs ")
-    assert " on each of 2 GPUs, largest free 17.8 GiB on a GPU 0,1). Fits with: maxModelLen: " in d.message
+    assert " on each of 2 GPUs, largest free 17.8 GiB on a GPU 0,1)." + L4_POLICY + " Fits with: maxModelLen: " in d.message
 
 
 def test_node_affinity_exclusions_are_named_by_the_field_that_excludes() -> None:

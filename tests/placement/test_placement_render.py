@@ -22,8 +22,8 @@ def test_a_gpu_bar_is_its_capacity_split_into_bookings_foreign_free_and_reserve(
     p = placement.plan(
         [node("n", H100, 1, foreign={0: 5 << 30})],
         [
-            request("a", LLAMA_8B, "1", maxModelLen=8192, maxNumSeqs=4),
-            request("b", QWEN_05B, "2", maxModelLen=4096, maxNumSeqs=4),
+            request("a", LLAMA_8B, "1", maxModelLen=8192, kvCache={"concurrency": 4}),
+            request("b", QWEN_05B, "2", maxModelLen=4096, kvCache={"concurrency": 4}),
         ],
     )
     sl = p.ledger.slots()[0]
@@ -45,14 +45,14 @@ def _text(fn, *args) -> str:  # type: ignore[no-untyped-def]
 
 
 def test_print_estimate_fits() -> None:
-    est = memory.estimate(LLAMA_8B, memory.Settings(max_model_len=8192, max_num_seqs=8), H100)
+    est = memory.estimate(LLAMA_8B, memory.Settings(max_model_len=8192, kv_concurrency=8), H100)
     out = _text(render.print_estimate, est)
     assert "fits: " in out and "--max-model-len=8192" in out and "vLLM start-up (predicted log)" in out
     assert f"{render.gib(est.sizing.footprint.total)} of {render.gib(H100.cuda_total_bytes)} GiB" in out
 
 
 def test_print_estimate_does_not_fit() -> None:
-    est = memory.estimate(LLAMA_8B, memory.Settings(max_model_len=131072, max_num_seqs=8), L4)
+    est = memory.estimate(LLAMA_8B, memory.Settings(max_model_len=131072, kv_concurrency=8), L4)
     out = _text(render.print_estimate, est)
     assert "does not fit" in out and "over budget by" in out and "flags (if it fit)" in out
     assert "vLLM start-up" not in out
@@ -62,11 +62,11 @@ def test_print_plan_names_every_node_and_deployment() -> None:
     p = placement.plan(
         [node("gpu-a", H100, 2), node("gpu-b", L4, 1)],
         [
-            request("a", LLAMA_8B, "1", maxModelLen=8192, maxNumSeqs=4),
-            request("huge", LLAMA_8B, "2", maxModelLen=131072, maxNumSeqs=64),
+            request("a", LLAMA_8B, "1", maxModelLen=8192, kvCache={"concurrency": 4}),
+            request("huge", LLAMA_8B, "2", maxModelLen=131072, kvCache={"concurrency": 64}),
         ],
     )
     out = _text(render.print_plan, p)
     assert "gpu-a: 2x H100-80GB-HBM3" in out and "gpu-b: 1x L4" in out
     assert "Admitted      ■ default/a" in out and "Unschedulable ■ default/huge" in out
-    assert "--max-model-len=8192 --max-num-seqs=4" in out
+    assert "--max-model-len=8192 --max-num-seqs=1024" in out

@@ -6,7 +6,7 @@ from placement_fakes import H100, LLAMA_8B, QWEN_05B, check_invariant, node, req
 
 from vllmfit.core import placement
 
-SMALL = {"maxModelLen": 8192, "maxNumSeqs": 8}
+SMALL = {"maxModelLen": 8192, "kvCache": {"concurrency": 8}}
 
 
 def _admit(ledger: placement.Ledger, *reqs: placement.Request) -> dict[str, placement.Request]:
@@ -44,7 +44,7 @@ def test_grown_foreign_use_evicts_the_fewest() -> None:
             LLAMA_8B,
             "1",
             maxModelLen=32768,
-            maxNumSeqs=4,
+            kvCache={"concurrency": 4},
             placement={"nodeName": "n", "gpuIndices": [0]},
         ),
         request(
@@ -52,7 +52,7 @@ def test_grown_foreign_use_evicts_the_fewest() -> None:
             QWEN_05B,
             "2",
             maxModelLen=4096,
-            maxNumSeqs=4,
+            kvCache={"concurrency": 4},
             placement={"nodeName": "n", "gpuIndices": [0]},
         ),
         request(
@@ -60,7 +60,7 @@ def test_grown_foreign_use_evicts_the_fewest() -> None:
             QWEN_05B,
             "3",
             maxModelLen=4096,
-            maxNumSeqs=4,
+            kvCache={"concurrency": 4},
             placement={"nodeName": "n", "gpuIndices": [0]},
         ),
     )
@@ -83,8 +83,8 @@ def test_what_cannot_move_waits_with_reasons() -> None:
     ledger = placement.Ledger([node("a", H100, 1), node("b", H100, 1)])
     reqs = _admit(
         ledger,
-        request("x", order="1", maxModelLen=65536, maxNumSeqs=6),
-        request("y", order="2", maxModelLen=65536, maxNumSeqs=6),
+        request("x", order="1", maxModelLen=65536, kvCache={"concurrency": 6}),
+        request("y", order="2", maxModelLen=65536, kvCache={"concurrency": 6}),
     )
     gone = ledger.bookings_of("default/x")[0].node
     ledger.remove_node(gone)

@@ -135,7 +135,7 @@ def spec_of(**kw) -> api.VLLMDeploymentSpec:
 @pytest.mark.parametrize(("old", "new", "shrink"), [
     ({"replicas": 3}, {"replicas": 1}, True),
     ({"maxModelLen": 32768}, {"maxModelLen": 8192}, True),
-    ({"maxModelLen": 32768, "maxNumSeqs": 16}, {"maxModelLen": 8192, "maxNumSeqs": 8}, True),
+    ({"maxModelLen": 32768, "kvCache": {"concurrency": 16}}, {"maxModelLen": 8192, "kvCache": {"concurrency": 8}}, True),
     ({}, {"enforceEager": True}, True),
     ({"gpuMemoryUtilization": 0.5}, {"gpuMemoryUtilization": 0.4}, True),
     ({"maxModelLen": 8192}, {"maxModelLen": 32768}, False),
@@ -160,7 +160,7 @@ def test_a_spec_that_fits_is_allowed_without_warnings():
 
 def test_a_reduced_context_is_admitted_with_a_warning():
     led = ledger(gfd_node("gpu-node-a", 1))
-    v = webhook.check(led, request(model=MODEL_8B))  # 131072 tokens x 8 sequences do not fit
+    v = webhook.check(led, request(model=MODEL_8B, kvCache={"concurrency": 8}))  # 131072 tokens x 8 do not fit
     assert v.allowed and any("context reduced" in w for w in v.warnings)
 
 
@@ -175,31 +175,41 @@ def test_a_group_mixing_capacities_is_admitted_with_a_warning():
 
 
 def test_a_spec_that_fits_nowhere_is_denied_with_per_gpu_numbers_and_checked_fixes():
-    spec = {"model": MODEL_8B, "maxModelLen": 131072, "maxNumSeqs": 64}
+    spec = {"model": MODEL_8B, "maxModelLen": 131072, "kvCache": {"concurrency": 64}}
     led = ledger(gfd_node("gpu-node-a", 1))
     v = webhook.check(led, request(**spec))
     need, budget = footprint(spec), memory.budget_bytes(catalog.gpu(H100).cuda_total_bytes)
     assert not v.allowed and v.code == 403
     m = re.match(rf"0/1 nodes are available: 1 GPU memory \(needs (?:at least )?([\d.]+) GiB, "
-                 rf"largest free {re.escape(fmt_gib(budget))} on gpu-node-a GPU 0\)\. Fits with: ", v.message)
+                 rf"largest free {re.escape(fmt_gib(budget))} on gpu-node-a GPU 0\)\. Budget policy \(default\) .*? of each {H100}\. Fits with: ", v.message)
     assert m, v.message
     assert budget / GIB < float(m[1]) <= round(need / GIB, 1)  # the need may be a lower bound, never more
     fixes = v.message.split("Fits with: ", 1)[1].split("; or ")
     assert fixes
     for fix in fixes:  # each suggested change, applied to the spec, really fits
-        change = yaml.safe_load(fix)
-        assert isinstance(change, dict), fix
+        if fix.startswith("budget policy"):
+            continue  # a policy change, not a spec change
+        change: dict = {}
+        for part in fix.split(", "):  # "key: value" or "kvCache.tokens: N", comma-joined when combined
+            key, _, value = part.partition(": ")
+            head, _, sub = key.partition(".")
+            parsed = yaml.safe_load(value)
+            if sub:
+                change.setdefault(head, {})[sub] = parsed
+            else:
+                change[key] = parsed
         assert placement.decide(led, request(**{**spec, **change})).admitted, fix
 
 
 def full_and_free() -> tuple[placement.Ledger, dict]:
     """gpu-node-a's only GPU taken by 'hog'; gpu-node-b free."""
     led = ledger(gfd_node("gpu-node-a", 1), gfd_node("gpu-node-b", 1))
-    hog = request("hog", model=MODEL_8B, maxModelLen=40960, placement={"nodeName": "gpu-node-a"})
+    hog = request("hog", model=MODEL_8B, maxModelLen=40960, kvCache={"concurrency": 8},
+                  placement={"nodeName": "gpu-node-a"})
     d = placement.decide(led, hog)
     assert d.admitted and d.replicas[0].node == "gpu-node-a"
     led.book(d)
-    return led, {"model": MODEL_8B, "maxModelLen": 32768}
+    return led, {"model": MODEL_8B, "maxModelLen": 32768, "kvCache": {"concurrency": 8}}
 
 
 def test_pinned_where_it_does_not_fit_is_moved_with_a_warning_when_allowed():
@@ -233,14 +243,14 @@ def test_dry_run_says_where_and_books_nothing():
 
 def test_an_update_is_checked_with_its_own_allocation_released():
     led = ledger(gfd_node("gpu-node-a", 1))
-    old = {"model": MODEL_8B, "maxModelLen": 32768}
+    old = {"model": MODEL_8B, "maxModelLen": 32768, "kvCache": {"concurrency": 8}}
     led.book(placement.decide(led, request("a", **old)))
-    new = {"model": MODEL_8B, "maxModelLen": 40960}
+    new = {"model": MODEL_8B, "maxModelLen": 40960, "kvCache": {"concurrency": 8}}
     # precondition: as a second deployment it would not fit next to the first, alone it does
     assert not placement.decide(led, request("b", **new)).admitted
     assert footprint(new) <= memory.budget_bytes(catalog.gpu(H100).cuda_total_bytes)
     assert webhook.check(led, request("a", **new), old=spec_of(**old)).allowed
-    bigger = {"model": MODEL_8B, "maxModelLen": 131072, "maxNumSeqs": 64}
+    bigger = {"model": MODEL_8B, "maxModelLen": 131072, "kvCache": {"concurrency": 64}}
     assert not webhook.check(led, request("a", **bigger), old=spec_of(**old)).allowed
 
 
@@ -321,7 +331,7 @@ async def test_a_pod_template_that_fights_vllmfit_is_denied_naming_the_field():
 
 def test_scaling_up_keeps_the_replicas_it_holds_and_only_new_ones_must_fit():
     led = ledger(gfd_node("gpu-node-a", 2))
-    one = {"model": MODEL_8B, "maxModelLen": 32768, "replicas": 1}
+    one = {"model": MODEL_8B, "maxModelLen": 32768, "replicas": 1, "kvCache": {"concurrency": 8}}
     d = placement.decide(led, request("a", **one))
     led.book(d)
     [r0] = d.replicas

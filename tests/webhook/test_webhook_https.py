@@ -100,13 +100,13 @@ def test_a_spec_that_fits_is_allowed(hook):
 
 
 def test_a_reduced_context_is_admitted_with_a_warning(hook):
-    resp = validate(hook, vllmd("auto", model=MODEL_8B))
+    resp = validate(hook, vllmd("auto", model=MODEL_8B, kvCache={"concurrency": 8}))
     assert resp["allowed"] is True
     assert any(w.startswith("context reduced from 131072 to") for w in resp["warnings"])
 
 
 def test_a_spec_that_fits_nowhere_is_denied_with_per_gpu_numbers_and_a_fix(hook):
-    spec = {"model": MODEL_8B, "maxModelLen": 131072, "maxNumSeqs": 64}
+    spec = {"model": MODEL_8B, "maxModelLen": 131072, "kvCache": {"concurrency": 64}}
     resp = validate(hook, vllmd("huge", **spec))
     gpu = catalog.gpu(H100)
     req = request(vllmd("huge", **spec))
@@ -121,7 +121,7 @@ def test_a_spec_that_fits_nowhere_is_denied_with_per_gpu_numbers_and_a_fix(hook)
                  rf"largest free {re.escape(fmt_gib(budget))} on gpu-node-a GPU 0\)\.", status["message"])
     assert m, status["message"]
     assert budget / GIB < float(m[1]) <= round(need / GIB, 1)
-    assert "Fits with: maxModelLen: " in status["message"]
+    assert "Fits with: kvCache: {tokens: " in status["message"]
 
 
 def test_an_invalid_spec_is_denied_naming_the_field(hook):
@@ -142,14 +142,14 @@ def test_dry_run_answers_would_it_fit_and_books_nothing(hook):
     assert resp["allowed"] is True
     assert any(w.startswith("dry run: would be placed on gpu-node-a GPU [0] with --max-model-len=8192")
                for w in resp["warnings"])
-    no = validate(hook, vllmd("probe", model=MODEL_8B, maxModelLen=131072, maxNumSeqs=64), dry_run=True)
+    no = validate(hook, vllmd("probe", model=MODEL_8B, maxModelLen=131072, kvCache={"concurrency": 64}), dry_run=True)
     assert no["allowed"] is False
     assert usage(hook.store.ledger) == before and hook.store.ledger.deployments() == []
 
 
 def test_before_the_ledger_is_ready_everything_valid_is_allowed_with_a_warning(hook):
     hook.run(_set_ready(hook.store, False))
-    resp = validate(hook, vllmd("early", model=MODEL_8B, maxModelLen=131072, maxNumSeqs=64))
+    resp = validate(hook, vllmd("early", model=MODEL_8B, maxModelLen=131072, kvCache={"concurrency": 64}))
     assert resp == {"uid": resp["uid"], "allowed": True, "warnings": [webhook.NOT_READY]}
     assert validate(hook, vllmd("early", model=MODEL_8B, replicas=-1))["allowed"] is False  # still parsed
 
@@ -189,12 +189,12 @@ def test_updates_are_rechecked_with_their_own_allocation_released(hook):
     grown["spec"]["maxModelLen"] = 40960  # 57.6 GiB: fits only in the room `a` already holds
     assert validate(hook, grown, operation="UPDATE", old=old)["allowed"] is True
     too_big = copy.deepcopy(old)
-    too_big["spec"].update(maxModelLen=65536, maxNumSeqs=8)
+    too_big["spec"].update(maxModelLen=65536, kvCache={"concurrency": 8})
     assert validate(hook, too_big, operation="UPDATE", old=old)["allowed"] is False
 
 
 def test_metadata_only_updates_are_never_rechecked(hook):
-    stored = vllmd("x", model=MODEL_8B, maxModelLen=131072, maxNumSeqs=64)  # does not fit
+    stored = vllmd("x", model=MODEL_8B, maxModelLen=131072, kvCache={"concurrency": 64})  # does not fit
     finalized = copy.deepcopy(stored)
     finalized["metadata"]["finalizers"] = ["kopf.zalando.org/KopfFinalizerMarker"]
     assert validate(hook, finalized, operation="UPDATE", old=stored)["allowed"] is True
@@ -210,8 +210,8 @@ def test_two_reviews_at_once_both_pass_and_the_operators_booking_decides(hook):
     """docs/webhook.md, 'Advisory': the webhook never reserves; the operator's serialized booking
     is authoritative and marks the later deployment Unschedulable."""
     hook.store.ledger = FakeStore([gfd_node("gpu-node-a", 1)]).ledger  # room for one of them
-    a = vllmd("a", model=MODEL_8B, maxModelLen=32768)
-    b = vllmd("b", model=MODEL_8B, maxModelLen=32768)
+    a = vllmd("a", model=MODEL_8B, maxModelLen=32768, kvCache={"concurrency": 8})
+    b = vllmd("b", model=MODEL_8B, maxModelLen=32768, kvCache={"concurrency": 8})
 
     async def both():
         async with httpx.AsyncClient(base_url=hook.url, verify=hook.ssl_context()) as c:

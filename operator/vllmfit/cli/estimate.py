@@ -38,7 +38,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    choices=["fp8", "int8", "w8a8", "awq", "gptq", "w4a16", "mxfp4", "compressed-tensors", "bitsandbytes"])
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"])
     p.add_argument("--max-model-len", default="auto", help="context length, or auto (default)")
-    p.add_argument("--max-num-seqs", type=int, help=f"concurrent full-context sequences (default {defaults.DEFAULT_MAX_NUM_SEQS})")
+    p.add_argument("--max-num-seqs", type=int, help="the scheduler's cap on concurrent requests (default: vLLM's for the version and GPU)")
+    kv = p.add_argument_group("KV cache request (one of tokens, memory, concurrency; default: one full-length request)")
+    kv.add_argument("--kv-cache-tokens", type=int, metavar="N", help="KV capacity in tokens")
+    kv.add_argument("--kv-cache-memory", metavar="QTY", help="KV capacity per GPU as a Kubernetes quantity, e.g. 20Gi")
+    kv.add_argument("--kv-concurrency", type=int, metavar="N", help="requests of --typical-length held at once")
+    kv.add_argument("--typical-length", type=int, metavar="N", help="a typical request's tokens (default: max-model-len)")
+    kv.add_argument("--kv-grow", action="store_true", help="let the KV cache grow into the room the GPU offers")
+    add_budget_args(p)
     p.add_argument("--max-num-batched-tokens", type=int, help="tokens per step (default: vLLM's, by GPU size)")
     p.add_argument("--gpu-memory-utilization", type=float, help="use this u instead of computing it")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
@@ -66,6 +73,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 # --- inputs ------------------------------------------------------------------------------------
+
+
+def add_budget_args(p: argparse.ArgumentParser) -> None:
+    """The budget policy flags (also `plan`)."""
+    b = p.add_argument_group("budget policy (ADR-0002: utilization x capacity - reserve)")
+    b.add_argument("--budget-utilization", type=float, metavar="U",
+                   help=f"fraction of each GPU vllmfit hands out, in [0, 1] (default {defaults.UTILIZATION})")
+    b.add_argument("--budget-reserve", metavar="QTY",
+                   help=f"bytes kept free on each GPU, a Kubernetes quantity (default {defaults.RESERVE_BYTES // defaults.GIB}Gi)")
+
+
+def budget_from_args(args: argparse.Namespace) -> memory.BudgetPolicy:
+    """--budget-utilization / --budget-reserve -> the policy (one-line error, exit 2, when invalid)."""
+    from vllmfit.core.quantity import parse_bytes
+
+    u = defaults.UTILIZATION if args.budget_utilization is None else args.budget_utilization
+    try:
+        reserve = defaults.RESERVE_BYTES if args.budget_reserve is None else parse_bytes(args.budget_reserve, "--budget-reserve")
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    source = "CLI" if args.budget_utilization is not None or args.budget_reserve is not None else "default"
+    policy = memory.BudgetPolicy(u, reserve, source)
+    bad = policy.error()
+    if bad:
+        raise UserError(bad.replace("budget utilization", "--budget-utilization").replace("budget reserve", "--budget-reserve"))
+    return policy
 
 
 def _positive(name: str, value: float | None, limit: float | None = None) -> None:
@@ -135,6 +168,19 @@ def settings_from_args(args: argparse.Namespace) -> memory.Settings:
               "max_num_batched_tokens": limits.MAX_BATCHED_TOKENS}
     for name, limit in bounds.items():
         _positive(name.replace("_", "-"), getattr(args, name), limit)
+    for name in ("kv_cache_tokens", "kv_concurrency", "typical_length"):
+        _positive(name.replace("_", "-"), getattr(args, name))
+    kv_bytes = None
+    if args.kv_cache_memory is not None:
+        from vllmfit.core.quantity import parse_bytes
+
+        try:
+            kv_bytes = parse_bytes(args.kv_cache_memory, "--kv-cache-memory")
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    if args.kv_cache_tokens is not None and kv_bytes is not None:
+        raise UserError("--kv-cache-tokens and --kv-cache-memory ask the same thing twice; keep --kv-cache-tokens "
+                        "(it means the same on every GPU and TP size) and drop --kv-cache-memory")
     u = args.gpu_memory_utilization
     if u is not None and not 0 < u <= 1:
         raise UserError(f"--gpu-memory-utilization {u} must be in (0, 1]; e.g. 0.45 for half of a shared GPU")
@@ -142,7 +188,8 @@ def settings_from_args(args: argparse.Namespace) -> memory.Settings:
         tp=args.tp, pp=args.pp, dtype=args.dtype, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         max_model_len=length, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=u, enforce_eager=args.enforce_eager, vllm_version=args.vllm_version,
-        policy=args.policy, strict=args.strict,
+        policy=args.policy, strict=args.strict, kv_tokens=args.kv_cache_tokens, kv_bytes=kv_bytes,
+        kv_concurrency=args.kv_concurrency, typical_len=args.typical_length, kv_grow=args.kv_grow,
     )
 
 
@@ -165,10 +212,21 @@ def run_estimate(args: argparse.Namespace) -> int:
     model = load_model_config(args.model_config, args.params) if args.model_config else resolve_model(args.model)
     gpu = resolve_gpu(args)
     s = settings_from_args(args)
+    policy = budget_from_args(args)
     errors = memory.validate(model, s)
+    bad = policy.error(gpu.cuda_total_bytes)
+    if bad:
+        errors.append(bad.replace("budget reserve", "--budget-reserve"))
     if errors:
         raise UserError(errors[0])
-    est = memory.estimate(model, s, gpu, other_gpus=tuple(catalog.gpus().values()))
+    gpus = (gpu, *catalog.gpus().values())
+    too_large = memory.kv_request_too_large(model, s, gpus, policy)
+    if too_large:
+        raise UserError(too_large)
+    try:
+        est = memory.estimate(model, s, gpu, other_gpus=tuple(catalog.gpus().values()), policy=policy)
+    except memory.SpecError as e:
+        raise UserError(str(e)) from None
     if args.output == "json":
         print(json.dumps(estimate_json(est), indent=2, sort_keys=True))
     else:
@@ -212,6 +270,13 @@ def estimate_json(est: memory.Estimate) -> dict[str, Any]:
         "recurrent_state": _state_json(est),
         "kv_cache_tokens": z.kv_cache_tokens,
         "max_concurrency": round(z.max_concurrency, 2),
+        "kv_cache": {
+            "granted_tokens": z.granted_tokens,
+            "concurrency_at_max_model_len": round(z.max_concurrency, 2),
+            "typical_length": z.typical_len,
+            "concurrency_at_typical_length": None if z.concurrency_typical is None else round(z.concurrency_typical, 2),
+        },
+        "budget_policy": _policy_json(est),
         "flags": None if f is None else f.to_json(),
         "fits": z.fits,
         "reasons": list(z.reasons),
@@ -237,6 +302,12 @@ def _state_json(est: memory.Estimate) -> dict[str, Any] | None:
         "state_blocks_per_request": lay.state_blocks,
         "state_bytes_per_request": lay.state_bytes_per_request,
     }
+
+
+def _policy_json(est: memory.Estimate) -> dict[str, Any]:
+    p = est.policy if isinstance(est.policy, memory.BudgetPolicy) else memory.DEFAULT_POLICY
+    return {"utilization": p.utilization, "reserve_bytes": p.reserve_bytes, "source": p.source,
+            "held_back_bytes": p.held_back(est.capacity_bytes)}
 
 
 # --- listings ----------------------------------------------------------------------------------

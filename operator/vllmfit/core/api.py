@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from vllmfit.core import defaults, extraargs, limits, names
+from vllmfit.core.quantity import QUANTITY_PATTERN, parse_bytes
 
 GROUP = "vllmfit.dev"
 VERSION = "v1alpha1"
@@ -143,6 +144,56 @@ class PodTemplate(_Model):
     )
 
 
+class KvCacheSpec(_Model):
+    """The KV capacity a server asks for: at most one of tokens, memory and concurrency.
+    Unset: one request of the full maxModelLen (vLLM refuses to start with less)."""
+
+    tokens: int | None = Field(default=None, ge=1, description="KV capacity in tokens (over all requests in flight).")
+    memory: Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v)] | None = Field(
+        default=None,
+        pattern=QUANTITY_PATTERN,
+        description="KV capacity per GPU as a Kubernetes quantity (e.g. 20Gi), passed as --kv-cache-memory-bytes.",
+    )
+    concurrency: int | None = Field(
+        default=None, ge=1, description="Requests of typicalLength tokens the KV cache holds at once."
+    )
+    typical_length: int | None = Field(
+        default=None,
+        ge=1,
+        description="A typical request's tokens (prompt + output): with concurrency it sizes the KV cache; "
+        "status reports the concurrency at this length. Unset: maxModelLen.",
+    )
+    grow: bool = Field(
+        default=False,
+        description="Let the KV cache grow into the room its GPUs have left when it is placed "
+        "(never below the request; later deployments cannot use that room).",
+    )
+
+    @field_validator("memory")
+    @classmethod
+    def _quantity(cls, v: str | None) -> str | None:
+        if v is not None:
+            n = parse_bytes(v, "kvCache.memory")
+            if n < 1:
+                raise ValueError("kvCache.memory must be positive")
+        return v
+
+    @model_validator(mode="after")
+    def _one_request(self) -> KvCacheSpec:
+        if self.tokens is not None and self.memory is not None:
+            raise ValueError(
+                f"kvCache gives both tokens ({self.tokens}) and memory ({self.memory}); keep tokens (it means the "
+                "same on every GPU type and tensor-parallel size) and remove memory"
+            )
+        if self.concurrency is not None and (self.tokens is not None or self.memory is not None):
+            raise ValueError("kvCache gives both concurrency and tokens/memory; keep one")
+        return self
+
+    @property
+    def memory_bytes(self) -> int | None:
+        return None if self.memory is None else parse_bytes(self.memory, "kvCache.memory")
+
+
 class VLLMDeploymentSpec(_Model):
     """What to serve, and the memory-relevant vLLM settings. Unset numbers are computed by vllmfit."""
 
@@ -194,8 +245,13 @@ class VLLMDeploymentSpec(_Model):
         default=None,
         ge=1,
         le=limits.MAX_NUM_SEQS,
-        description="Concurrent full-context sequences whose KV cache is reserved (--max-num-seqs); "
-        f"{defaults.DEFAULT_MAX_NUM_SEQS} when unset.",
+        description="The scheduler's cap on concurrent requests (--max-num-seqs); no memory is reserved for it. "
+        "Unset: vLLM's own default for the image's version and the GPU (e.g. 1024 on an H100, 256 on an A100).",
+    )
+    kv_cache: KvCacheSpec | None = Field(
+        default=None,
+        description="The KV cache this server should have: tokens, memory, or a concurrency at a typical "
+        "request length. Unset: one request of maxModelLen.",
     )
     max_num_batched_tokens: int | None = Field(
         default=None, ge=1, le=limits.MAX_BATCHED_TOKENS, description="Tokens per scheduler step (--max-num-batched-tokens); vLLM's default when unset."
@@ -248,8 +304,9 @@ class VLLMDeploymentSpec(_Model):
 
     @model_validator(mode="after")
     def _batch_holds_seqs(self) -> VLLMDeploymentSpec:
-        b, s = self.max_num_batched_tokens, self.max_num_seqs or defaults.DEFAULT_MAX_NUM_SEQS
-        if b is not None and b < s:
+        # maxNumSeqs unset: vLLM's default is min(S_default, B), never above B
+        b, s = self.max_num_batched_tokens, self.max_num_seqs
+        if b is not None and s is not None and b < s:
             raise ValueError(
                 f"maxNumBatchedTokens {b} is less than maxNumSeqs {s}; vLLM refuses to start "
                 "(max_num_batched_tokens must be greater than or equal to max_num_seqs)"
@@ -290,8 +347,22 @@ class Flags(_Model):
     max_model_len: int = Field(description="--max-model-len")
     max_num_seqs: int = Field(description="--max-num-seqs")
     gpu_memory_utilization: float = Field(description="--gpu-memory-utilization (per process, see docs)")
-    kv_cache_memory_bytes: int | None = Field(default=None, description="The KV cache reservation in bytes.")
+    kv_cache_memory_bytes: int | None = Field(
+        default=None, description="--kv-cache-memory-bytes: the KV cache reservation in bytes, when injected."
+    )
     max_num_batched_tokens: int | None = Field(default=None, description="--max-num-batched-tokens, if set")
+
+
+class KvCacheStatus(_Model):
+    """The KV cache granted, and the concurrency it buys."""
+
+    bytes: int = Field(description="KV cache per GPU.")
+    tokens: int = Field(description="KV tokens granted (never fewer than requested).")
+    concurrency_at_max_model_len: float = Field(description="Requests of maxModelLen tokens held at once.")
+    typical_length: int | None = Field(default=None, description="The typical request length asked for.")
+    concurrency_at_typical_length: float | None = Field(
+        default=None, description="Requests of typicalLength tokens held at once."
+    )
 
 
 class GpuMemory(_Model):
@@ -356,6 +427,7 @@ class VLLMDeploymentStatus(_Model):
     gpu_list: str | None = Field(default=None, description="GPU indices, comma-separated (printer column).")
     placement: list[ReplicaPlacement] = Field(default_factory=list, description="Where each replica runs.")
     flags: Flags | None = Field(default=None, description="Computed vLLM flags.")
+    kv_cache: KvCacheStatus | None = Field(default=None, description="KV cache granted and the concurrency it buys.")
     memory: list[GpuMemory] = Field(default_factory=list, description="Predicted memory per GPU (ledger entries).")
     gpus: list[GpuHeadroom] = Field(default_factory=list, description="Headroom of the GPUs it sits on.")
     headroom: str | None = Field(default=None, description="Smallest headroom among its GPUs, human-readable.")

@@ -20,10 +20,19 @@ BLOCK_SIZE = 16
 KV_OVERHEAD = 0.0
 """ADR policy: kvOverheadPct in the KV bytes-per-token formula."""
 
-DEFAULT_MAX_NUM_SEQS = 8
-"""Concurrency reserved when a spec sets no maxNumSeqs: this many full-context sequences
-get KV cache. Kept small on purpose so that deployments without explicit numbers can share a
-GPU; vLLM's own default (256/1024) is a scheduler cap, not a memory reservation."""
+ADR_MAX_NUM_SEQS = 8
+"""`adr` policy only: the numSeq of ADR-0002's formulas when neither maxModelLen nor maxNumSeqs is
+set. The `vllm` policy sizes the KV cache by the KV request (kvCache) and injects vLLM's own
+--max-num-seqs default for the image's version and GPU tier when maxNumSeqs is unset."""
+
+DEFAULT_KV_FULL_REQUESTS = 1
+"""KV cache when no kvCache request is given: this many requests of the full maxModelLen (vLLM
+refuses to start when its KV cache cannot hold one)."""
+
+BUDGET_UTILIZATION_LABEL = "vllmfit.dev/budget-utilization"
+BUDGET_RESERVE_LABEL = "vllmfit.dev/budget-reserve"
+"""Node labels that set the budget policy of a node pool (e.g. "0.95" and "1Gi"); they override
+the cluster-wide policy (operator flags --budget-utilization / --budget-reserve)."""
 
 MIN_AUTO_MAX_MODEL_LEN = 2048
 """When maxModelLen is not set and the model's full context does not fit, the context is

@@ -38,7 +38,7 @@ REFUSED: dict[str, str] = {
     "--max-num-seqs": _SET.format("spec.maxNumSeqs"),
     "--gpu-memory-utilization": _SET.format("spec.gpuMemoryUtilization"),
     "--device-memory-utilization": _SET.format("spec.gpuMemoryUtilization"),
-    "--kv-cache-memory-bytes": _SET.format("spec.maxModelLen and spec.maxNumSeqs (the KV cache is sized from them)"),
+    "--kv-cache-memory-bytes": _SET.format("spec.kvCache (tokens, memory or concurrency: the KV cache is sized from it)"),
     "--max-num-batched-tokens": _SET.format("spec.maxNumBatchedTokens"),
     "--tensor-parallel-size": _SET.format("spec.tensorParallelSize"),
     "--pipeline-parallel-size": _SET.format("spec.pipelineParallelSize"),

@@ -521,6 +521,13 @@ class GpuType:
     aliases: tuple[str, ...] = ()
     architecture: str = ""
     source: str = ""
+    compute_capability: tuple[int, int] | None = None  # CUDA (major, minor); None: unknown GPU
+
+    @property
+    def cc_label(self) -> str:
+        if self.compute_capability is None:
+            return "unknown"
+        return f"{self.compute_capability[0]}.{self.compute_capability[1]}"
 
     @property
     def is_a100(self) -> bool:

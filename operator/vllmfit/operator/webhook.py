@@ -150,10 +150,24 @@ def is_shrink(old: api.VLLMDeploymentSpec, new: api.VLLMDeploymentSpec) -> bool:
     changed = memory_changes(old, new)
     return bool(changed) and all(
         (n == "enforce_eager" and new.enforce_eager)
+        or (n == "kv_cache" and _kv_shrink(old.kv_cache, new.kv_cache))
         or (n in SMALLER_NEEDS_LESS and getattr(old, n) is not None and getattr(new, n) is not None
             and getattr(new, n) < getattr(old, n))
         for n in changed
     )
+
+
+def _kv_shrink(old: api.KvCacheSpec | None, new: api.KvCacheSpec | None) -> bool:
+    """The same kind of KV request, lowered (tokens, memory or concurrency; typicalLength and grow
+    unchanged)."""
+    if old is None or new is None:
+        return False
+    if (old.typical_length, old.grow) != (new.typical_length, new.grow) or new.grow:
+        return False
+    pairs = [(old.tokens, new.tokens), (old.memory_bytes, new.memory_bytes), (old.concurrency, new.concurrency)]
+    if any((a is None) != (b is None) for a, b in pairs):
+        return False
+    return all(b <= a for a, b in pairs if a is not None and b is not None) and old != new
 
 
 def _where(d: placement.Decision) -> str:

@@ -81,8 +81,17 @@ def gpus() -> dict[str, GpuType]:
             aliases=tuple(e.get("aliases", ())),
             architecture=e.get("architecture", ""),
             source=e.get("source", ""),
+            compute_capability=_cc(e.get("compute_capability")),
         )
     return out
+
+
+def _cc(text: object) -> tuple[int, int] | None:
+    """'8.9' -> (8, 9)."""
+    if text is None:
+        return None
+    major, _, minor = str(text).partition(".")
+    return int(major), int(minor or 0)
 
 
 def _lookup(table: dict[str, Any], key: str, what: str, aliases: dict[str, str]) -> Any:

@@ -29,11 +29,25 @@ This package re-exports the names the shells use; inside the core, import the mo
 """
 
 from vllmfit.core.defaults import MIB
-from vllmfit.core.memory.budget import budget_bytes, requested_bytes, utilization_for
+from vllmfit.core.memory.budget import (
+    DEFAULT_POLICY,
+    BudgetPolicy,
+    budget_bytes,
+    requested_bytes,
+    utilization_for,
+    utilization_within,
+)
 from vllmfit.core.memory.estimate import estimate
-from vllmfit.core.memory.fixes import fixes
+from vllmfit.core.memory.fixes import (
+    SPEC_NAMES,
+    Fix,
+    fixes,
+    kv_request_too_large,
+    larger_gpu,
+    largest_kv_tokens,
+)
 from vllmfit.core.memory.kv import KvLayout, adr_kv_bytes_per_token, kv_layout
-from vllmfit.core.memory.sizing import MIN_BATCHED_TOKENS, size, vllm_startup
+from vllmfit.core.memory.sizing import MIN_BATCHED_TOKENS, UNLIMITED, default_batch, size, vllm_startup
 from vllmfit.core.memory.types import (
     Estimate,
     Flags,
@@ -45,14 +59,19 @@ from vllmfit.core.memory.types import (
     VllmStartup,
     fmt_gib,
 )
-from vllmfit.core.memory.validation import validate
+from vllmfit.core.memory.validation import can_run, gpu_errors, validate
 from vllmfit.core.memory.versions import VllmVersion, parse_version
 from vllmfit.core.memory.weights import adr_weights_bytes, weights_bytes
 
 __all__ = [
+    "DEFAULT_POLICY",
     "MIB",
     "MIN_BATCHED_TOKENS",
+    "SPEC_NAMES",
+    "UNLIMITED",
+    "BudgetPolicy",
     "Estimate",
+    "Fix",
     "Flags",
     "Footprint",
     "KvLayout",
@@ -65,14 +84,21 @@ __all__ = [
     "adr_kv_bytes_per_token",
     "adr_weights_bytes",
     "budget_bytes",
+    "can_run",
+    "default_batch",
     "estimate",
     "fixes",
     "fmt_gib",
+    "gpu_errors",
     "kv_layout",
+    "kv_request_too_large",
+    "larger_gpu",
+    "largest_kv_tokens",
     "parse_version",
     "requested_bytes",
     "size",
     "utilization_for",
+    "utilization_within",
     "validate",
     "vllm_startup",
     "weights_bytes",

@@ -1,11 +1,14 @@
-"""The budget of a GPU (ADR-0002: utilization x capacity - reserve) and vLLM's requested memory
-R = ceil(T x u), with the utilization that requests a given number of bytes."""
+"""The budget of a GPU (ADR-0002: utilization x capacity - reserve) under a budget policy users can
+set, and vLLM's requested memory R = ceil(T x u), with the utilization that requests a given number
+of bytes."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from vllmfit.core import defaults
+from vllmfit.core.memory.types import fmt_gib
 from vllmfit.core.memory.versions import VllmVersion
 
 # --- Budget (ADR-0002) -------------------------------------------------------------------------
@@ -15,10 +18,65 @@ def budget_bytes(capacity: int, utilization: float = defaults.UTILIZATION, reser
     """ADR-0002: budget = utilization x capacity - reserve (never negative)."""
     return max(int(utilization * capacity) - reserve, 0)
 
+
+@dataclass(frozen=True)
+class BudgetPolicy:
+    """The safety policy of a GPU: vllmfit hands out `utilization x capacity - reserve` of it.
+
+    ADR-0002's defaults (0.90, 2 GiB) unless set cluster-wide (operator --budget-utilization /
+    --budget-reserve, chart value `budget`), per node pool (node labels
+    vllmfit.dev/budget-utilization / vllmfit.dev/budget-reserve) or in the CLI (same flags).
+    `source` says which, for messages."""
+
+    utilization: float = defaults.UTILIZATION
+    reserve_bytes: int = defaults.RESERVE_BYTES
+    source: str = "default"
+
+    def budget(self, capacity: int) -> int:
+        return budget_bytes(capacity, self.utilization, self.reserve_bytes)
+
+    def held_back(self, capacity: int) -> int:
+        """Bytes of the GPU the policy never hands out."""
+        return capacity - self.budget(capacity)
+
+    @property
+    def rule(self) -> str:
+        return f"{self.utilization:g} x capacity - {fmt_gib(self.reserve_bytes)}"
+
+    def describe(self, capacity: int) -> str:
+        """'budget policy (default) 0.9 x capacity - 2.0 GiB holds back 9.9 GiB of 79.2 GiB'"""
+        return (f"budget policy ({self.source}) {self.rule} holds back {fmt_gib(self.held_back(capacity))} "
+                f"of {fmt_gib(capacity)}")
+
+    def error(self, capacity: int | None = None) -> str | None:
+        """Why this policy is invalid (for a GPU of `capacity` bytes, if given), else None."""
+        if not 0 <= self.utilization <= 1:
+            return (f"budget utilization {self.utilization:g} ({self.source}) is outside [0, 1]; "
+                    f"e.g. {defaults.UTILIZATION} keeps ADR-0002's default")
+        if self.reserve_bytes < 0:
+            return f"budget reserve {self.reserve_bytes} bytes ({self.source}) must not be negative"
+        if capacity is not None and self.reserve_bytes > capacity:
+            return (f"budget reserve {fmt_gib(self.reserve_bytes)} ({self.source}) is larger than the GPU "
+                    f"({fmt_gib(capacity)}); use less than {fmt_gib(capacity)}")
+        return None
+
+
+DEFAULT_POLICY = BudgetPolicy()
+
+
 def utilization_for(capacity: int, requested: int) -> float:
     """Smallest u with UTILIZATION_DECIMALS decimals such that ceil(capacity x u) >= requested."""
     scale = 10**defaults.UTILIZATION_DECIMALS
     u = math.ceil(requested * scale / capacity) / scale
+    return min(u, 1.0)
+
+
+def utilization_within(capacity: int, room: int) -> float:
+    """Largest u with UTILIZATION_DECIMALS decimals such that ceil(capacity x u) <= room (0 if none)."""
+    scale = 10**defaults.UTILIZATION_DECIMALS
+    u = max(math.floor(room * scale / capacity), 0) / scale
+    while u > 0 and math.ceil(capacity * u) > room:
+        u = round(u - 1 / scale, defaults.UTILIZATION_DECIMALS)
     return min(u, 1.0)
 
 

@@ -2,26 +2,37 @@
 
 from __future__ import annotations
 
-from vllmfit.core import defaults
-from vllmfit.core.memory.budget import budget_bytes
-from vllmfit.core.memory.fixes import fixes
+from dataclasses import replace
+
+from vllmfit.core.memory.budget import DEFAULT_POLICY, BudgetPolicy
+from vllmfit.core.memory.fixes import fixes, larger_gpu
 from vllmfit.core.memory.sizing import size, vllm_startup
-from vllmfit.core.memory.types import Estimate, Settings
+from vllmfit.core.memory.types import Estimate, Settings, SpecError
 from vllmfit.core.memory.versions import parse_version
 from vllmfit.core.modelarch import GpuType, ModelArch
 
 # --- estimate: one deployment, empty GPUs, with checked fixes -----------------------------------
 
 
-def estimate(model: ModelArch, s: Settings, gpu: GpuType, *, other_gpus: tuple[GpuType, ...] = ()) -> Estimate:
+def estimate(model: ModelArch, s: Settings, gpu: GpuType, *, other_gpus: tuple[GpuType, ...] = (),
+             policy: BudgetPolicy = DEFAULT_POLICY) -> Estimate:
     T = gpu.cuda_total_bytes
-    budget = budget_bytes(T)
+    bad = policy.error(T)
+    if bad:
+        raise SpecError(bad)
+    budget = policy.budget(T)
     sizing = size(model, s, gpu, budget)
     version, _ = parse_version(s.vllm_version)
     vllm = None
     if sizing.flags and s.policy == "vllm" and model.num_layers:
-        f = sizing.flags
-        vllm = vllm_startup(model, s, gpu, f.gpu_memory_utilization, f.max_model_len, f.max_num_seqs)
-    suggestions = () if sizing.fits else tuple(fixes(model, s, gpu, other_gpus))
-    return Estimate(model, gpu, s, version, sizing, budget, defaults.RESERVE_BYTES, T, vllm, suggestions,
-                    sizing.warnings)
+        vllm = vllm_startup(model, s, gpu, sizing.flags)
+    suggestions: tuple[str, ...] = ()
+    if not sizing.fits:
+        sizing = replace(sizing, reasons=(*sizing.reasons, policy.describe(T)))
+        found = [f.text for f in fixes(model, s, gpu, other_gpus, budget, policy)]
+        other = larger_gpu(model, s, gpu, other_gpus, policy)
+        if other is not None:
+            found.append(f"a larger GPU: {other.product}")
+        suggestions = tuple(found)
+    return Estimate(model, gpu, s, version, sizing, budget, policy.reserve_bytes, T, vllm, suggestions,
+                    sizing.warnings, policy)

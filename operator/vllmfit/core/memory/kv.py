@@ -94,6 +94,22 @@ class KvLayout:
         blocks = seqs * self.blocks_per_request(length, batched_tokens, pp) + 1
         return blocks * self.block_bytes
 
+    def bytes_for_tokens(self, tokens: int) -> int:
+        """KV bytes of a pool that holds `tokens` tokens in every group, plus the null block."""
+        return (self.groups * ceil_div(tokens, self.block_size) + 1) * self.block_bytes
+
+    def pool_tokens(self, kv_bytes: int) -> int:
+        """Tokens `kv_bytes` hold in every group (the null block, taken from the pool by vLLM's
+        BlockPool, excluded): what a KV request in tokens is granted."""
+        if not self.groups or not self.block_bytes:
+            return 0
+        return max(self.num_blocks(kv_bytes) - 1, 0) // self.groups * self.block_size
+
+    def concurrency(self, kv_bytes: int, length: int, batched_tokens: int, pp: int = 1) -> float:
+        """Requests of `length` tokens the pool holds at once (the null block excluded)."""
+        per = self.blocks_per_request(length, batched_tokens, pp)
+        return max(self.num_blocks(kv_bytes) - 1, 0) / per if per else 0.0
+
     def num_blocks(self, kv_bytes: int) -> int:
         return max(kv_bytes // self.block_bytes, 0) if self.block_bytes else 0
 

@@ -42,7 +42,8 @@ def batch_defaults(gpu: GpuType, version: VllmVersion) -> tuple[int, int]:
 def activation_bytes(model: ModelArch, s: Settings, batched: int, seqs: int, version: VllmVersion) -> int:
     """Peak of the profile run: max(sampler logits, forward intermediates) + fused-MoE workspace."""
     act = activation_dtype_bytes(model, s)
-    rows = min(seqs, batched)
+    # a pooling model's profile run calls the pooler, not the sampler: no logits over the vocabulary
+    rows = 0 if model.pooling else min(seqs, batched)
     logits = rows * (ceil_div(model.vocab_size, 64) * 64) * (version.logits_bytes_per_element + (act - 2))
     inter = 0 if model.is_moe else 3 * model.intermediate_size // s.tp
     forward = batched * (inter + FORWARD_HIDDEN_COPIES * model.hidden_size) * act

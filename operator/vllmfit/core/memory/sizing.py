@@ -1,6 +1,6 @@
-"""Sizing one deployment for one GPU group: fill in vLLM's defaults, choose context, concurrency
-and --gpu-memory-utilization, and check that it fits the bytes available. Also what vLLM would
-log at start-up for the chosen flags."""
+"""Sizing one deployment for one GPU group: fill in vLLM's defaults, size the KV cache by the KV
+request, choose --gpu-memory-utilization, and check that it fits the bytes available. Also what
+vLLM would log at start-up for the chosen flags."""
 
 from __future__ import annotations
 
@@ -12,12 +12,15 @@ from vllmfit.core.memory.kv import KvLayout, adr_kv_bytes_per_token, kv_layout
 from vllmfit.core.memory.margin import kv_band
 from vllmfit.core.memory.overhead import activation_bytes, batch_defaults, graph_bytes, runtime_overheads
 from vllmfit.core.memory.types import Flags, Footprint, Settings, Sizing, SpecError, VllmStartup, fmt_gib
-from vllmfit.core.memory.validation import validate
+from vllmfit.core.memory.validation import gpu_errors, validate
 from vllmfit.core.memory.versions import VllmVersion, parse_version
 from vllmfit.core.memory.weights import adr_weights_bytes, weights_bytes
 from vllmfit.core.modelarch import GpuType, ModelArch
 
 # --- Sizing ------------------------------------------------------------------------------------
+
+UNLIMITED = 1 << 62
+"""`available` meaning "no limit" (the search's full-size probe): a growing KV cache does not grow."""
 
 
 @dataclass(frozen=True)
@@ -30,34 +33,45 @@ class Resolved:
     fixed: Footprint  # kv_cache = 0
     batched_tokens: int
     warnings: tuple[str, ...]
+    max_num_seqs: int = 1  # --max-num-seqs: the spec's, else vLLM's default for the version and GPU tier
+
+
+def default_batch(gpu: GpuType, s: Settings, version: VllmVersion) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) as injected: the spec's values, else vLLM's API-server
+    defaults for the GPU tier and version (vllm-flags.md section 3) with vLLM's post-processing
+    S = min(S, B); a maxNumSeqs above the default B raises B to it (vLLM requires B >= S)."""
+    b_default, s_default = batch_defaults(gpu, version)
+    batched = s.max_num_batched_tokens or max(b_default, s.max_num_seqs or 0)
+    seqs = s.max_num_seqs or min(s_default, batched)
+    return batched, seqs
 
 
 def resolve(model: ModelArch, s: Settings, gpu: GpuType) -> Resolved:
     errors = validate(model, s)
+    gpu_errs, gpu_warns = gpu_errors(model, s, gpu)
+    errors.extend(gpu_errs)
     if errors:
         raise SpecError(errors[0])
     version, vwarn = parse_version(s.vllm_version)
-    warnings = [vwarn] if vwarn else []
+    warnings = ([vwarn] if vwarn else []) + gpu_warns
     warnings += model.warnings  # unknown layer types: never silent
-    b_default, _ = batch_defaults(gpu, version)
-    batched = s.max_num_batched_tokens or b_default
+    batched, seqs = default_batch(gpu, s, version)
     layout = kv_layout(model, s, version)
     if s.policy == "adr":
         fixed = Footprint(adr_weights_bytes(model, s), 0, 0, 0, 0, 0)
-        return Resolved(s, version, layout, fixed, batched, tuple(warnings))
-    seqs_for_profile = s.max_num_seqs or defaults.DEFAULT_MAX_NUM_SEQS
+        return Resolved(s, version, layout, fixed, batched, tuple(warnings), seqs)
     ctx, non_torch = runtime_overheads(s)
     fixed = Footprint(
         weights=weights_bytes(model, s),
         kv_cache=0,
-        activation=activation_bytes(model, s, batched, seqs_for_profile, version),
+        activation=activation_bytes(model, s, batched, seqs, version),
         cuda_context=ctx,
         non_torch=non_torch,
         cuda_graphs=graph_bytes(model, s),
         margin=kv_band(model)[0],
         kv_band_under=kv_band(model)[1],
     )
-    return Resolved(s, version, layout, fixed, batched, tuple(warnings))
+    return Resolved(s, version, layout, fixed, batched, tuple(warnings), seqs)
 
 
 def _outside_r(fp: Footprint, version: VllmVersion) -> int:
@@ -69,22 +83,40 @@ def _inside_r(fp: Footprint, version: VllmVersion) -> int:
     return fp.total - _outside_r(fp, version) - fp.slack
 
 
-def kv_for(model: ModelArch, r: Resolved, length: int, seqs: int) -> int:
-    if r.settings.policy == "adr":
-        return adr_kv_bytes_per_token(model, r.settings) * length * seqs
-    if r.layout.pooling:
+def kv_request_bytes(model: ModelArch, r: Resolved, length: int) -> int:
+    """The KV cache the request asks for, in bytes per GPU (`vllm` policy), for a context of
+    `length`: memory as given; tokens as whole blocks in every group; concurrency as that many
+    requests of the typical length (maxModelLen when unset); nothing given:
+    DEFAULT_KV_FULL_REQUESTS requests of the full context. Plus the null block."""
+    s, lay = r.settings, r.layout
+    if lay.pooling:
         return 0
-    return r.layout.bytes_for(length, seqs, r.batched_tokens, r.settings.pp)
+    if model.pooling:  # a decoder-based embedder: the KV of one batch
+        return lay.bytes_for(min(r.batched_tokens, length), 1, r.batched_tokens, s.pp)
+    if s.kv_bytes is not None:
+        return s.kv_bytes
+    if s.kv_tokens is not None:
+        return lay.bytes_for_tokens(s.kv_tokens)
+    if s.kv_concurrency is not None:
+        return lay.bytes_for(s.typical_len or length, s.kv_concurrency, r.batched_tokens, s.pp)
+    return lay.bytes_for(length, defaults.DEFAULT_KV_FULL_REQUESTS, r.batched_tokens, s.pp)
 
 
-def finish(model: ModelArch, r: Resolved, gpu: GpuType, length: int, seqs: int, warnings: list[str]) -> Sizing:
-    """Footprint and flags for a chosen context and concurrency."""
+def explicit_request(s: Settings) -> bool:
+    """A KV request that does not scale with the context (memory, tokens, or a concurrency at a
+    given typical length)."""
+    return s.kv_bytes is not None or s.kv_tokens is not None or (
+        s.kv_concurrency is not None and s.typical_len is not None)
+
+
+def finish(model: ModelArch, r: Resolved, gpu: GpuType, length: int, kv: int, warnings: list[str],
+           seqs: int | None = None) -> Sizing:
+    """Footprint and flags for a chosen context and KV reservation (bytes per GPU)."""
     s, version = r.settings, r.version
-    kv = kv_for(model, r, length, seqs)
-    if model.pooling and r.settings.policy == "vllm" and not r.layout.pooling:
-        kv = r.layout.bytes_for(min(r.batched_tokens, length), 1, r.batched_tokens, s.pp)
+    seqs = seqs or r.max_num_seqs
     fp = replace(r.fixed, kv_cache=kv)
     T = gpu.cuda_total_bytes
+    inject_kv = False
     if s.gpu_memory_utilization is not None:
         u = s.gpu_memory_utilization
         requested = requested_bytes(T, u, version)
@@ -92,7 +124,7 @@ def finish(model: ModelArch, r: Resolved, gpu: GpuType, length: int, seqs: int, 
         if kv_avail < kv and s.policy == "vllm":
             warnings.append(
                 f"gpuMemoryUtilization {u} leaves {fmt_gib(max(kv_avail, 0))} for KV cache, less than the "
-                f"{fmt_gib(kv)} this context and concurrency need"
+                f"{fmt_gib(kv)} the KV request needs"
             )
         fp = replace(fp, kv_cache=max(kv_avail, 0))
     else:
@@ -100,22 +132,33 @@ def finish(model: ModelArch, r: Resolved, gpu: GpuType, length: int, seqs: int, 
         u = utilization_for(T, need)
         requested = requested_bytes(T, u, version)
         fp = replace(fp, slack=max(requested - need, 0))
-    kv_tokens, conc = (0, 0.0)
-    if not r.layout.pooling and r.layout.block_bytes:
-        kv_tokens, conc = r.layout.tokens(fp.kv_cache, length, r.batched_tokens, s.pp)
-    per_token = adr_kv_bytes_per_token(model, s) if s.policy == "adr" else r.layout.bytes_per_token
+        # --kv-cache-memory-bytes pins the KV cache to the request; the matching u passes vLLM's
+        # start-up check (free >= ceil(T x u)) next to its neighbours (docs/memory-model.md)
+        inject_kv = s.policy == "vllm" and version.kv_cache_memory_bytes_flag and kv > 0
+    lay = r.layout
+    kv_tokens, conc, granted, typical = 0, 0.0, 0, None
+    if not lay.pooling and lay.block_bytes:
+        kv_tokens, conc = lay.tokens(fp.kv_cache, length, r.batched_tokens, s.pp)
+        granted = lay.pool_tokens(fp.kv_cache)
+        if s.typical_len:
+            typical = lay.concurrency(fp.kv_cache, s.typical_len, r.batched_tokens, s.pp)
+    per_token = adr_kv_bytes_per_token(model, s) if s.policy == "adr" else lay.bytes_per_token
+    if s.policy == "adr":
+        granted = fp.kv_cache // per_token if per_token else 0
     flags = Flags(
         max_model_len=length,
         max_num_seqs=seqs,
         gpu_memory_utilization=u,
-        kv_cache_memory_bytes=fp.kv_cache if r.settings.policy == "vllm" else None,
+        kv_cache_memory_bytes=fp.kv_cache if inject_kv else None,
         max_num_batched_tokens=r.batched_tokens if s.policy == "vllm" else None,
     )
-    return Sizing(True, fp, flags, per_token, kv_tokens, conc, (), tuple(warnings))
+    return Sizing(True, fp, flags, per_token, kv_tokens, conc, (), tuple(warnings), granted, s.typical_len, typical)
 
 
 MIN_BATCHED_TOKENS = 2048
-"""vLLM's smallest default max_num_batched_tokens; used when the GPU tier's default does not fit."""
+MIN_DEFAULT_SEQS = 256
+"""vLLM's smallest API-server defaults (max_num_batched_tokens, max_num_seqs: the < 70 GiB tier);
+used when the GPU tier's defaults do not fit (their profile run's activation is larger)."""
 
 
 def size(model: ModelArch, s: Settings, gpu: GpuType, available: int) -> Sizing:
@@ -123,25 +166,31 @@ def size(model: ModelArch, s: Settings, gpu: GpuType, available: int) -> Sizing:
     tightest of them (budget minus everything already booked there).
 
     Rules (documented in docs/memory-model.md):
-    - max_num_seqs unset: DEFAULT_MAX_NUM_SEQS concurrent full-context sequences.
-    - max_model_len unset: the model's full context; if that does not fit, the largest multiple of
-      the block size that fits, not below MIN_AUTO_MAX_MODEL_LEN (warning).
-    - The KV reservation is exactly seqs x blocks(max_model_len) (+ the null block); an unset value
-      only takes `available`, never memory another deployment holds.
-    - u is the smallest value whose ceil(T x u) holds the process's requested part.
+    - The KV cache is the KV request (`kv_request_bytes`): memory, tokens, or a concurrency at a
+      typical length; nothing given: one request of the full context. It never shrinks; with
+      kv_grow it grows into the room `available` leaves.
+    - max_model_len unset: the model's full context, capped to what an explicit KV request holds;
+      if one request of it does not fit, the largest multiple of the block size that fits, not
+      below MIN_AUTO_MAX_MODEL_LEN (warning).
+    - max_num_seqs unset: vLLM's own default for the version and GPU tier (a scheduler cap only).
+    - u is the smallest value whose ceil(T x u) holds the process's requested part, and the KV
+      reservation is injected as --kv-cache-memory-bytes (versions >= 0.10.2).
     - max_num_batched_tokens unset: vLLM's default for the GPU; if that does not fit, 2048 (warning).
       The value used is always injected, so the pod runs what was predicted.
     """
     sizing = _size(model, s, gpu, available)
     if sizing.fits or s.max_num_batched_tokens is not None or s.policy != "vllm":
         return sizing
-    default_b, _ = batch_defaults(gpu, parse_version(s.vllm_version)[0])
-    if default_b <= MIN_BATCHED_TOKENS:
+    default_b, default_s = batch_defaults(gpu, parse_version(s.vllm_version)[0])
+    if default_b <= MIN_BATCHED_TOKENS or (s.max_num_seqs or 0) > MIN_BATCHED_TOKENS:
         return sizing
-    smaller = _size(model, replace(s, max_num_batched_tokens=MIN_BATCHED_TOKENS), gpu, available)
+    seqs = s.max_num_seqs or min(default_s, MIN_DEFAULT_SEQS)
+    smaller = _size(model, replace(s, max_num_batched_tokens=MIN_BATCHED_TOKENS, max_num_seqs=seqs), gpu, available)
     if not smaller.fits:
         return sizing
     note = f"max_num_batched_tokens lowered from vLLM's default {default_b} to {MIN_BATCHED_TOKENS} to fit"
+    if not s.max_num_seqs:
+        note += f", max_num_seqs from {default_s} to {seqs}"
     return replace(smaller, warnings=(*smaller.warnings, note))
 
 
@@ -150,42 +199,59 @@ def _size(model: ModelArch, s: Settings, gpu: GpuType, available: int) -> Sizing
     warnings = list(r.warnings)
     rounding = 10**-defaults.UTILIZATION_DECIMALS * gpu.cuda_total_bytes  # u is rounded up
     if s.policy == "adr":
-        # ADR-0002: max_model_len = floor(budgetLeft / (kvPerTok x numSeq)),
-        #           max_num_seqs  = floor(budgetLeft / (kvPerTok x modelLen)), budgetLeft = share - weights
-        per = adr_kv_bytes_per_token(model, s)
-        left = max(int(available - r.fixed.weights - rounding), 0)
-        if s.max_model_len and not s.max_num_seqs:
-            length, seqs = s.max_model_len, max(left // (per * s.max_model_len), 1)
-        elif not s.max_model_len:
-            seqs = s.max_num_seqs or defaults.DEFAULT_MAX_NUM_SEQS
-            length = min(model.max_model_len, left // (per * seqs) // s.block_size * s.block_size) or model.max_model_len
-        else:
-            length, seqs = s.max_model_len, s.max_num_seqs or 1
-        return _check(finish(model, r, gpu, length, seqs, warnings), available, model, s, r)
-    seqs = s.max_num_seqs or defaults.DEFAULT_MAX_NUM_SEQS
+        return _size_adr(model, s, gpu, available, r, warnings, rounding)
+    lay = r.layout
     length = s.max_model_len or model.max_model_len
-    sizing = finish(model, r, gpu, length, seqs, warnings)
+    if s.max_model_len is None and explicit_request(s) and not lay.pooling and not model.pooling:
+        # the full context, capped to what one request can take of the KV request
+        cap = lay.max_length(kv_request_bytes(model, r, length), 1, r.batched_tokens, model.max_model_len, s.pp)
+        if min(defaults.MIN_AUTO_MAX_MODEL_LEN, model.max_model_len) <= cap < length:
+            warnings.append(f"maxModelLen {cap}: the longest request the KV request holds (model: {length})")
+            length = cap
+    sizing = finish(model, r, gpu, length, kv_request_bytes(model, r, length), warnings)
+    if sizing.footprint.total <= available and s.kv_grow and available < UNLIMITED and \
+            s.gpu_memory_utilization is None and lay.block_bytes and not lay.pooling:
+        room = int(available - sizing.footprint.non_kv - rounding)
+        grown = room // lay.block_bytes * lay.block_bytes
+        if grown > sizing.footprint.kv_cache:
+            big = finish(model, r, gpu, length, grown, [*warnings])
+            if big.footprint.total <= available:
+                return _check(big, available, model, s, r)
     if sizing.footprint.total <= available or model.pooling or s.gpu_memory_utilization is not None:
         return _check(sizing, available, model, s, r)
-    # Unset values give way, context first, then concurrency; set values never change.
-    kv_room = int(available - sizing.footprint.non_kv - rounding)
-    if s.max_model_len is None:
-        fit_len = r.layout.max_length(kv_room, seqs, r.batched_tokens, model.max_model_len, s.pp)
+    # An unset context gives way; the KV request never does.
+    if s.max_model_len is None and not explicit_request(s):
+        kv_room = int(available - sizing.footprint.non_kv - rounding)
+        n = s.kv_concurrency or defaults.DEFAULT_KV_FULL_REQUESTS
+        fit_len = lay.max_length(kv_room, n, r.batched_tokens, model.max_model_len, s.pp)
         floor = min(defaults.MIN_AUTO_MAX_MODEL_LEN, model.max_model_len)
         if fit_len >= floor:
-            note = f"context reduced from {model.max_model_len} to {fit_len} tokens to fit {seqs} sequences"
-            sized = finish(model, r, gpu, fit_len, seqs, [*warnings, note + "; set maxModelLen/maxNumSeqs to choose"])
+            note = f"context reduced from {model.max_model_len} to {fit_len} tokens to fit; set maxModelLen to choose"
+            sized = finish(model, r, gpu, fit_len, kv_request_bytes(model, r, fit_len), [*warnings, note])
             if sized.footprint.total <= available:
-                return sized
-        length = floor
-    if s.max_num_seqs is None:
-        fit_seqs = min(r.layout.max_seqs(kv_room, length, r.batched_tokens, s.pp), seqs)
-        if fit_seqs >= 1:
-            note = f"concurrency reduced from {seqs} to {fit_seqs} sequences of {length} tokens to fit"
-            sized = finish(model, r, gpu, length, fit_seqs, [*warnings, note + "; set maxNumSeqs to choose"])
-            if sized.footprint.total <= available:
-                return sized
+                return _check(sized, available, model, s, r)
     return _check(sizing, available, model, s, r)
+
+
+def _size_adr(model: ModelArch, s: Settings, gpu: GpuType, available: int, r: Resolved, warnings: list[str],
+              rounding: float) -> Sizing:
+    """ADR-0002 exactly: max_model_len = floor(budgetLeft / (kvPerTok x numSeq)),
+    max_num_seqs = floor(budgetLeft / (kvPerTok x modelLen)), budgetLeft = share - weights."""
+    per = adr_kv_bytes_per_token(model, s)
+    left = max(int(available - r.fixed.weights - rounding), 0)
+    if s.kv_tokens is not None or s.kv_bytes is not None:  # a KV request: kvPerTok x tokens
+        kv = per * s.kv_tokens if s.kv_tokens is not None else int(s.kv_bytes or 0)
+        length = s.max_model_len or min(model.max_model_len, kv // per // s.block_size * s.block_size or 1)
+        seqs = s.max_num_seqs or max(kv // (per * length), 1)
+        return _check(finish(model, r, gpu, length, kv, warnings, seqs), available, model, s, r)
+    if s.max_model_len and not s.max_num_seqs:
+        length, seqs = s.max_model_len, max(left // (per * s.max_model_len), 1)
+    elif not s.max_model_len:
+        seqs = s.max_num_seqs or defaults.ADR_MAX_NUM_SEQS
+        length = min(model.max_model_len, left // (per * seqs) // s.block_size * s.block_size) or model.max_model_len
+    else:
+        length, seqs = s.max_model_len, s.max_num_seqs or 1
+    return _check(finish(model, r, gpu, length, per * length * seqs, warnings, seqs), available, model, s, r)
 
 
 def _check(sizing: Sizing, available: int, model: ModelArch, s: Settings, r: Resolved) -> Sizing:
@@ -195,29 +261,37 @@ def _check(sizing: Sizing, available: int, model: ModelArch, s: Settings, r: Res
         reasons.append(f"needs {fmt_gib(total)} per GPU, more than any GPU has")
     elif total > available:
         reasons.append(f"needs {fmt_gib(total)} per GPU, {fmt_gib(max(available, 0))} free")
-    elif s.policy == "vllm" and not model.pooling and sizing.flags is not None:
+    elif s.policy == "vllm" and not model.pooling and sizing.flags is not None and not r.layout.pooling:
         need_one = r.layout.bytes_for(sizing.flags.max_model_len, 1, r.batched_tokens, s.pp)
         if sizing.footprint.kv_cache < need_one:
             reasons.append(
                 f"KV cache {fmt_gib(sizing.footprint.kv_cache)} cannot hold one request of "
-                f"{sizing.flags.max_model_len} tokens ({fmt_gib(need_one)})"
+                f"{sizing.flags.max_model_len} tokens ({fmt_gib(need_one)}, "
+                f"{r.layout.pool_tokens(need_one)} KV tokens)"
             )
     if reasons:
         return replace(sizing, fits=False, reasons=tuple(reasons))
     return sizing
 
 
-def vllm_startup(model: ModelArch, s: Settings, gpu: GpuType, u: float, length: int, seqs: int) -> VllmStartup:
-    """vLLM's own start-up numbers for these exact flags (its log lines, per GPU)."""
-    vs = replace(s, policy="vllm", max_num_seqs=seqs)
+def vllm_startup(model: ModelArch, s: Settings, gpu: GpuType, flags: Flags) -> VllmStartup:
+    """vLLM's own start-up numbers for these exact flags (its log lines, per GPU): KV = the
+    --kv-cache-memory-bytes when injected, else R - weights - activation - non-torch (- graphs)."""
+    vs = replace(s, policy="vllm", max_num_seqs=flags.max_num_seqs,
+                 max_num_batched_tokens=flags.max_num_batched_tokens or s.max_num_batched_tokens)
     r = resolve(model, vs, gpu)
     version = r.version
     fp = r.fixed
-    R = requested_bytes(gpu.cuda_total_bytes, u, version)
+    R = requested_bytes(gpu.cuda_total_bytes, flags.gpu_memory_utilization, version)
     graphs_inside = fp.cuda_graphs if version.graphs_in_budget else 0
-    kv = R - fp.weights - fp.activation - fp.non_torch - graphs_inside
+    kv = flags.kv_cache_memory_bytes
+    if kv is None:
+        kv = R - fp.weights - fp.activation - fp.non_torch - graphs_inside
     blocks = r.layout.num_blocks(kv)
+    length = flags.max_model_len
     tokens, conc = r.layout.tokens(kv, length, r.batched_tokens, s.pp) if r.layout.block_bytes else (0, 0.0)
     over, under = kv_band(model)
+    if flags.kv_cache_memory_bytes:  # pinned: vLLM allocates exactly N, whatever it measures
+        over = under = 0
     return VllmStartup(R, fp.weights, fp.activation, fp.non_torch, fp.cuda_graphs, kv, tokens, blocks, conc,
                        max(kv - over, 0), kv + under)

@@ -33,6 +33,12 @@ class Settings:
     policy: Policy = "vllm"
     block_size: int = defaults.BLOCK_SIZE
     strict: bool = False  # refuse a model with layers vllmfit does not model (ModelArch.warnings)
+    # The KV request (spec.kvCache): at most one of tokens, bytes, concurrency (x typical length).
+    kv_tokens: int | None = None  # KV capacity in tokens
+    kv_bytes: int | None = None  # KV capacity in bytes per GPU (--kv-cache-memory-bytes)
+    kv_concurrency: int | None = None  # requests of typical_len tokens (typical_len unset: maxModelLen)
+    typical_len: int | None = None  # a typical request's length, for kv_concurrency and status
+    kv_grow: bool = False  # the KV cache may grow into the room the GPU group offers at placement
 
     @property
     def gpus(self) -> int:
@@ -81,7 +87,7 @@ class Flags:
     max_model_len: int
     max_num_seqs: int
     gpu_memory_utilization: float
-    kv_cache_memory_bytes: int | None = None
+    kv_cache_memory_bytes: int | None = None  # injected as --kv-cache-memory-bytes (None: not injected)
     max_num_batched_tokens: int | None = None
 
     def to_json(self) -> dict[str, object]:
@@ -104,6 +110,8 @@ class Flags:
         ]
         if self.max_num_batched_tokens:
             out.append(f"--max-num-batched-tokens={self.max_num_batched_tokens}")
+        if self.kv_cache_memory_bytes:  # 0 (an embedder's): vLLM would profile; nothing to pin
+            out.append(f"--kv-cache-memory-bytes={self.kv_cache_memory_bytes}")
         return out
 
 
@@ -136,6 +144,9 @@ class Sizing:
     max_concurrency: float
     reasons: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    granted_tokens: int = 0  # KV tokens the reservation holds (block pool / groups x block size)
+    typical_len: int | None = None  # the typical request length asked for, if any
+    concurrency_typical: float | None = None  # requests of typical_len the KV cache holds at once
 
 
 @dataclass(frozen=True)
@@ -153,6 +164,7 @@ class Estimate:
     vllm: VllmStartup | None
     suggestions: tuple[str, ...] = ()
     warnings: tuple[str, ...] = field(default=())
+    policy: object = None  # the BudgetPolicy used (budget.BudgetPolicy; typed loosely: budget imports types)
 
     @property
     def headroom_bytes(self) -> int:

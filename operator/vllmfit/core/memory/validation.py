@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from vllmfit.core import defaults
 from vllmfit.core.memory.types import Settings
 from vllmfit.core.memory.versions import OLDEST_ACCEPTED, requested_version
-from vllmfit.core.modelarch import DTYPE_BYTES, ModelArch, check_tp
+from vllmfit.core.modelarch import DTYPE_BYTES, GpuType, ModelArch, check_tp
 
 # --- Validation --------------------------------------------------------------------------------
 
@@ -42,7 +41,7 @@ def validate(model: ModelArch, s: Settings) -> list[str]:
     for name, value in (("max_num_seqs", s.max_num_seqs), ("max_num_batched_tokens", s.max_num_batched_tokens)):
         if value is not None and value < 1:
             errors.append(f"{name} {value} must be positive")
-    seqs = s.max_num_seqs or defaults.DEFAULT_MAX_NUM_SEQS
+    seqs = s.max_num_seqs or 0  # unset: vLLM's default is min(S_default, B), never above B
     if s.max_num_batched_tokens is not None and 0 < s.max_num_batched_tokens < seqs:
         # vLLM SchedulerConfig: "max_num_batched_tokens (B) must be greater than or equal to max_num_seqs (S)."
         errors.append(
@@ -65,6 +64,92 @@ def validate(model: ModelArch, s: Settings) -> list[str]:
             f"vLLM {requested[0]}.{requested[1]} predates the V1 engine as the only engine (0.10); vllmfit models "
             f"0.10 and later: use a newer image or set vllmVersion"
         )
+    errors.extend(kv_request_errors(s, model.max_model_len))
     if s.dtype not in ("auto", *DTYPE_BYTES):
         errors.append(f"dtype {s.dtype!r} is not one of auto, bfloat16, float16, float32")
     return errors
+
+
+# --- The KV request ---------------------------------------------------------------------------
+
+
+def kv_request_errors(s: Settings, model_max_len: int | None = None) -> list[str]:
+    """Why the KV request (spec.kvCache / the CLI's --kv-cache-*) is contradictory or out of range."""
+    errors: list[str] = []
+    if s.kv_tokens is not None and s.kv_bytes is not None:
+        errors.append(
+            f"kvCache gives both tokens ({s.kv_tokens}) and memory ({s.kv_bytes} bytes); keep tokens (it means "
+            f"the same on every GPU type and tensor-parallel size) and remove memory"
+        )
+    if s.kv_concurrency is not None and (s.kv_tokens is not None or s.kv_bytes is not None):
+        which = "tokens" if s.kv_tokens is not None else "memory"
+        errors.append(
+            f"kvCache gives both concurrency ({s.kv_concurrency}) and {which}; keep one (concurrency x "
+            f"typicalLength is a number of tokens)"
+        )
+    for name, value in (("tokens", s.kv_tokens), ("memory", s.kv_bytes), ("concurrency", s.kv_concurrency),
+                        ("typicalLength", s.typical_len)):
+        if value is not None and value < 1:
+            errors.append(f"kvCache.{name} {value} must be positive")
+    limit = s.max_model_len or model_max_len
+    if s.typical_len is not None and limit is not None and s.typical_len > limit:
+        errors.append(f"kvCache.typicalLength {s.typical_len} exceeds maxModelLen {limit}; use at most {limit}")
+    return errors
+
+
+# --- What the GPU can run (compute capability, from catalog/gpus.yaml) --------------------------
+
+BF16_MIN_CC = (8, 0)
+"""vLLM's CudaPlatform supports bfloat16 from compute capability 8.0; below it `dtype: auto` of a
+bfloat16 checkpoint runs in float16 and an explicit bfloat16 is an error."""
+FP8_MIN_CC = (8, 0)
+"""Fp8Config.get_min_capability() is 80: Ampere (8.0-8.6) runs fp8 weights weight-only through the
+FP8 Marlin kernel ("for GPUs that lack FP8 hardware support"); none below 8.0 (Turing, Volta)."""
+FP8_W8A8_MIN_CC = (8, 9)
+"""fp8 weights and activations (W8A8) need FP8 tensor cores: Ada (8.9) and Hopper (9.0) and later."""
+_QUANT_MIN_CC = {
+    "fp8": FP8_MIN_CC,
+    "mxfp4": (8, 0),
+    "w4a16": (8, 0),
+    "awq": (7, 5),
+    "int8": (7, 5),
+    "w8a8": (7, 5),
+    "gptq": (6, 0),
+    "bitsandbytes": (7, 0),
+    "compressed-tensors": (7, 0),
+}
+"""The smallest compute capability of each quantization method (vLLM's get_min_capability)."""
+
+
+def weight_quantization(model: ModelArch, s: Settings) -> str | None:
+    """The quantization the weights run with: --quantization, else the checkpoint's."""
+    return s.quantization or (model.quant.method if model.quant else None)
+
+
+def gpu_errors(model: ModelArch, s: Settings, gpu: GpuType) -> tuple[list[str], list[str]]:
+    """(errors, warnings) of running these settings on this GPU. An unknown compute capability
+    (a GPU outside the catalog) checks nothing."""
+    cc = gpu.compute_capability
+    if cc is None:
+        return [], []
+    errors: list[str] = []
+    warnings: list[str] = []
+    where = f"{gpu.product} (compute capability {gpu.cc_label})"
+    quant = weight_quantization(model, s)
+    need = _QUANT_MIN_CC.get(quant or "")
+    if need and cc < need:
+        errors.append(f"{where} cannot run {quant} weights (vLLM needs compute capability {need[0]}.{need[1]})")
+    elif quant == "fp8" and cc < FP8_W8A8_MIN_CC:
+        warnings.append(f"{where} runs fp8 weights weight-only (FP8 Marlin); fp8 W8A8 needs compute capability 8.9")
+    if s.kv_cache_dtype.startswith("fp8") and cc < FP8_MIN_CC:
+        errors.append(f"{where} cannot run an fp8 KV cache (no fp8 below compute capability 8.0)")
+    if cc < BF16_MIN_CC:
+        if s.dtype == "bfloat16":
+            errors.append(f"{where} cannot run bfloat16 (vLLM needs compute capability 8.0); use dtype: float16")
+        elif s.dtype == "auto" and model.torch_dtype == "bfloat16":
+            warnings.append(f"{where} has no bfloat16: vLLM runs {model.name} in float16 (same memory)")
+    return errors, warnings
+
+
+def can_run(model: ModelArch, s: Settings, gpu: GpuType) -> bool:
+    return not gpu_errors(model, s, gpu)[0]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 # --- vLLM versions (vllm-memory-accounting.md §11) -----------------------------------------
@@ -20,6 +21,10 @@ class VllmVersion:
 
     major: int
     minor: int
+    kv_cache_memory_bytes_flag: bool = True
+    """--kv-cache-memory-bytes exists: first released in 0.10.2 (absent in 0.10.0-0.10.1.1;
+    vllm-flags.md section 4). Every modelled version has it; an image older than 0.10.2 is
+    modelled as the oldest version with this False."""
 
     @property
     def label(self) -> str:
@@ -84,12 +89,14 @@ def parse_version(text: str | None) -> tuple[VllmVersion, str | None]:
     parts = tag.split(".")
     try:
         major, minor = int(parts[0]), int(parts[1])
+        patch_digits = "".join(itertools.takewhile(str.isdigit, parts[2])) if len(parts) > 2 else ""
+        patch = int(patch_digits or 0)
     except (ValueError, IndexError):
         return newest, f"vLLM version {text!r} is not a version number; using the newest modelled ({newest.label})"
     v = VllmVersion(major, minor)
     if (major, minor) > MODELLED_VERSIONS[-1]:
         return newest, f"vLLM {v.label} is newer than the newest modelled version; using {newest.label} rules"
     if (major, minor) < MODELLED_VERSIONS[0]:
-        oldest = VllmVersion(*MODELLED_VERSIONS[0])
+        oldest = VllmVersion(*MODELLED_VERSIONS[0], kv_cache_memory_bytes_flag=(major, minor, patch) >= (0, 10, 2))
         return oldest, f"vLLM {v.label} is older than the oldest modelled version; using {oldest.label} rules"
     return v, None

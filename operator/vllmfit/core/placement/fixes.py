@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from vllmfit.core import memory
+from vllmfit.core.api import KvCacheSpec, VLLMDeploymentSpec
 from vllmfit.core.memory import Settings, SpecError
 from vllmfit.core.modelarch import GpuType, ModelArch
 from vllmfit.core.placement import affinity
@@ -17,13 +18,18 @@ from vllmfit.core.placement.search import _UNLIMITED, _is_mig_type, _pick
 
 # --- Suggestions (each re-checked against the ledger) --------------------------------------------
 
-_FIX_FIELDS = {
-    "maxModelLen": "max_model_len",
-    "maxNumSeqs": "max_num_seqs",
-    "kvCacheDtype": "kv_cache_dtype",
-    "quantization": "quantization",
-    "tensorParallelSize": "tensor_parallel_size",
-}
+def _spec_update(spec: VLLMDeploymentSpec, fix: memory.Fix) -> dict[str, Any]:
+    """A memory fix as a spec update (Settings field -> spec field)."""
+    update: dict[str, Any] = {}
+    for key, value in fix.changes:
+        if key == "kv_tokens":
+            update["kv_cache"] = (spec.kv_cache or KvCacheSpec()).model_copy(
+                update={"tokens": value, "memory": None, "concurrency": None, "grow": False})
+        elif key == "tp":
+            update["tensor_parallel_size"] = value
+        else:
+            update[key] = value
+    return update
 
 
 def _suggest(ledger: Ledger, req: Request, policy: memory.Policy) -> list[str]:
@@ -64,40 +70,38 @@ def _suggest(ledger: Ledger, req: Request, policy: memory.Policy) -> list[str]:
     s = settings_from_spec(spec, policy)
     room = _roomiest(ledger, req, s)
     if room is not None:
-        gpu, avail = room
-        changes = _memory_fixes(req.model, s, gpu, avail)
-        for text in changes:  # "key: value" or "key: value, key: value"
-            pairs = [part.partition(": ") for part in text.split(", ")]
-            if any(key not in _FIX_FIELDS for key, _, _ in pairs):
-                continue
-            update: dict[str, Any] = {_FIX_FIELDS[k]: int(v) if v.isdigit() else v for k, _, v in pairs}
-            if fits(**update):
-                out.append(text)
+        gpu, avail, budget = room
+        for fx in _memory_fixes(req.model, s, gpu, avail, budget):
+            # a budget policy change is a fit by its arithmetic, not a spec change
+            if fx.policy is not None or fits(**_spec_update(spec, fx)):
+                out.append(fx.text)
     return out
 
 
 @functools.lru_cache(maxsize=1024)
-def _memory_fixes(model: ModelArch, s: Settings, gpu: GpuType, available: int) -> tuple[str, ...]:
+def _memory_fixes(model: ModelArch, s: Settings, gpu: GpuType, available: int,
+                  budget: memory.BudgetPolicy) -> tuple[memory.Fix, ...]:
     """memory.fixes, cached: it sizes the model a dozen times, and the answer depends only on these
     (a refused spec asked again, by kubectl retries or the operator's waiting list, costs nothing)."""
     try:
-        return tuple(memory.fixes(model, s, gpu, (), available=available))
+        return tuple(memory.fixes(model, s, gpu, (), available=available, policy=budget))
     except SpecError:
         return ()
 
 
-def _roomiest(ledger: Ledger, req: Request, s: Settings) -> tuple[GpuType, int] | None:
-    """The GPU type and available bytes of the roomiest group the deployment may use."""
+def _roomiest(ledger: Ledger, req: Request, s: Settings) -> tuple[GpuType, int, memory.BudgetPolicy] | None:
+    """The GPU type, available bytes and budget policy of the roomiest group the deployment may use."""
     pin = req.spec.placement
     if pin.node_name and not pin.allow_reschedule:
         nodes: NodeSet | None = ledger.node_set([pin.node_name])
     else:
         nodes = ledger.matching(pin.node_selector, affinity.required_terms(req.spec))
-    best: tuple[int, int, GpuType] | None = None
+    best: tuple[int, int, GpuType, memory.BudgetPolicy] | None = None
     for t in ledger.gpu_types():
         if s.gpus > 1 and _is_mig_type(ledger, t):
             continue
         hit = _pick(ledger, t, s.gpus, -_UNLIMITED, nodes, True)
         if hit and (best is None or (hit[2], t.cuda_total_bytes) > best[:2]):
-            best = (hit[2], t.cuda_total_bytes, t)
-    return None if best is None else (best[2], best[0])
+            slot = ledger.slot(hit[0], hit[1][0])
+            best = (hit[2], t.cuda_total_bytes, t, slot.policy if slot else memory.DEFAULT_POLICY)
+    return None if best is None else (best[2], best[0], best[3])

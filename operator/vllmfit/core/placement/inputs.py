@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vllmfit.core import memory, observe
-from vllmfit.core.api import VLLMDeployment, VLLMDeploymentSpec
+from vllmfit.core.api import KvCacheSpec, VLLMDeployment, VLLMDeploymentSpec
 from vllmfit.core.memory import Settings
 from vllmfit.core.modelarch import GpuType, ModelArch
 
@@ -30,6 +30,7 @@ class GpuSlot:
     uuid: str | None = None
     foreign_bytes: int = 0  # used by processes vllmfit does not manage
     mig: bool = False
+    policy: memory.BudgetPolicy = memory.DEFAULT_POLICY  # the node pool's, else the cluster's
 
     @property
     def capacity_bytes(self) -> int:
@@ -37,7 +38,7 @@ class GpuSlot:
 
     @functools.cached_property
     def budget_bytes(self) -> int:
-        return memory.budget_bytes(self.capacity_bytes)
+        return self.policy.budget(self.capacity_bytes)
 
     @property
     def label(self) -> str:
@@ -63,6 +64,13 @@ class NodeInfo:
     labels: Mapping[str, str]
     gpus: tuple[GpuSlot, ...]
     warnings: tuple[str, ...] = ()
+    error: str | None = None  # why nothing may be placed here (an invalid budget policy label)
+
+    @functools.cached_property
+    def held_back(self) -> tuple[tuple[str, str, str, str], ...]:
+        """(policy source, rule, GPU product, bytes held back as shown) per product, for refusals."""
+        return tuple(sorted({(sl.policy.source, sl.policy.rule, sl.gpu.product,
+                              memory.fmt_gib(sl.policy.held_back(sl.capacity_bytes))) for sl in self.gpus}))
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,7 @@ class Request:
 
 def settings_from_spec(spec: VLLMDeploymentSpec, policy: memory.Policy = "vllm") -> Settings:
     """The memory model's settings for a spec; the vLLM version comes from the image tag."""
+    kv = spec.kv_cache or KvCacheSpec()
     return Settings(
         tp=spec.tensor_parallel_size,
         pp=spec.pipeline_parallel_size,
@@ -91,6 +100,11 @@ def settings_from_spec(spec: VLLMDeploymentSpec, policy: memory.Policy = "vllm")
         vllm_version=spec.vllm_version or spec.image,
         policy=policy,
         strict=spec.strict,
+        kv_tokens=kv.tokens,
+        kv_bytes=kv.memory_bytes,
+        kv_concurrency=kv.concurrency,
+        typical_len=kv.typical_length,
+        kv_grow=kv.grow,
     )
 
 

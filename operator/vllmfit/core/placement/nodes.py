@@ -25,8 +25,10 @@ from typing import Any
 
 from vllmfit.core import defaults, limits, observe
 from vllmfit.core.api import INVENTORY_SCHEMA_VERSION, GpuInventory
+from vllmfit.core.memory import DEFAULT_POLICY, BudgetPolicy
 from vllmfit.core.modelarch import GpuType
 from vllmfit.core.placement.inputs import GpuLookup, GpuSlot, NodeInfo
+from vllmfit.core.quantity import parse_bytes
 
 
 def mig_gpu_type(parent: GpuType, profile: str, total_bytes: int) -> GpuType:
@@ -39,6 +41,7 @@ def mig_gpu_type(parent: GpuType, profile: str, total_bytes: int) -> GpuType:
         cuda_total_bytes=total_bytes,
         architecture=parent.architecture,
         source="MIG device (agent)",
+        compute_capability=parent.compute_capability,
     )
 
 
@@ -63,7 +66,64 @@ class NodeRead:
         return self.info is not None or self.problem is not None
 
 
+def node_policy(
+    labels: Mapping[str, str], cluster: BudgetPolicy = DEFAULT_POLICY
+) -> tuple[BudgetPolicy, str | None]:
+    """The budget policy of a node: its node-pool labels (vllmfit.dev/budget-utilization,
+    vllmfit.dev/budget-reserve, e.g. "0.95" and "1Gi") over the cluster-wide one. Returns
+    (policy, error); with an error the node takes nothing (budget 0) and says why."""
+    u_text = labels.get(defaults.BUDGET_UTILIZATION_LABEL)
+    r_text = labels.get(defaults.BUDGET_RESERVE_LABEL)
+    if u_text is None and r_text is None:
+        return cluster, None
+    u, reserve = cluster.utilization, cluster.reserve_bytes
+    try:
+        if u_text is not None:
+            u = float(u_text)  # NaN and inf fail policy.error() below
+        if r_text is not None:
+            reserve = parse_bytes(r_text, f"label {defaults.BUDGET_RESERVE_LABEL}")
+    except ValueError as e:
+        msg = str(e) if r_text is not None and "label" in str(e) else (
+            f"label {defaults.BUDGET_UTILIZATION_LABEL}={u_text!r} is not a number in [0, 1]")
+        return BudgetPolicy(0.0, 0, "invalid node label"), msg
+    policy = BudgetPolicy(u, reserve, "node pool label")
+    bad = policy.error()
+    if bad:
+        return BudgetPolicy(0.0, 0, "invalid node label"), bad.replace(
+            "(node pool label)", f"(node label {defaults.BUDGET_UTILIZATION_LABEL if 'utilization' in bad else defaults.BUDGET_RESERVE_LABEL})")
+    return policy, None
+
+
+def _with_policy(node: NodeInfo, cluster: BudgetPolicy) -> NodeInfo:
+    policy, error = node_policy(node.labels, cluster)
+    if error is None:
+        for sl in node.gpus:
+            bad = policy.error(sl.capacity_bytes)
+            if bad:
+                policy, error = BudgetPolicy(0.0, 0, "invalid node label"), f"{sl.label}: {bad}"
+                break
+    if policy == DEFAULT_POLICY and error is None:
+        return node
+    slots = tuple(replace(sl, policy=policy) for sl in node.gpus)
+    return replace(node, gpus=slots, error=None if error is None else f"budget policy: {error}")
+
+
 def read_node(
+    obj: Mapping[str, Any],
+    gpu_lookup: GpuLookup,
+    pods: Mapping[str, str] | None = None,
+    *,
+    now: datetime | None = None,
+    previous: NodeInfo | None = None,
+    policy: BudgetPolicy = DEFAULT_POLICY,
+) -> NodeRead:
+    """`_read_node`, with the node's budget policy on its GPUs (`node_policy`: node-pool labels over
+    `policy`, the cluster-wide one)."""
+    r = _read_node(obj, gpu_lookup, pods, now=now, previous=previous)
+    return r if r.info is None else replace(r, info=_with_policy(r.info, policy))
+
+
+def _read_node(
     obj: Mapping[str, Any],
     gpu_lookup: GpuLookup,
     pods: Mapping[str, str] | None = None,
@@ -129,13 +189,14 @@ def read_node(
 
 
 def node_from_object(
-    obj: Mapping[str, Any], gpu_lookup: GpuLookup, pods: Mapping[str, str] | None = None
+    obj: Mapping[str, Any], gpu_lookup: GpuLookup, pods: Mapping[str, str] | None = None,
+    policy: BudgetPolicy = DEFAULT_POLICY,
 ) -> NodeInfo:
     """`read_node` for callers that want an exception: raises ValueError when the node has no GPU
     information at all, NodeDataError (a LookupError) when its node data is refused and no GFD
     labels stand in. A refused inventory with readable labels gives the labels' GPUs, the
     problem among the node's warnings."""
-    r = read_node(obj, gpu_lookup, pods)
+    r = read_node(obj, gpu_lookup, pods, policy=policy)
     if r.info is None:
         if r.problem is None:
             raise ValueError(

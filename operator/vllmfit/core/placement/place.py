@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from vllmfit.core import memory
 from vllmfit.core.memory import Footprint, Settings, Sizing, SpecError, fmt_gib
+from vllmfit.core.modelarch import GpuType
 from vllmfit.core.placement import affinity
 from vllmfit.core.placement.inputs import (
     GpuSlot,
@@ -18,7 +19,7 @@ from vllmfit.core.placement.inputs import (
     where,
 )
 from vllmfit.core.placement.ledger import Decision, Ledger, NodeSet, ReplicaAllocation
-from vllmfit.core.placement.reasons import NO_NODE, _node_why_not, _why_not
+from vllmfit.core.placement.reasons import NO_NODE, _node_why_not, _policy_line, _why_not
 from vllmfit.core.placement.search import _Candidate, _node_matches, _search, _shrinkable
 
 
@@ -127,6 +128,9 @@ def _decide(
         return Decision(req.key, "Rejected", reasons=tuple(errors), message=f"{req.key}: {errors[0]}")
     spec, pin = req.spec, req.spec.placement
     matching = ledger.matching(pin.node_selector, affinity.required_terms(spec))
+    too_large = _kv_too_large(ledger, req, s)
+    if too_large:
+        return Decision(req.key, "Rejected", reasons=(too_large,), message=f"{req.key}: {too_large}")
     attempt = _place_replicas(ledger, req, s, keep, matching, explain=explain)
     for _ in range(spec.replicas):
         if attempt.smaller is None:
@@ -140,10 +144,16 @@ def _decide(
         head = (
             f"{len(replicas)}/{spec.replicas} replicas placed; replica {len(replicas)}: " if replicas else ""
         )
+        # the budget policy of the nodes looked at, and what it holds back: its own sentence
+        policy = [f for f in failure if f.startswith("budget policy")]
+        counts = [f for f in failure if not f.startswith("budget policy")]
         if pin.node_name and not pin.allow_reschedule:
-            msg = f"{head}pinned placement does not fit: " + "; ".join(failure)
+            if pin.node_name in ledger.nodes and not ledger.nodes[pin.node_name].error:
+                policy = [_policy_line(ledger, [pin.node_name])]  # in the message; reasons stay one line
+            msg = f"{head}pinned placement does not fit: " + "; ".join(counts)
         else:  # kube-scheduler's FitError: "0/N nodes are available: <count> <reason>, ... ."
-            msg = f"{head}{NO_NODE.format(len(ledger.nodes))}: " + ", ".join(failure) + "."
+            msg = f"{head}{NO_NODE.format(len(ledger.nodes))}: " + ", ".join(counts)
+        msg += "." + "".join(f" {p[0].upper()}{p[1:]}." for p in policy if p)
         reasons = failure
         return Decision(
             req.key,
@@ -169,6 +179,20 @@ def _decide(
         attempt.moved,
         f"admitted on {on}",
     )
+
+
+def _kv_too_large(ledger: Ledger, req: Request, s: Settings) -> str | None:
+    """An explicit KV request no GPU type of the cluster could hold, even empty (one line, with the
+    largest that fits)."""
+    if not (s.kv_tokens or s.kv_bytes or (s.kv_concurrency and s.typical_len)) or not ledger.nodes:
+        return None
+    policies: dict[GpuType, memory.BudgetPolicy] = {}
+    for sl in ledger._slots.values():
+        if sl.gpu not in policies or sl.budget_bytes > policies[sl.gpu].budget(sl.capacity_bytes):
+            policies[sl.gpu] = sl.policy
+    if not policies:
+        return None
+    return memory.kv_request_too_large(req.model, s, tuple(policies), policies=policies)
 
 
 @dataclass
@@ -241,14 +265,18 @@ def _place_replicas(
 
 def _same_as(s: Settings, placed: Mapping[int, ReplicaAllocation]) -> Settings:
     """Settings for another replica: the context, concurrency and batch of the first one placed."""
-    f0 = placed[min(placed)].sizing.flags if placed else None
-    if f0 is None:
+    z0 = placed[min(placed)].sizing if placed else None
+    f0 = z0.flags if z0 else None
+    if z0 is None or f0 is None:
         return s
+    grown = {"kv_grow": False, "kv_bytes": z0.footprint.kv_cache, "kv_tokens": None, "kv_concurrency": None} \
+        if s.kv_grow else {}  # every replica gets the KV cache replica 0 grew to
     return replace(
         s,
         max_model_len=f0.max_model_len,
         max_num_seqs=f0.max_num_seqs,
         max_num_batched_tokens=f0.max_num_batched_tokens or s.max_num_batched_tokens,
+        **grown,  # type: ignore[arg-type]
     )
 
 

@@ -11,7 +11,7 @@ the groups read "<count> <reason>", sorted as strings, joined with ", ". The per
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from vllmfit.core.memory import Settings, fmt_gib
@@ -63,7 +63,22 @@ def _why_not(
     else:
         whys = [_node_cause(ledger, req, s, name) for name in names if name in allowed]
     excluded = sum(1 for name in names if name not in allowed) if matching is not None else 0
-    return _grouped(whys, excluded, req, s, ledger)
+    policy = _policy_line(ledger, [name for name in names if name in allowed and not ledger.nodes[name].error])
+    return _grouped(whys, excluded, req, s, ledger) + ([policy] if policy else [])
+
+
+def _policy_line(ledger: Ledger, names: Iterable[str]) -> str:
+    """The budget policies of these nodes and what they hold back of each GPU product: 'budget policy
+    (default) 0.9 x capacity - 2.0 GiB holds back 9.9 GiB of each NVIDIA-H100-80GB-HBM3'."""
+    held: dict[tuple[str, str], dict[str, str]] = {}
+    for name in names:
+        for src, rule, product, h in ledger.nodes[name].held_back:
+            held.setdefault((src, rule), {})[product] = h
+    return "; ".join(
+        f"budget policy ({src}) {rule} holds back "
+        + ", ".join(f"{h} of each {p}" for p, h in sorted(per.items()))
+        for (src, rule), per in sorted(held.items())
+    )
 
 
 def _grouped(whys: list[_Why], excluded: int, req: Request, s: Settings, ledger: Ledger) -> list[str]:
@@ -73,7 +88,7 @@ def _grouped(whys: list[_Why], excluded: int, req: Request, s: Settings, ledger:
         if w.kind == "memory":
             key: tuple[object, ...] = ("memory", shown.get(w.need) or shown.setdefault(w.need, fmt_gib(w.need)))
         else:
-            key = ("small", w.product, w.text) if w.kind == "small" else (w.kind,)
+            key = ("small", w.product, w.text) if w.kind in ("small", "policy") else (w.kind,)
         groups.setdefault(key, []).append(w)
     needs = set(shown.values())
     out = []
@@ -97,6 +112,8 @@ def _group_text(kind: str, members: list[_Why], best: _Why, s: Settings, name_pr
         most = max(w.free for w in members)
         return f"node(s) had fewer than {n} GPUs of one type (at most {most})"
     first = members[0]
+    if first.kind == "policy":
+        return f"node(s) refused by their {first.text}"
     if kind == "small":
         return f"node(s) with {first.product}: {first.text}"
     least = "at least " if _shrinkable(s) else ""
@@ -124,6 +141,8 @@ def _node_cause(ledger: Ledger, req: Request, s: Settings, name: str) -> _Why:
     type the model can never run on."""
     n = s.gpus
     node = ledger.nodes[name]
+    if node.error:  # an invalid budget policy label: the node takes nothing
+        return _Why("policy", node=name, text=node.error)
     types = sorted({sl.gpu for sl in node.gpus if n == 1 or not sl.mig}, key=lambda t: t.product)
     if not types:
         return _Why("nogpu", node=name)
@@ -208,6 +227,8 @@ def _indexed_causes(ledger: Ledger, req: Request, s: Settings, matching: NodeSet
     out = []
     for nd in ledger.nodes if allowed is None else matching.names:  # type: ignore[union-attr]
         w = memory.get(nd) or few.get(nd) or small.get(nd)
+        if ledger.nodes[nd].error:
+            w = _Why("policy", node=nd, text=ledger.nodes[nd].error)
         out.append(w if w is not None else _Why("nogpu", node=nd))
     return out
 
@@ -215,6 +236,8 @@ def _indexed_causes(ledger: Ledger, req: Request, s: Settings, matching: NodeSet
 def _node_why_not(ledger: Ledger, req: Request, s: Settings, name: str) -> str:
     """'node: what its best group needs and has', for a node the spec pins."""
     w = _node_cause(ledger, req, s, name)
+    if w.kind == "policy":
+        return f"{name}: {w.text}"
     if w.kind == "nogpu":
         return f"{name}: no GPUs"
     if w.kind == "small":

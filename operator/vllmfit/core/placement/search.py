@@ -18,7 +18,7 @@ from vllmfit.core.placement.ledger import Ledger, NodeSet
 
 # --- Sizing (cached: the result depends only on model, settings, GPU type and `available`) ------
 
-_UNLIMITED = 1 << 62
+_UNLIMITED = memory.UNLIMITED
 
 
 @functools.lru_cache(maxsize=8192)
@@ -33,7 +33,7 @@ def _full_sizing(model: ModelArch, s: Settings, gpu: GpuType) -> Sizing | str:
 @functools.lru_cache(maxsize=8192)
 def _min_need(model: ModelArch, s: Settings, gpu: GpuType) -> int | None:
     """The smallest per-GPU footprint this spec can take on this GPU type, for messages: unset
-    values at their floor (context MIN_AUTO_MAX_MODEL_LEN, 1 sequence, MIN_BATCHED_TOKENS)."""
+    values at their floor (context MIN_AUTO_MAX_MODEL_LEN, MIN_BATCHED_TOKENS)."""
     full = _full_sizing(model, s, gpu)
     if isinstance(full, str):
         return None
@@ -42,7 +42,6 @@ def _min_need(model: ModelArch, s: Settings, gpu: GpuType) -> int | None:
     low = replace(
         s,
         max_model_len=s.max_model_len or min(defaults.MIN_AUTO_MAX_MODEL_LEN, model.max_model_len),
-        max_num_seqs=s.max_num_seqs or 1,
         max_num_batched_tokens=s.max_num_batched_tokens or memory.MIN_BATCHED_TOKENS,
     )
     floor = _full_sizing(model, low, gpu)
@@ -54,7 +53,7 @@ def _min_need(model: ModelArch, s: Settings, gpu: GpuType) -> int | None:
 def _shrinkable(s: Settings) -> bool:
     """Whether memory.size may lower unset values to fit the room it is given."""
     return s.gpu_memory_utilization is None and (
-        s.max_model_len is None or s.max_num_seqs is None or s.max_num_batched_tokens is None
+        s.max_model_len is None or s.max_num_batched_tokens is None or s.kv_grow
     )
 
 
@@ -161,7 +160,12 @@ def _search(
             continue
         hit = _pick(ledger, t, n, full.footprint.total, nodes, spread)
         if hit:
-            c = _Candidate(hit[0], hit[1], full, hit[2] - full.footprint.total)
+            sized = full
+            if s.kv_grow:  # the KV cache grows into the room of the group's tightest GPU
+                room = min(ledger._head[(hit[0], i)] for i in hit[1])
+                grown = memory.size(req.model, s, t, room)
+                sized = grown if grown.fits else full
+            c = _Candidate(hit[0], hit[1], sized, hit[2] - sized.footprint.total)
             if best is None or _better(c, best, spread):
                 best = c
     if best is not None or not _shrinkable(s):
@@ -186,10 +190,10 @@ def _is_mig_type(ledger: Ledger, t: GpuType) -> bool:
 
 
 def _better(a: _Candidate, b: _Candidate, spread: bool) -> bool:
-    """The longer context (then more sequences) first; then best fit or spread; then name, GPUs."""
+    """The longer context (then more KV tokens) first; then best fit or spread; then name, GPUs."""
     fa, fb = a.sizing.flags, b.sizing.flags
-    ka = (fa.max_model_len, fa.max_num_seqs) if fa else (0, 0)
-    kb = (fb.max_model_len, fb.max_num_seqs) if fb else (0, 0)
+    ka = (fa.max_model_len, a.sizing.granted_tokens) if fa else (0, 0)
+    kb = (fb.max_model_len, b.sizing.granted_tokens) if fb else (0, 0)
     if ka != kb:
         return ka > kb
     if a.score != b.score:
