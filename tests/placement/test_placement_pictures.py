@@ -22,10 +22,10 @@ def cluster() -> placement.Plan:
     nodes = [node("gpu-a", H100, 2), node("gpu-b", L4, 1),
              placement.NodeInfo("gpu-m", {}, (placement.GpuSlot("gpu-m", 2000, MIG, mig=True),
                                                placement.GpuSlot("gpu-m", 2001, MIG, mig=True)))]
-    reqs = [request("team-a/chat", LLAMA_8B, "1", maxModelLen=8192, maxNumSeqs=4),
-            request("team-a/tiny", QWEN_05B, "2", maxModelLen=4096, maxNumSeqs=4),
-            request("team-b/tiny", QWEN_05B, "3", maxModelLen=4096, maxNumSeqs=4),
-            request("team-b/huge", LLAMA_8B, "4", maxModelLen=131072, maxNumSeqs=64, maxNumBatchedTokens=8192)]
+    reqs = [request("team-a/chat", LLAMA_8B, "1", maxModelLen=8192, kvCache={"concurrency": 4}),
+            request("team-a/tiny", QWEN_05B, "2", maxModelLen=4096, kvCache={"concurrency": 4}),
+            request("team-b/tiny", QWEN_05B, "3", maxModelLen=4096, kvCache={"concurrency": 4}),
+            request("team-b/huge", LLAMA_8B, "4", maxModelLen=131072, kvCache={"concurrency": 64}, maxNumBatchedTokens=8192)]
     return placement.plan(nodes, reqs)
 
 
