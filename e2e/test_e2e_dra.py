@@ -34,7 +34,7 @@ DRIVER_REF = os.environ.get("VLLMFIT_E2E_DRA_DRIVER_REF", "v0.4.0")
 DRIVER_REPO = "https://github.com/kubernetes-sigs/dra-example-driver"
 NAMESPACE, TEST_NAMESPACE = "vllmfit", "e2e-dra"
 FAKE_VLLM_IMAGE = "vllm/vllm-openai:v0.33.0"
-MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+MODEL = "meta-llama/Llama-3.2-1B-Instruct"  # in the catalog: no Hub access needed
 GIB = 1 << 30
 
 
@@ -97,7 +97,7 @@ def release(dra_kube: Kube, k8s_tools: dict[str, str], driver: dict[str, str]) -
 def vllmd(name: str, node: str, max_model_len: int) -> dict[str, Any]:
     return {"apiVersion": "vllmfit.dev/v1alpha1", "kind": "VLLMDeployment",
             "metadata": {"name": name, "namespace": TEST_NAMESPACE},
-            "spec": {"model": MODEL, "maxModelLen": max_model_len, "maxNumSeqs": 4, "gpuMemoryUtilization": 0.2,
+            "spec": {"model": MODEL, "maxModelLen": max_model_len, "maxNumSeqs": 4,
                      "placement": {"nodeName": node, "gpuIndices": [0]}}}
 
 
