@@ -75,7 +75,7 @@ def _env(container):
 @pytest.mark.parametrize("value_set", VALUE_SETS)
 def test_manifests_validate_strict(render, kube_validate, value_set, kube_version):
     unknown = []
-    for doc in render(value_set):
+    for doc in render(value_set, "--kube-version", kube_version):  # what that version's cluster gets
         try:
             kube_validate(doc, kube_version, strict=True)
         except kubernetes_validate.SchemaNotFoundError:
@@ -190,6 +190,10 @@ def test_default_install_objects(render):
             ("ValidatingWebhookConfiguration", "vllmfit-validate"),
             ("MutatingWebhookConfiguration", "vllmfit-default"),
             ("NetworkPolicy", OPERATOR),
+            ("ClusterRole", "vllmfit-edit"),
+            ("ClusterRole", "vllmfit-view"),
+            ("ValidatingAdmissionPolicy", "vllmfit-gpu-inventory"),
+            ("ValidatingAdmissionPolicyBinding", "vllmfit-gpu-inventory"),
         ]
     )
     for d in render():
@@ -201,6 +205,8 @@ def test_default_install_objects(render):
             "PriorityClass",
             "ValidatingWebhookConfiguration",
             "MutatingWebhookConfiguration",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         ):
             assert d["metadata"]["namespace"] == NAMESPACE, d["metadata"]["name"]
 
