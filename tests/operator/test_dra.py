@@ -133,7 +133,9 @@ async def test_a_replica_on_a_dra_node_claims_its_booked_memory_on_its_gpu(clust
     assert "runtimeClassName" not in spec and "schedulingGates" not in spec
     assert "NVIDIA_VISIBLE_DEVICES" not in {e["name"] for e in c["env"]}
     pod = await replica_pod(cluster, "a-0")
-    assert kubernetes_validate.validate(cluster.get(PODS, pod), "1.34.0", strict=True)
+    for version in ("1.34.0", "1.35.0", "1.36.0"):
+        assert kubernetes_validate.validate(cluster.get(PODS, pod), version, strict=True)
+        assert kubernetes_validate.validate(cluster.get(DEPLOYMENTS, "a-0"), version, strict=True)
     assert asked(cluster) == []  # no reservation pods on a DRA node
     # the claim the controller makes from the template, allocated with exactly that much: no foreign use
     await allocate(cluster, "a-0-x-gpus-abcde", "gpu-d", "gpu-1", dra.quantity(total), labels=t["spec"]["metadata"][

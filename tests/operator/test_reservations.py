@@ -114,7 +114,9 @@ async def test_shared_gpu_is_held_by_one_reservation_and_the_gate_opens_once_it_
     tpl = cluster.get(DEPLOYMENTS, "a-0")["spec"]["template"]
     assert tpl["spec"]["schedulingGates"] == [{"name": rsv.GATE}]
     assert tpl["metadata"]["annotations"][rsv.ANNOTATION_PINS] == U[1]
-    assert kubernetes_validate.validate(cluster.get(PODS, pod_a), "1.36.0", strict=True)
+    for version in ("1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0", "1.36.0"):
+        assert kubernetes_validate.validate(cluster.get(PODS, pod_a), version, strict=True)
+        assert kubernetes_validate.validate(cluster.get(DEPLOYMENTS, "a-0"), version, strict=True)
     await cluster.until(lambda: ("default", pod_a) in get_store().gated or not gates(cluster, pod_a))
     assert gates(cluster, pod_a) == [{"name": rsv.GATE}]  # not held yet: it waits, it does not crash
     dp = DevicePlugin(cluster, {"gpu-a": U[:2]}, order={"gpu-a": [1, 0]})
@@ -239,3 +241,22 @@ async def test_restart_between_reservation_and_report_and_after_a_mismatch(km: A
         assert get_store().ledger.deployments() == ["default/a"]
     finally:
         await op.stop()
+
+
+async def test_a_reservation_the_scheduler_cannot_place_is_explained(cluster: Cluster, operator: Operator) -> None:
+    """Another pod took the node's last free GPU first: the reservation stays Pending, the
+    replica stays gated, and the deployment says why in the scheduler's words."""
+    await cluster.create(gpu_node("gpu-a", 2))
+    await cluster.create(vd("a", QWEN7, placement={"nodeName": "gpu-a", "gpuIndices": [0]}))
+    await cluster.phase("a", "Admitted")
+    await cluster.until(lambda: len(reservations(cluster)) == 1)
+    [res] = reservations(cluster)
+    message = "0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 node(s) didn't match Pod's node affinity/selector."
+    await cluster.patch_pod(res["metadata"]["name"], {"status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]}})
+    await cluster.until(lambda: any(e["reason"] == "ReservationPending" and message in e["message"]
+                                    for e in cluster.events("a")), what="the ReservationPending event")
+    await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0"))
+    pod = await replica_pod(cluster, "a-0")
+    await cluster.until(lambda: ("default", pod) in get_store().gated or not gates(cluster, pod))
+    assert gates(cluster, pod) == [{"name": rsv.GATE}]

@@ -278,6 +278,15 @@ def reservation_pod(cfg: Config, node: str, index: int, name: str) -> dict[str, 
     }
 
 
+def unschedulable(pod: Mapping[str, Any]) -> str | None:
+    """The scheduler's message when a pod is Unschedulable (e.g. "0/3 nodes are available: 1
+    Insufficient nvidia.com/gpu, ..."), else None."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+            return str(c.get("message") or "Unschedulable")
+    return None
+
+
 def gpu_requests(pod: Mapping[str, Any], resource: str = GPU_RESOURCE) -> int:
     """The pod's effective request of an extended resource, as the scheduler counts it:
     max(sum over containers, max over init containers) (limits stand for absent requests)."""

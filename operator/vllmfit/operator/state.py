@@ -86,6 +86,7 @@ class Store:
         self.claims: dict[str, dict[str, Any]] = {}  # ResourceClaim namespace/name -> object
         self.node_infos: dict[str, placement.NodeInfo | None] = {}  # node -> what its Node object says
         self.templates: dict[tuple[str, int], str] = {}  # (deployment, replica) -> its ResourceClaimTemplate
+        self.reservation_waits: dict[str, str] = {}  # reservation pod -> the scheduler's last Unschedulable message
         self.dra_capacity_ok = True  # False once the API server dropped capacity requests (feature gate off)
         self._devices: dict[str, list[dra.Device]] | None = None
 
