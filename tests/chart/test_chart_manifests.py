@@ -373,6 +373,15 @@ def test_webhook_configurations(render):
         assert hook["sideEffects"] == "None"
         assert hook["admissionReviewVersions"] == ["v1"]
         assert hook["timeoutSeconds"] == 5
+        scale = [  # the validating webhook also reviews kubectl scale / HPA writes to spec.replicas
+            {
+                "apiGroups": ["vllmfit.dev"],
+                "apiVersions": ["v1alpha1"],
+                "operations": ["UPDATE"],
+                "resources": ["vllmdeployments/scale"],
+                "scope": "Namespaced",
+            }
+        ]
         assert hook["rules"] == [
             {
                 "apiGroups": ["vllmfit.dev"],
@@ -381,7 +390,7 @@ def test_webhook_configurations(render):
                 "resources": ["vllmdeployments"],
                 "scope": "Namespaced",
             }
-        ]
+        ] + (scale if hook is v else [])
     assert "annotations" not in vwc["metadata"] and "annotations" not in mwc["metadata"]
     svc = one(render(), "Service", "vllmfit-webhook")
     assert svc["spec"]["ports"] == [

@@ -332,3 +332,48 @@ def test_the_operators_store_and_default_image(tmp_path):
         assert validate(h, vllmd("ok", model=MODEL_8B, maxModelLen=8192))["allowed"] is True
         bad = validate(h, vllmd("typo", model="llama-3.1-8b-instrukt"))
         assert bad["allowed"] is False and bad["status"]["code"] == 422 and "unknown model" in bad["status"]["message"]
+
+
+def scale_review(name: str, replicas: int, old_replicas: int) -> dict:
+    """An UPDATE of vllmdeployments/NAME/scale as kube-apiserver sends it for `kubectl scale` or
+    an HPA: the objects are autoscaling/v1 Scale, the subResource is "scale"."""
+    def scale(n: int) -> dict:
+        return {"apiVersion": "autoscaling/v1", "kind": "Scale",
+                "metadata": {"name": name, "namespace": "default"}, "spec": {"replicas": n},
+                "status": {"replicas": old_replicas, "selector": f"vllmfit.dev/deployment={name}"}}
+
+    review = admission_review(scale(replicas), operation="UPDATE", old=scale(old_replicas))
+    req = review["request"]
+    req["subResource"] = "scale"
+    req["kind"] = req["requestKind"] = {"group": "autoscaling", "version": "v1", "kind": "Scale"}
+    return review
+
+
+def test_kubectl_scale_is_reviewed_like_a_spec_change(hook):
+    """Two one-GPU nodes; 'big' holds one H100 with a replica nothing else fits next to."""
+    from types import SimpleNamespace
+
+    spec = {"model": MODEL_8B, "maxModelLen": 131072, "maxNumSeqs": 2, "replicas": 1}
+    obj = vllmd("big", **spec)
+    d = placement.decide(hook.store.ledger, request(obj))
+    assert d.admitted
+    hook.store.ledger.book(d)
+    obj["status"] = {"phase": "Admitted", "flags": {"maxModelLen": d.flags.max_model_len,
+                                                    "maxNumSeqs": d.flags.max_num_seqs,
+                                                    "gpuMemoryUtilization": d.flags.gpu_memory_utilization}}
+    hook.store.records["default/big"] = SimpleNamespace(body=obj)
+    try:
+        # 2 replicas: the other node's GPU takes the second one
+        assert post(hook, f"/{webhook.VALIDATE_ID}", scale_review("big", 2, 1))["allowed"] is True
+        # 3 replicas: no GPU left for the third; denied with the grouped reason
+        resp = post(hook, f"/{webhook.VALIDATE_ID}", scale_review("big", 3, 1))
+        assert resp["allowed"] is False and resp["status"]["code"] == 403
+        assert "2/3 replicas placed; replica 2: 0/2 nodes are available: " in resp["status"]["message"]
+        # shrinking always succeeds
+        assert post(hook, f"/{webhook.VALIDATE_ID}", scale_review("big", 0, 1))["allowed"] is True
+        # an object the operator has not seen yet: allowed, the operator checks
+        resp = post(hook, f"/{webhook.VALIDATE_ID}", scale_review("unknown", 5, 1))
+        assert resp["allowed"] is True and "the operator will check" in resp["warnings"][0]
+    finally:
+        hook.store.records.clear()
+        hook.store.ledger.release("default/big")

@@ -59,6 +59,7 @@ class FakeStore:
         self.ledger = placement.Ledger(placement.node_from_object(n, catalog.gpu_for_label) for n in nodes)
         self.lock = asyncio.Lock()
         self.ready = asyncio.Event()
+        self.records: dict[str, Any] = {}  # key -> an object with .body, as the operator's Store has
         if ready:
             self.ready.set()
 

@@ -253,6 +253,29 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
         lock.release()
 
 
+def stored_object(store: Store, key: str) -> Mapping[str, Any] | None:
+    """The VLLMDeployment `key` as the operator last saw it (its records), if it has one."""
+    records = getattr(store, "records", None)
+    rec = records.get(key) if isinstance(records, Mapping) else None
+    body = getattr(rec, "body", None)
+    return body if isinstance(body, Mapping) else None
+
+
+async def review_scale(store: Store, scale: Mapping[str, Any], dry_run: bool) -> Verdict:
+    """An UPDATE of vllmdeployments/NAME/scale (`kubectl scale`, a HorizontalPodAutoscaler): the
+    request's object is an autoscaling/v1 Scale, so the stored VLLMDeployment with the new
+    spec.replicas is reviewed like any other spec change: growing only if every new replica fits,
+    shrinking always."""
+    meta = scale.get("metadata") or {}
+    key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+    replicas = (scale.get("spec") or {}).get("replicas")
+    current = stored_object(store, key)
+    if current is None or not isinstance(replicas, int) or isinstance(replicas, bool):
+        return Verdict(True, warnings=(f"{key}: scale to {replicas}: not known yet; the operator will check",))
+    new = {**current, "spec": {**(current.get("spec") or {}), "replicas": replicas}}
+    return await review(store, new, current, "UPDATE", dry_run)
+
+
 def clip(message: str) -> str:
     message = " ".join(str(message).split())
     return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
@@ -272,12 +295,17 @@ def register(registry: kopf.OperatorRegistry | None = None, store: Store | None 
     overrides = {"image": default_image} if default_image else {}
 
     @kopf.on.validate(api.GROUP, api.VERSION, api.PLURAL, id=VALIDATE_ID, operations=OPERATIONS,
-                      registry=registry)
+                      subresource="*", registry=registry)
     async def validate_vllmdeployment(body: kopf.Body, dryrun: bool, warnings: list[str], old: kopf.Body | None = None,
-                                      operation: str = "CREATE", **_: Any) -> None:
+                                      operation: str = "CREATE", subresource: str | None = None, **_: Any) -> None:
         try:
-            v = await review(store or _default_store(), dict(body), dict(old) if old is not None else None,
-                             operation, dryrun)
+            if subresource == "scale":
+                v = await review_scale(store or _default_store(), dict(body), dryrun)
+            elif subresource is not None:  # status is the operator's: never reviewed
+                return
+            else:
+                v = await review(store or _default_store(), dict(body), dict(old) if old is not None else None,
+                                 operation, dryrun)
         except Invalid as e:
             raise kopf.AdmissionError(clip(str(e)), code=422) from None
         except Exception as e:
