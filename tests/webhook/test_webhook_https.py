@@ -353,7 +353,7 @@ def test_kubectl_scale_is_reviewed_like_a_spec_change(hook):
     """Two one-GPU nodes; 'big' holds one H100 with a replica nothing else fits next to."""
     from types import SimpleNamespace
 
-    spec = {"model": MODEL_8B, "maxModelLen": 131072, "maxNumSeqs": 2, "replicas": 1}
+    spec = {"model": MODEL_8B, "maxModelLen": 8192, "gpuMemoryUtilization": 0.6, "replicas": 1}  # > half a GPU
     obj = vllmd("big", **spec)
     d = placement.decide(hook.store.ledger, request(obj))
     assert d.admitted
