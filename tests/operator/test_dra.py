@@ -197,7 +197,8 @@ async def test_an_allocation_race_lost_is_reported_in_the_schedulers_words(clust
     await cluster.until(lambda: condition(cluster, "a", "Placed").get("reason") == "AllocationFailed",
                         what="the Placed condition")
     assert message in condition(cluster, "a", "Placed")["message"]
-    assert any(e["reason"] == "AllocationFailed" and message in e["message"] for e in cluster.events("a"))
+    await cluster.until(lambda: any(e["reason"] == "AllocationFailed" and message in e["message"]
+                                    for e in cluster.events("a")), what="the AllocationFailed Event")  # posted after the status
     # the claim that won shows up: a is decided again onto the other GPU
     await allocate(cluster, "winner", "gpu-d", f"gpu-{i}", "55Gi", ns="research")
     await cluster.until(lambda: [j for j, _ in booked(cluster, "a")] == [1 - i], what="a to move")
