@@ -50,6 +50,9 @@ def test_install_dry_run_notes_with_cert_manager(helm):
         (["--set", "agent.runtimeClassName=Not_A_Name"], "runtimeClassName"),
         (["--set", "certManager.issuerRef.kind=Vault"], "kind"),
         (["--set-string", "operator.replicas=2"], "replicas"),
+        (["--set-json", "budget.utilization=1.5"], "utilization"),  # the budget policy: in [0, 1]
+        (["--set-json", "budget.utilization=-0.1"], "utilization"),
+        (["--set", "budget.reserve=lots"], "reserve"),  # a Kubernetes quantity
     ],
 )
 def test_values_schema_rejects(helm, args, message):

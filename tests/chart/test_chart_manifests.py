@@ -36,6 +36,8 @@ EXPECTED_OPERATOR_ARGS = [
     "--metrics-port=8080",
     "--health-port=8081",
     "--placement-backend=auto",
+    "--budget-utilization=0.9",  # ADR-0002's budget policy, cluster-wide (values: budget)
+    "--budget-reserve=2Gi",
     "--reservation-image=ghcr.io/vllmfit/vllmfit:0.1.0",
     "--reservation-priority-class=vllmfit-reservation",
     "--reservation-runtime-class=nvidia",
@@ -571,3 +573,11 @@ def test_crd_file_has_one_document():
     text = Path(CHART / "crds" / "vllmdeployments.vllmfit.dev.yaml").read_text()
     docs = [d for d in yaml.safe_load_all(text) if d]
     assert len(docs) == 1 and copy.deepcopy(docs[0])["kind"] == "CustomResourceDefinition"
+
+
+def test_the_budget_policy_reaches_the_operator(render):
+    """values.budget is the cluster-wide budget policy: passed as operator flags."""
+    # helm --set types only integers (0.95 would be a string): --set-json, or a values file
+    docs = render("default", "--set-json", 'budget={"utilization": 0.95, "reserve": "1Gi"}')
+    c = _container(docs, "Deployment", OPERATOR, "operator")
+    assert "--budget-utilization=0.95" in c["args"] and "--budget-reserve=1Gi" in c["args"]

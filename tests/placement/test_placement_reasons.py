@@ -26,7 +26,7 @@ def test_twenty_nodes_two_causes_like_the_issue_says() -> None:
         "0/20 nodes are available: 12 GPU memory (needs 33.9 GiB, largest free 17.8 GiB on l4-00 GPU 0), "
         "8 node(s) didn't match placement.nodeSelector. Budget policy (default) 0.9 x capacity - 2.0 GiB holds "
         "back 4.2 GiB of each NVIDIA-L4. Fits with: placement.nodeSelector: remove (fits on h100-0); "
-        "or quantization: fp8, kvCache: {tokens: 52672}; or quantization: fp8, maxModelLen: 6576"
+        "or quantization: fp8, kvCache: {tokens: 52688}; or quantization: fp8, maxModelLen: 6576"
     )
     assert d.reasons == (
         "12 GPU memory (needs 33.9 GiB, largest free 17.8 GiB on l4-00 GPU 0)",

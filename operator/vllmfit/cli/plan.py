@@ -309,7 +309,8 @@ def _one_line(e: Exception) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = True) -> placement.Plan:
+def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = True,
+               budget: memory.BudgetPolicy = memory.DEFAULT_POLICY) -> placement.Plan:
     """Nodes and deployments -> a Plan. decide=False (status): only what the statuses say."""
     errors = list(objs.errors)
     deployments: dict[str, VLLMDeployment] = {}
@@ -332,7 +333,7 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
     pods = {uid: key for key, dep in deployments.items() if dep.status for uid in dep.status.pod_uids}
     nodes: dict[str, placement.NodeInfo] = {}
     for where, data in objs.nodes:
-        read = placement.read_node(data, catalog.gpu_for_label, pods)
+        read = placement.read_node(data, catalog.gpu_for_label, pods, policy=budget)
         if read.problem:
             errors.append(f"{where}: {read.problem}" + ("; using its GFD labels" if read.info else ""))
         if read.info is None:
@@ -445,7 +446,9 @@ def emit(plan: placement.Plan, output: str, out_file: str | None, title: str) ->
 
 def run_plan(args: argparse.Namespace) -> int:
     objs = read_objects(read_files(args.filename))
-    plan = build_plan(objs, policy=args.policy)
+    from vllmfit.cli.estimate import budget_from_args
+
+    plan = build_plan(objs, policy=args.policy, budget=budget_from_args(args))
     if not plan.ledger.nodes and not plan.decisions:
         detail = f": {plan.errors[0]}" if plan.errors else ""
         raise UserError(f"nothing to plan: no usable Node or {KIND} in the input{detail}")
@@ -528,6 +531,9 @@ def add_parser(subparsers: Any) -> None:
         default="vllm",
         help="memory model: vllm (what vLLM does, default) or adr (ADR-0002 formulas)",
     )
+    from vllmfit.cli.estimate import add_budget_args
+
+    add_budget_args(p)  # the cluster-wide budget policy; node labels still override it per node pool
     p.set_defaults(func=run_plan)
     s = subparsers.add_parser(
         "status",

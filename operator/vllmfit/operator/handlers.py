@@ -149,6 +149,7 @@ def apply_decision(store: Store, rec: Record, req: Request, d: Decision, fx: Eff
         rec.admitted_request = req
         rec.placement = report.placement_from(d, ledger)
         rec.flags = report.api_flags(d.flags)
+        rec.kv_cache = report.kv_status(d)
         rec.vllm_version = memory.parse_version(req.spec.vllm_version or req.spec.image)[0].label
         # layer types the memory model does not know: a condition while they last (spec.strict refuses)
         rec.conditions = [c for c in rec.conditions if c.type != "ModelUnderstood"]
@@ -551,7 +552,8 @@ def node_info(body: Mapping[str, Any], pods: Mapping[str, str] | None = None,
     UIDs of vllmfit's pods to their deployment (their memory is booked, not foreign). Raises
     placement.NodeDataError (a LookupError) when its GPU labels or inventory are refused
     (malformed, out of range, not believable): the caller keeps `previous`, never evicts."""
-    read = placement.read_node(body, catalog.gpu_for_label, pods, now=datetime.now(UTC), previous=previous)
+    read = placement.read_node(body, catalog.gpu_for_label, pods, now=datetime.now(UTC), previous=previous,
+                              policy=get_store().options.budget)
     if read.problem:
         raise placement.NodeDataError(read.problem)
     return read.info

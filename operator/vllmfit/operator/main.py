@@ -13,7 +13,8 @@ import os
 import socket
 from typing import Any
 
-from vllmfit.core import defaults
+from vllmfit.core import defaults, memory
+from vllmfit.core.errors import UserError
 
 
 def peering_priority(name: str) -> int:
@@ -69,11 +70,44 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="DRA driver whose ResourceSlices publish the GPUs (default: gpu.nvidia.com)")
     p.add_argument("--dra-device-class", default=os.environ.get("VLLMFIT_DRA_DEVICE_CLASS") or "gpu.nvidia.com",
                    help="DeviceClass the replicas' claims ask for (default: gpu.nvidia.com)")
+    p.add_argument("--budget-utilization", type=float, metavar="U",
+                   default=_env_float("VLLMFIT_BUDGET_UTILIZATION", defaults.UTILIZATION),
+                   help="cluster-wide budget policy: fraction of each GPU vllmfit hands out, in [0, 1]; node "
+                        f"label {defaults.BUDGET_UTILIZATION_LABEL} overrides it per node pool "
+                        "(default: $VLLMFIT_BUDGET_UTILIZATION or %(default)s, ADR-0002)")
+    p.add_argument("--budget-reserve", metavar="QTY", default=os.environ.get("VLLMFIT_BUDGET_RESERVE") or "2Gi",
+                   help="cluster-wide budget policy: bytes kept free on each GPU, a Kubernetes quantity; node "
+                        f"label {defaults.BUDGET_RESERVE_LABEL} overrides it (default: $VLLMFIT_BUDGET_RESERVE or "
+                        "%(default)s, ADR-0002)")
     p.add_argument("--verbose", action="store_true", help="log Kopf's debug messages")
     hook = _webhook()
     if hook is not None:
         hook.add_arguments(p)
     p.set_defaults(func=run)
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name) or default)
+    except ValueError:
+        return float("nan")  # refused by budget_policy with the value named
+
+
+def budget_policy(args: argparse.Namespace) -> memory.BudgetPolicy:
+    """--budget-utilization / --budget-reserve as the cluster-wide policy; UserError (one line, exit 2)
+    when outside [0, 1] or not a quantity. Checked before Kopf starts."""
+    from vllmfit.core.quantity import parse_bytes
+
+    try:
+        reserve = parse_bytes(args.budget_reserve, "--budget-reserve")
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    policy = memory.BudgetPolicy(args.budget_utilization, reserve, "cluster")
+    bad = policy.error()
+    if bad:
+        raise UserError(bad.replace("budget utilization", "--budget-utilization").replace("budget reserve",
+                                                                                          "--budget-reserve"))
+    return policy
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,8 +119,10 @@ def run(args: argparse.Namespace) -> int:
     from vllmfit.operator import handlers, metrics
     from vllmfit.operator.state import get_store
 
+    policy = budget_policy(args)  # before anything starts: a bad policy is one line and exit code 2
     kopf.configure(verbose=args.verbose)
     store = get_store()
+    store.options.budget = policy
     store.options.namespace = args.namespace
     store.options.default_image = args.default_image
     store.options.resync_seconds = args.resync_seconds

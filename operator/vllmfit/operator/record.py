@@ -47,6 +47,7 @@ class Record:
     outcome: str = "Pending"  # phase when not admitted: Pending, Rejected, Unschedulable
     placement: list[api.ReplicaPlacement] = field(default_factory=list)
     flags: api.Flags | None = None
+    kv_cache: api.KvCacheStatus | None = None  # KV granted and the concurrency it buys (replica 0)
     vllm_version: str | None = None
     reasons: list[str] = field(default_factory=list)
     suggestions: list[str] = field(default_factory=list)
@@ -98,6 +99,7 @@ def record_from_object(body: Mapping[str, Any]) -> Record:
     if st.phase in ("Admitted", "Running", "Failed"):
         rec.admitted = True
         rec.placement, rec.flags = list(st.placement), st.flags
+        rec.kv_cache = st.kv_cache
         rec.children = {p.replica for p in st.placement}
         rec.failed = st.phase == "Failed"
     else:

@@ -24,6 +24,18 @@ def placement_from(decision: Decision, ledger: Ledger) -> list[api.ReplicaPlacem
     return out
 
 
+def kv_status(d: Decision) -> api.KvCacheStatus | None:
+    """The KV cache replica 0 was granted: bytes per GPU, tokens, and the concurrency they buy at
+    maxModelLen and at the typical length asked for."""
+    if not d.replicas:
+        return None
+    z = d.replicas[0].sizing
+    return api.KvCacheStatus(
+        bytes=z.footprint.kv_cache, tokens=z.granted_tokens,
+        concurrency_at_max_model_len=round(z.max_concurrency, 2), typical_length=z.typical_len,
+        concurrency_at_typical_length=None if z.concurrency_typical is None else round(z.concurrency_typical, 2))
+
+
 def api_flags(flags: memory.Flags | None) -> api.Flags | None:
     if flags is None:
         return None
@@ -114,6 +126,7 @@ def status(rec: Record, ledger: Ledger) -> dict[str, Any]:
         gpu_list=";".join(",".join(str(g.index) for g in p.gpus) for p in placement) or None,
         placement=placement,
         flags=rec.flags if rec.admitted else None,
+        kv_cache=rec.kv_cache if rec.admitted else None,
         memory=memory_entries(ledger.bookings_of(rec.key)),
         gpus=gpus,
         headroom=headroom_text(gpus),

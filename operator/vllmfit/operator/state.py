@@ -25,7 +25,7 @@ from typing import Any
 
 from vllmfit.backends import dra
 from vllmfit.backends import reservation as rsv
-from vllmfit.core import api, defaults, placement
+from vllmfit.core import api, defaults, memory, placement
 from vllmfit.core.modelarch import ModelArch, ModelConfigError, parse_hf_config
 from vllmfit.core.placement import Ledger, Request
 from vllmfit.operator import report
@@ -48,6 +48,7 @@ class Options:
     reservation: rsv.Config = field(default_factory=rsv.Config)
     dra_driver: str = field(default_factory=lambda: os.environ.get("VLLMFIT_DRA_DRIVER") or dra.NVIDIA_DRIVER)
     dra_device_class: str = field(default_factory=lambda: os.environ.get("VLLMFIT_DRA_DEVICE_CLASS") or dra.NVIDIA_DRIVER)
+    budget: memory.BudgetPolicy = memory.DEFAULT_POLICY  # cluster-wide; node-pool labels override it
 
 
 class Store:
@@ -251,7 +252,7 @@ class Store:
         for obj in nodes:
             name = str((obj.get("metadata") or {}).get("name") or "")
             try:
-                info = placement.node_from_object(obj, catalog.gpu_for_label, pods)
+                info = placement.node_from_object(obj, catalog.gpu_for_label, pods, self.options.budget)
             except ValueError:
                 self.node_infos[name] = None
                 continue  # no GPU information: not a GPU node
@@ -283,7 +284,7 @@ class Store:
         for obj in nodes:
             name = str((obj.get("metadata") or {}).get("name") or "")
             try:
-                info = placement.node_from_object(obj, catalog.gpu_for_label, pods)
+                info = placement.node_from_object(obj, catalog.gpu_for_label, pods, self.options.budget)
             except (ValueError, LookupError):
                 continue
             self.node_infos[name] = info

@@ -70,14 +70,29 @@ def largest_kv_tokens(model: ModelArch, s: Settings, gpu: GpuType, avail: int) -
     probe = size(model, replace(s, kv_tokens=lay.block_size, kv_bytes=None, kv_concurrency=None, kv_grow=False),
                  gpu, avail)
     room = int(avail - probe.footprint.non_kv - 10**-defaults.UTILIZATION_DECIMALS * gpu.cuda_total_bytes)
-    tokens = lay.pool_tokens(max(room, 0))
-    for _ in range(8):  # rounding: step down a block until it fits
-        if tokens <= 0:
-            return None
-        if _fits(model, replace(s, kv_tokens=tokens, kv_bytes=None, kv_concurrency=None, kv_grow=False), gpu, avail):
-            return tokens
-        tokens -= lay.block_size
-    return None
+    bs = lay.block_size
+
+    def ok(tokens: int) -> bool:
+        return tokens > 0 and _fits(model, replace(s, kv_tokens=tokens, kv_bytes=None, kv_concurrency=None,
+                                                    kv_grow=False), gpu, avail) is not None
+
+    lo = lay.pool_tokens(max(room, 0)) // bs * bs  # a first guess from the room: step down to a fit
+    for _ in range(8):
+        if ok(lo):
+            break
+        lo -= bs
+    else:
+        return None
+    if lo <= 0:
+        return None
+    step = bs  # then up: a smaller batch default (MIN_BATCHED_TOKENS) may leave more room at the limit
+    while ok(lo + step):
+        lo, step = lo + step, step * 2
+    hi = lo + step  # does not fit
+    while hi - lo > bs:
+        mid = (lo + hi) // 2 // bs * bs
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
 
 
 def _largest_context(model: ModelArch, s: Settings, gpu: GpuType, avail: int) -> int | None:

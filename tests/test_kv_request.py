@@ -1,0 +1,204 @@
+"""The KV request (spec.kvCache / --kv-cache-*), the budget policy and what the GPU can run, checked by
+hand calculation. Llama-3.1-8B-Instruct, bf16, TP 1: 2 x 32 layers x 8 KV heads x 128 x 2 B = 131,072 B
+per token; a 16-token block is 2,097,152 B; vLLM keeps one null block out of the pool."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from kubernetes.utils import parse_quantity
+
+from vllmfit import main as cli
+from vllmfit.core import memory
+from vllmfit.core.memory import BudgetPolicy, Settings
+from vllmfit.core.quantity import parse_bytes
+from vllmfit.sources import catalog
+
+GIB = 1 << 30
+H100 = catalog.gpu("NVIDIA-H100-80GB-HBM3")
+T4 = catalog.gpu("Tesla-T4")
+A100 = catalog.gpu("NVIDIA-A100-SXM4-80GB")
+LLAMA = catalog.model("meta-llama/Llama-3.1-8B-Instruct")
+BLOCK = 16 * 131_072
+T = 85_031_714_816  # H100 cudaMemGetInfo total (catalog)
+BUDGET = int(0.9 * T) - 2 * GIB  # ADR-0002
+
+
+def size(**kw: object) -> memory.Sizing:
+    return memory.size(LLAMA, Settings(**kw), H100, BUDGET)  # type: ignore[arg-type]
+
+
+# --- the request forms --------------------------------------------------------------------------
+
+
+def test_tokens_are_whole_blocks_plus_the_null_block() -> None:
+    sz = size(max_model_len=32768, kv_tokens=40_000)
+    assert sz.footprint.kv_cache == (math.ceil(40_000 / 16) + 1) * BLOCK == 5_244_977_152
+    assert sz.granted_tokens == 40_000  # (2501 blocks - the null block) x 16
+    assert sz.flags.kv_cache_memory_bytes == 5_244_977_152
+    assert sz.max_concurrency == pytest.approx(2500 / 2048)  # 32k requests: 2048 blocks each
+
+
+def test_memory_is_taken_as_given() -> None:
+    sz = size(max_model_len=8192, kv_bytes=parse_bytes("20Gi"))
+    assert sz.footprint.kv_cache == 20 * GIB
+    assert sz.granted_tokens == (20 * GIB // BLOCK - 1) * 16 == 163_824
+    assert f"--kv-cache-memory-bytes={20 * GIB}" in sz.flags.args()
+
+
+def test_concurrency_at_a_typical_length() -> None:
+    sz = size(max_model_len=16384, kv_concurrency=64, typical_len=2048)
+    assert sz.footprint.kv_cache == (64 * 2048 // 16 + 1) * BLOCK == 17_181_966_336
+    assert sz.concurrency_typical == pytest.approx(64.0)
+    assert sz.max_concurrency == pytest.approx(8.0)  # 8192 usable blocks / 1024 per 16k request
+    assert sz.granted_tokens == 64 * 2048
+
+
+def test_nothing_asked_is_one_full_length_request_and_vllms_own_max_num_seqs() -> None:
+    sz = size(max_model_len=8192)
+    assert sz.footprint.kv_cache == (8192 // 16 + 1) * BLOCK
+    assert sz.max_concurrency == pytest.approx(1.0)
+    # vLLM's API-server default on a >= 70 GiB non-A100 GPU: B 8192, S 1024 (vllm-flags.md section 3)
+    assert (sz.flags.max_num_seqs, sz.flags.max_num_batched_tokens) == (1024, 8192)
+    a100 = memory.size(LLAMA, Settings(max_model_len=8192), A100, int(0.9 * A100.cuda_total_bytes) - 2 * GIB)
+    assert (a100.flags.max_num_seqs, a100.flags.max_num_batched_tokens) == (256, 2048)
+
+
+def test_the_issue_example_fits_where_maxnumseqs_times_maxmodellen_did_not() -> None:
+    """32k per request, 256 concurrent: sized by a KV request of ~40k tokens it fits an H100; booked as
+    256 x 32k tokens it needs about 1 TiB (the issue's 'needs 1041.6 GiB')."""
+    assert size(max_model_len=32768, max_num_seqs=256, kv_tokens=40_000).fits
+    old = size(max_model_len=32768, max_num_seqs=256, kv_concurrency=256)
+    assert not old.fits and old.footprint.kv_cache == (256 * 2048 + 1) * BLOCK  # 1024 GiB of KV
+
+
+def test_grow_takes_the_room_offered_in_whole_blocks() -> None:
+    sz = size(max_model_len=8192, kv_grow=True)
+    assert sz.fits and sz.footprint.total <= BUDGET
+    assert sz.footprint.kv_cache % BLOCK == 0
+    assert BUDGET - sz.footprint.total < BLOCK + math.ceil(T / 10_000)  # less than a block + u's rounding left
+
+
+def test_an_explicit_request_smaller_than_one_request_does_not_fit() -> None:
+    sz = size(max_model_len=32768, kv_tokens=1000)
+    assert not sz.fits and "cannot hold one request of 32768 tokens" in sz.reasons[0]
+
+
+def test_tokens_and_memory_together_are_refused_naming_the_one_to_keep() -> None:
+    with pytest.raises(memory.SpecError, match="keep tokens"):
+        size(kv_tokens=1000, kv_bytes=GIB)
+    from vllmfit.core import api
+
+    with pytest.raises(ValueError, match="keep tokens"):
+        api.VLLMDeploymentSpec.model_validate({"model": "m", "kvCache": {"tokens": 1, "memory": "1Gi"}})
+
+
+@pytest.mark.parametrize("text", ["20Gi", "1.5G", "512Mi", "2e9", "1E3", "0.5Ki", "100m", "1.5", ".5Gi", "3k", "12345"])
+def test_quantities_parse_like_kubernetes(text: str) -> None:
+    assert parse_bytes(text) == math.ceil(parse_quantity(text))  # Quantity.Value() rounds up
+
+
+@pytest.mark.parametrize("text", ["20 Gi", "Gi", "-1Gi", "1GB", "1e", "1.2.3"])
+def test_bad_quantities_are_one_line_errors(text: str) -> None:
+    with pytest.raises(ValueError, match="kvCache.memory"):
+        parse_bytes(text, "kvCache.memory")
+
+
+# --- what the GPU can run ----------------------------------------------------------------------
+
+
+def test_fp8_and_bf16_follow_the_compute_capability() -> None:
+    assert (T4.compute_capability, A100.compute_capability, H100.compute_capability) == ((7, 5), (8, 0), (9, 0))
+    with pytest.raises(memory.SpecError, match="cannot run fp8 weights"):
+        memory.size(LLAMA, Settings(max_model_len=4096, quantization="fp8"), T4, 1 << 40)
+    with pytest.raises(memory.SpecError, match="fp8 KV cache"):
+        memory.size(LLAMA, Settings(max_model_len=4096, kv_cache_dtype="fp8"), T4, 1 << 40)
+    with pytest.raises(memory.SpecError, match="use dtype: float16"):
+        memory.size(LLAMA, Settings(max_model_len=4096, dtype="bfloat16"), T4, 1 << 40)
+    auto = memory.size(LLAMA, Settings(max_model_len=4096), T4, 1 << 40)
+    assert any("float16" in w for w in auto.warnings)
+    ampere = memory.size(LLAMA, Settings(max_model_len=4096, quantization="fp8"), A100, 1 << 40)
+    assert any("weight-only" in w for w in ampere.warnings)  # FP8 Marlin below compute capability 8.9
+    assert not any("weight-only" in w for w in
+                   memory.size(LLAMA, Settings(max_model_len=4096, quantization="fp8"), H100, 1 << 40).warnings)
+
+
+def test_fixes_never_suggest_what_the_gpu_cannot_run() -> None:
+    budget = int(0.9 * T4.cuda_total_bytes) - 2 * GIB
+    texts = [f.text for f in memory.fixes(LLAMA, Settings(max_model_len=8192), T4, available=budget)]
+    assert not any("fp8" in t for t in texts), texts
+    texts_h = [f.text for f in memory.fixes(catalog.model("meta-llama/Llama-3.1-70B-Instruct"),
+                                            Settings(max_model_len=8192), H100, available=BUDGET)]
+    assert any("quantization: fp8" in t for t in texts_h)
+
+
+def test_two_changes_together_when_neither_fits_alone() -> None:
+    """70B at 8k on one H100: fp8 weights alone (~66 GiB) plus a one-request KV cache does not fit,
+    nor does an fp8 KV cache alone; fp8 weights with TP 2 do (fewer GPUs than TP 4 alone)."""
+    big = catalog.model("meta-llama/Llama-3.1-70B-Instruct")
+    fixes = [f.text for f in memory.fixes(big, Settings(max_model_len=8192), H100, available=BUDGET)]
+    assert "tensorParallelSize: 4" in fixes and "tensorParallelSize: 2, quantization: fp8" in fixes
+    for text in fixes:
+        fx = next(f for f in memory.fixes(big, Settings(max_model_len=8192), H100, available=BUDGET) if f.text == text)
+        assert memory.size(big, fx.settings(Settings(max_model_len=8192)), H100, BUDGET).fits, text
+
+
+# --- the budget policy -------------------------------------------------------------------------
+
+
+def test_an_explicit_utilization_the_policy_refuses_gets_the_one_that_fits_and_the_policy_change() -> None:
+    s = Settings(gpu_memory_utilization=0.9)  # vLLM's own default, on an empty H100
+    est = memory.estimate(LLAMA, s, H100)
+    ctx = est.sizing.footprint.cuda_context
+    assert not est.sizing.fits  # ctx + ceil(0.9 T) = 71.8 GiB > 69.3 GiB
+    assert "budget policy (default) 0.9 x capacity - 2.0 GiB holds back 9.9 GiB of 79.2 GiB" in est.sizing.reasons
+    u = max(k / 10_000 for k in range(1, 10_000) if ctx + math.ceil(T * k / 10_000) <= BUDGET)
+    assert f"gpuMemoryUtilization: {u}" in est.suggestions
+    want = math.ceil((ctx + math.ceil(T * 0.9) + 2 * GIB) / T * 100) / 100  # 0.94
+    assert f"budget policy utilization {want:g} (now 0.9 x capacity - 2.0 GiB, which holds back 9.9 GiB of this GPU)" \
+        in est.suggestions
+    assert ctx + math.ceil(T * 0.9) <= BudgetPolicy(want).budget(T)  # the policy change really admits it
+
+
+def test_a_policy_sets_the_budget_and_bad_ones_are_refused() -> None:
+    assert BudgetPolicy(0.95, GIB).budget(T) == int(0.95 * T) - GIB
+    assert BudgetPolicy().budget(T) == BUDGET
+    assert BudgetPolicy(1.2).error() and BudgetPolicy(-0.1).error() and BudgetPolicy(float("nan")).error()
+    assert "larger than the GPU" in (BudgetPolicy(0.9, 100 * GIB).error(T) or "")
+    assert BudgetPolicy(0.0, 0).error(T) is None and BudgetPolicy(1.0, 0).error(T) is None
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--budget-utilization", "1.5"], "--budget-utilization 1.5 (CLI) is outside [0, 1]"),
+    (["--budget-utilization", "-0.1"], "outside [0, 1]"),
+    (["--budget-reserve", "100Gi"], "larger than the GPU"),
+    (["--budget-reserve", "lots"], "not a Kubernetes quantity"),
+    (["--kv-cache-tokens", "1000", "--kv-cache-memory", "1Gi"], "keep --kv-cache-tokens"),
+    (["--kv-cache-tokens", "40000000"], "the largest that fits is kvCache.tokens"),
+])
+def test_bad_policy_and_kv_requests_exit_2_with_one_line(capsys, argv: list[str], says: str) -> None:
+    code = cli.main(["estimate", "--model", LLAMA.name, *argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and says in err and "\n" not in err and "Traceback" not in err
+
+
+def test_the_cli_policy_moves_the_budget(capsys) -> None:
+    import json
+
+    assert cli.main(["estimate", "--model", LLAMA.name, "--max-model-len", "8192", "--budget-utilization", "0.95",
+                     "--budget-reserve", "1Gi", "-o", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["per_gpu"]["budget_bytes"] == int(0.95 * T) - GIB
+    assert d["budget_policy"] == {"utilization": 0.95, "reserve_bytes": GIB, "source": "CLI",
+                                  "held_back_bytes": T - (int(0.95 * T) - GIB)}
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--budget-utilization", "1.2"], "--budget-utilization 1.2 (cluster) is outside [0, 1]"),
+    (["--budget-reserve", "two gigs"], "--budget-reserve 'two gigs' is not a Kubernetes quantity"),
+])
+def test_the_operator_refuses_a_bad_cluster_policy_before_starting(capsys, argv: list[str], says: str) -> None:
+    code = cli.main(["operator", *argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and says in err and "\n" not in err
