@@ -218,6 +218,11 @@ async def test_unschedulable_explains_and_is_admitted_when_room_frees_up(cluster
     assert condition(st, "Admitted")["reason"] == "Unschedulable"
     await cluster.until(lambda: cluster.events("c"))
     assert cluster.events("c")[0]["reason"] == "Unschedulable"
+    # grouped like the kube-scheduler, the same words in the condition, the Event and status.reasons
+    grouped = f"0/1 nodes are available: {st['reasons'][0]}"
+    assert st["reasons"][0].startswith("1 GPU memory (needs ") and st["reasons"][0].endswith(" on gpu-a GPU 0)")
+    assert condition(st, "Admitted")["message"].startswith(grouped)
+    assert cluster.events("c")[0]["message"].startswith(grouped)
     assert cluster.get(DEPLOYMENTS, "c-0") is None
     await cluster.delete("a")
     st = await cluster.phase("c", "Admitted")

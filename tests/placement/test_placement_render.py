@@ -69,4 +69,6 @@ def test_print_plan_names_every_node_and_deployment() -> None:
     out = _text(render.print_plan, p)
     assert "gpu-a: 2x H100-80GB-HBM3" in out and "gpu-b: 1x L4" in out
     assert "Admitted      ■ default/a" in out and "Unschedulable ■ default/huge" in out
+    # the refusal in the terminal: the kube-scheduler's headline, then one line per group
+    assert "  0/2 nodes are available:\n  - 1 GPU memory (NVIDIA-H100-80GB-HBM3: needs " in out
     assert "--max-model-len=8192 --max-num-seqs=1024" in out

@@ -272,6 +272,9 @@ def print_deployment(console: Console, p: Plan, key: str, palette: dict[str, tup
     if d.flags is not None and d.admitted:
         console.print(Text("  " + " ".join(d.flags.args()), style="cyan"))
     if not d.admitted:
+        at = d.message.find(NODES_AVAILABLE)
+        if d.reasons and at >= 0:  # the kube-scheduler's headline, then its groups
+            console.print(f"  {d.message[: at + len(NODES_AVAILABLE)]}:", highlight=False)
         for r in d.reasons:
             console.print(f"  - {r}", highlight=False)
         if not d.reasons and d.message:
