@@ -299,7 +299,8 @@ def test_the_model_cache_example_mounts_the_cache_where_hf_home_points() -> None
     hf_home = next(e["value"] for e in c["env"] if e["name"] == "HF_HOME")
     mount = next(m for m in c["volumeMounts"] if m["name"] == "model-cache")
     volume = next(v for v in pod(d)["volumes"] if v["name"] == "model-cache")
-    assert mount["mountPath"] == hf_home == "/root/.cache/huggingface"
+    assert mount["mountPath"] == hf_home == "/cache/huggingface"
+    assert not hf_home.startswith("/root")  # the pods run as uid 1000 (restricted), /root is not theirs
     assert volume["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
 
 
@@ -316,3 +317,39 @@ def test_reservation_gates_and_dra_claims_survive_an_allowed_template(kind: str)
     assert vllm(d)["env"] == vllm(plain)["env"]
     for key, value in plain["spec"]["template"]["metadata"]["annotations"].items():
         assert d["spec"]["template"]["metadata"]["annotations"][key] == value
+
+
+# --- The restricted Pod Security Standard by default (issue 14) --------------------------------
+
+
+def test_vllm_pods_are_restricted_by_default() -> None:
+    # The fields https://kubernetes.io/docs/concepts/security/pod-security-standards/#restricted asks for.
+    d = build()
+    p, c = pod(d), vllm(d)
+    assert p["securityContext"]["runAsNonRoot"] is True
+    assert p["securityContext"]["runAsUser"] not in (None, 0)
+    assert p["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["HOME"] == "/tmp" and env["USER"] == "vllm"  # a uid without a passwd entry still has caches
+    for obj in (p, c):
+        assert "privileged" not in obj.get("securityContext", {})
+
+
+def test_a_pod_template_security_context_replaces_the_default() -> None:
+    root = {"runAsUser": 0, "runAsNonRoot": False}
+    assert pod(build({"spec": {"securityContext": root}}))["securityContext"] == root
+    sc = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}}
+    assert vllm(build({"spec": {"containers": [{"name": "vllm", "securityContext": sc}]}}))["securityContext"] == sc
+
+
+def test_the_users_home_wins_over_the_default() -> None:
+    spec = api.VLLMDeploymentSpec.model_validate({"model": "org/m", "env": [{"name": "HOME", "value": "/data"}]})
+    assert spec.env[0]["value"] == "/data"
+    obj = api.VLLMDeployment.model_validate({"metadata": {"name": "llama"}, "spec": {
+        "model": "meta-llama/Llama-3.1-8B-Instruct", "env": [{"name": "HOME", "value": "/data"}]}})
+    rep = api.ReplicaPlacement(replica=0, node="gpu-a", gpus=[api.GpuRef(index=1)])
+    flags = api.Flags(max_model_len=4096, max_num_seqs=8, gpu_memory_utilization=0.5)
+    d = builders.deployment(obj, rep, flags, obj.spec.model, exclusive=False)
+    homes = [e["value"] for e in vllm(d)["env"] if e["name"] == "HOME"]
+    assert homes == ["/data"]

@@ -78,3 +78,11 @@ checkpoint; the startup probe allows weights / this on top of STARTUP_BASE_SECON
 bf16 checkpoint (~810 GB) gets about 2 h 20 min and an 8B one about 12.5 min."""
 STARTUP_PROBE_PERIOD_SECONDS = 20
 """periodSeconds of the startup probe; failureThreshold is derived from the time allowed."""
+
+VLLM_RUN_AS_USER = 1000
+"""uid (and gid, fsGroup) the generated vLLM pods run as: the restricted Pod Security Standard
+needs a non-root user, and the vLLM image sets none (it would run as root). A podTemplate
+securityContext overrides it (operator/builders.py, docs/operator.md)."""
+VLLM_HOME = "/tmp"
+"""$HOME of the vLLM container: writable by any uid, so the caches vLLM, Hugging Face, torch and
+Triton keep under ~/.cache work without root (the image's /root is not readable by uid 1000)."""

@@ -11,6 +11,7 @@ No I/O and no Kopf here; the handlers call these and send the results to the API
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -33,6 +34,24 @@ NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 # `vllm serve` flags vllmfit computes or fixes, and those that change memory it does not model:
 # vllmfit.core.extraargs (checked with vLLM's own parsing rules: prefixes, --flag=value, aliases).
 COMPUTED_FLAGS = extraargs.REFUSED
+
+
+# The restricted Pod Security Standard (https://kubernetes.io/docs/concepts/security/pod-security-standards/):
+# a non-root user, no privilege escalation, no capabilities, the runtime's seccomp profile. vLLM needs
+# none of what this takes away (the GPUs are device files the NVIDIA runtime opens for any user;
+# NCCL uses the /dev/shm emptyDir). A podTemplate securityContext replaces these (pod or container).
+RESTRICTED_POD: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": defaults.VLLM_RUN_AS_USER,
+    "runAsGroup": defaults.VLLM_RUN_AS_USER,
+    "fsGroup": defaults.VLLM_RUN_AS_USER,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+RESTRICTED_CONTAINER: dict[str, Any] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+# A user with no /etc/passwd entry: $HOME must be writable, and getpass.getuser() (torch's
+# compile caches) must not look the uid up.
+RESTRICTED_ENV: tuple[dict[str, str], ...] = ({"name": "HOME", "value": defaults.VLLM_HOME},
+                                              {"name": "USER", "value": "vllm"})
 
 
 # --- Checks before placement -------------------------------------------------------------------
@@ -135,7 +154,9 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
     if gpu.claims:
         resources["claims"] = [dict(c) for c in gpu.claims]
     env += gpu.env
-    pod: dict[str, Any] = dict(gpu.pod)
+    named = {e.get("name") for e in env}
+    env += [e for e in RESTRICTED_ENV if e["name"] not in named]
+    pod: dict[str, Any] = {"securityContext": copy.deepcopy(RESTRICTED_POD), **gpu.pod}
     probe = {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 5}
     container = {
         "name": "vllm",
@@ -149,6 +170,7 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
         "readinessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
         "livenessProbe": {**probe, "periodSeconds": 20, "failureThreshold": 3},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
     }
     pod.update({
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
