@@ -116,3 +116,21 @@ async def test_hpa_grows_while_it_fits_never_past_and_shrinks_always(cluster: Cl
     assert (st["replicas"], st["ready"], st["placement"][0]) == (1, "0/1", first)
     assert next(c for c in st["conditions"] if c["type"] == "Admitted")["status"] == "True"
     assert len(get_store().ledger.bookings_of("default/s")) == 1
+
+
+async def test_a_change_nothing_needs_memory_for_keeps_every_replica_where_it_is(cluster: Cluster,
+                                                                                operator: Operator) -> None:
+    await cluster.create(node("gpu-a", gpus=2))
+    await cluster.create(vd("k", QWEN7, replicas=2))
+    st = await cluster.phase("k", "Admitted")
+    before = st["placement"]
+    await cluster.patch_spec("k", {"env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}],
+                                   "podTemplate": {"spec": {"tolerations": [{"key": "x", "operator": "Exists"}]}}})
+    await cluster.until(lambda: cluster.status("k").get("observedGeneration") == 2, what="generation 2")
+    await get_store().flush()
+    assert cluster.status("k")["placement"] == before
+    assert not any(e["reason"] == "Moved" for e in cluster.events("k"))
+    dep = cluster.get(DEPLOYMENTS, "k-0")
+    await cluster.until(lambda: cluster.get(DEPLOYMENTS, "k-0")["spec"]["template"]["spec"].get("tolerations", [])[-1:]
+                        == [{"key": "x", "operator": "Exists"}], what="the toleration written")
+    assert dep is not None

@@ -352,3 +352,15 @@ def test_scaling_up_keeps_the_replicas_it_holds_and_only_new_ones_must_fit():
     keep = placement.held_replicas(led, "default/a", 1)
     assert [(k.node, k.gpus) for k in keep] == [(r0.node, r0.gpus)]
     assert webhook.check(led, request("a", **{**one, "replicas": 0}), old=spec_of(**one)).allowed
+
+
+def test_a_pod_template_change_needs_a_fit_check_only_when_its_node_affinity_changes():
+    zone = {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}}
+    plain = spec_of()
+    tolerating = spec_of(podTemplate={"spec": {"tolerations": [{"key": "x", "operator": "Exists"}]}})
+    zoned = spec_of(podTemplate={"spec": zone})
+    assert webhook.memory_changes(plain, tolerating) == []
+    assert webhook.memory_changes(plain, zoned) == ["pod_template"]
+    assert webhook.memory_changes(tolerating, spec_of(podTemplate={"spec": {**zone, "serviceAccountName": "s"}})) == [
+        "pod_template"]

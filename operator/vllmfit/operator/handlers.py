@@ -124,12 +124,13 @@ def not_admitted(rec: Record, phase: str, reason: str, message: str, fx: Effects
 def scale_keep(store: Store, rec: Record, req: Request) -> list[placement.ReplicaAllocation]:
     """When only spec.replicas changed (kubectl scale, an HPA), the replicas that stay keep their
     GPUs: a shrink releases the highest ones and always succeeds; a growth places only the new
-    ones, and is admitted only if every new one fits."""
+    ones, and is admitted only if every new one fits. A change of nothing memory needs (env,
+    resources, the pod template's tolerations...) keeps every replica where it is."""
     old = rec.admitted_request
     if not rec.admitted or old is None or rec.flags is None:
         return []
-    if webhook.memory_changes(old.spec, req.spec) != ["replicas"]:
-        return []
+    if webhook.memory_changes(old.spec, req.spec) not in ([], ["replicas"]):
+        return []  # a change of what a replica needs or where it may run: decided afresh
     below = min(old.spec.replicas, req.spec.replicas)
     return placement.held_replicas(store.ledger, rec.key, below, builders.to_memory_flags(rec.flags))
 

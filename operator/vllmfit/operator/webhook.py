@@ -30,6 +30,7 @@ import kopf
 from pydantic import BaseModel, ValidationError
 
 from vllmfit.core import api, placement
+from vllmfit.core.placement import affinity
 from vllmfit.operator import builders, certs
 
 logger = logging.getLogger(__name__)
@@ -140,8 +141,17 @@ SMALLER_NEEDS_LESS = frozenset(
 
 
 def memory_changes(old: api.VLLMDeploymentSpec, new: api.VLLMDeploymentSpec) -> list[str]:
-    """Fields whose change needs a new fit check (everything but env, resources, secrets, args)."""
-    return [n for n in type(new).model_fields if n not in NOT_MEMORY and getattr(old, n) != getattr(new, n)]
+    """Fields whose change needs a new fit check (everything but env, resources, secrets, args,
+    and a podTemplate change that leaves its required node affinity as it was)."""
+    return [n for n in type(new).model_fields if n not in NOT_MEMORY and getattr(old, n) != getattr(new, n)
+            and not (n == "pod_template" and _node_terms(old) == _node_terms(new))]
+
+
+def _node_terms(spec: api.VLLMDeploymentSpec) -> object:
+    try:
+        return affinity.required_terms(spec)
+    except ValueError as e:
+        return str(e)
 
 
 def is_shrink(old: api.VLLMDeploymentSpec, new: api.VLLMDeploymentSpec) -> bool:
