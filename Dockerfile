@@ -9,15 +9,16 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/venv
 WORKDIR /src
-# Dependencies first (cached while only the source changes), then the project itself.
-COPY pyproject.toml ./
-RUN /opt/venv/bin/pip install --upgrade pip setuptools wheel \
- && /opt/venv/bin/python -c 'import subprocess, sys, tomllib; \
-deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]; \
-subprocess.run([sys.executable, "-m", "pip", "install", *deps], check=True)'
+# Dependencies first (cached while only the source changes), from the hashed lock files: every
+# package pinned, every downloaded file checked against its sha256 (`make lock` regenerates them).
+COPY requirements/ requirements/
+RUN /opt/venv/bin/pip install --require-hashes --no-deps -r requirements/build.txt -r requirements/runtime.txt
 COPY . .
-RUN /opt/venv/bin/pip install --no-deps . \
- && /opt/venv/bin/vllmfit --version
+# The project itself, built offline with the locked setuptools (the catalog is package data).
+RUN /opt/venv/bin/pip wheel --no-deps --no-build-isolation --no-index -w /tmp/dist . \
+ && /opt/venv/bin/pip install --no-deps --no-index /tmp/dist/vllmfit-*.whl \
+ && /opt/venv/bin/vllmfit --version \
+ && /opt/venv/bin/vllmfit gpus --output json > /dev/null
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="vllmfit" \
@@ -25,12 +26,10 @@ LABEL org.opencontainers.image.title="vllmfit" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.source="https://github.com/vllmfit/vllmfit"
 ENV PATH=/opt/venv/bin:$PATH \
-    VLLMFIT_CATALOG=/app/catalog \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp
 COPY --from=builder /opt/venv /opt/venv
-COPY catalog/ /app/catalog/
 WORKDIR /app
 USER 65532:65532
 ENTRYPOINT ["vllmfit"]

