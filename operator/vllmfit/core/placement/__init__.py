@@ -13,11 +13,12 @@ each vLLM process's footprint is its CUDA context plus ceil(T x u) (see vllmfit.
 sum staying under T is exactly the condition for the processes to start in any order.
 
 One module per concern, in dependency order:
+  affinity  a podTemplate's required node affinity, matched as the scheduler matches it
   inputs    GPU slots, nodes, requests; the memory settings a spec asks for
   nodes     a v1/Node (GFD labels, agent inventory) -> NodeInfo
   ledger    bookings per GPU, kept under budget, with the search indices
   search    the best-fit (or spread) search for one GPU group; cached sizing
-  reasons   why a deployment fits nowhere, one line per node
+  reasons   why a deployment fits nowhere, grouped by cause like the kube-scheduler
   place     placing every replica of one deployment (pinned first, then the search)
   fixes     changes that make a refused deployment fit, each re-checked
   decide    place + fixes: the entry point every shell calls
