@@ -97,3 +97,5 @@ def test_kv_margins_are_the_measured_residuals_and_nothing_over_promises():
         assert p["kv_low"] <= r["kv_cache_gib"] + 0.005, r["id"]  # the floor holds (log rounding)
         assert r["kv_cache_gib"] <= p["kv_high"] + 0.005, r["id"]
     assert accuracy.measured_bands(residuals) == {c: margin.KV_BAND_CENTI_GIB[c] for c in residuals}
+    graphs = accuracy.graph_residuals(rows())
+    assert accuracy.measured_bands(graphs) == {c: margin.GRAPH_BAND_CENTI_GIB[c] for c in graphs}

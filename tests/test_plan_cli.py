@@ -49,7 +49,7 @@ def test_the_impossible_one_is_unschedulable_with_reasons(plan_json: dict) -> No
     # excluded by its nodeSelector
     # excluded by its nodeSelector; then the budget policy of the node it looked at
     assert d["reasons"] == [
-        "1 GPU memory (needs at least 119.4 GiB on each of 4 GPUs, largest free 0.1 GiB on gpu-a100-b GPU 0,1,2,3)",
+        "1 GPU memory (needs at least 120.2 GiB on each of 4 GPUs, largest free 0.0 GiB on gpu-a100-b GPU 0,1,2,3)",
         "3 node(s) didn't match placement.nodeSelector",
         "budget policy (default) 0.9 x capacity - 2.0 GiB holds back 6.0 GiB of each NVIDIA-A100-SXM4-40GB",
     ]

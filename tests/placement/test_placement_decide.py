@@ -190,7 +190,7 @@ def test_replicas_share_context_and_concurrency() -> None:
 
 def test_partial_replicas_report_what_was_placed() -> None:
     ledger = _ledger(node("a", H100, 1))
-    d = placement.decide(ledger, request("r", replicas=4, maxModelLen=16384, kvCache={"concurrency": 8}))
+    d = placement.decide(ledger, request("r", replicas=4, maxModelLen=16384, kvCache={"concurrency": 6}))
     assert d.phase == "Unschedulable"
     assert d.message.startswith("2/4 replicas placed; replica 2: 0/1 nodes are available: 1 GPU memory (needs ")
     assert "replicas: 2" in d.suggestions

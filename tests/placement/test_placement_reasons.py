@@ -23,20 +23,20 @@ def test_twenty_nodes_two_causes_like_the_issue_says() -> None:
     ledger = placement.Ledger(nodes)
     d = placement.decide(ledger, request("d", placement={"nodeSelector": {"pool": "gpu"}}, **FIXED))
     assert d.message == (
-        "0/20 nodes are available: 12 GPU memory (needs 33.9 GiB, largest free 17.8 GiB on l4-00 GPU 0), "
+        "0/20 nodes are available: 12 GPU memory (needs 34.7 GiB, largest free 17.8 GiB on l4-00 GPU 0), "
         "8 node(s) didn't match placement.nodeSelector. Budget policy (default) 0.9 x capacity - 2.0 GiB holds "
         "back 4.2 GiB of each NVIDIA-L4. Fits with: placement.nodeSelector: remove (fits on h100-0); "
-        "or quantization: fp8, kvCache: {tokens: 52688}; or quantization: fp8, maxModelLen: 6576"
+        "or quantization: fp8, kvCache: {tokens: 46224}; or quantization: fp8, maxModelLen: 5776"
     )
     assert d.reasons == (
-        "12 GPU memory (needs 33.9 GiB, largest free 17.8 GiB on l4-00 GPU 0)",
+        "12 GPU memory (needs 34.7 GiB, largest free 17.8 GiB on l4-00 GPU 0)",
         "8 node(s) didn't match placement.nodeSelector",
         "budget policy (default) 0.9 x capacity - 2.0 GiB holds back 4.2 GiB of each NVIDIA-L4",
     )
-    # the numbers: 33.9 GiB is the memory model's footprint (with the measured 0.23 GiB dense KV margin, issue 13); 17.8 GiB is an L4's ADR-0002 budget,
+    # the numbers: 34.7 GiB is the memory model's footprint (with the measured 1.02 GiB dense KV margin on 0.33, issue 13); 17.8 GiB is an L4's ADR-0002 budget,
     # int(0.9 x 23616028672) - 2 GiB = 19106942156 bytes
     s = placement.settings_from_spec(request("d", **FIXED).spec)
-    assert memory.fmt_gib(memory.size(LLAMA_8B, s, L4, 1 << 60).footprint.total) == "33.9 GiB"
+    assert memory.fmt_gib(memory.size(LLAMA_8B, s, L4, 1 << 60).footprint.total) == "34.7 GiB"
     assert L4.cuda_total_bytes == 23616028672
     assert int(0.9 * 23616028672) - 2 * GIB == 19106942156 and f"{19106942156 / GIB:.1f}" == "17.8"
 
@@ -46,7 +46,7 @@ def test_the_best_candidate_is_the_node_with_the_most_room() -> None:
     ledger = placement.Ledger([node("a", L4, 1, foreign=foreign), node("b", L4, 1), node("c", L4, 1, foreign=foreign)])
     d = placement.decide(ledger, request("d", **FIXED))
     # b is empty: 17.8 GiB; a and c lose 10 GiB to a foreign process (7.8 GiB)
-    assert d.message.startswith("0/3 nodes are available: 3 GPU memory (needs 33.9 GiB, largest free 17.8 GiB on b GPU 0).")
+    assert d.message.startswith("0/3 nodes are available: 3 GPU memory (needs 34.7 GiB, largest free 17.8 GiB on b GPU 0).")
 
 
 def test_groups_need_enough_gpus_and_gpuless_nodes_are_counted() -> None:
@@ -75,7 +75,7 @@ def test_node_affinity_exclusions_are_named_by_the_field_that_excludes() -> None
         "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["y"]}]}]}}}}}
     d = placement.decide(ledger, request("d", podTemplate=affinity, **FIXED))
     assert d.message.startswith(
-        "0/2 nodes are available: 1 GPU memory (needs 33.9 GiB, largest free 17.8 GiB on b GPU 0), "
+        "0/2 nodes are available: 1 GPU memory (needs 34.7 GiB, largest free 17.8 GiB on b GPU 0), "
         "1 node(s) didn't match the podTemplate node affinity."
     )
 
@@ -83,7 +83,7 @@ def test_node_affinity_exclusions_are_named_by_the_field_that_excludes() -> None
 def test_a_pinned_node_keeps_its_own_line() -> None:
     ledger = placement.Ledger([node("a", L4, 1)])
     d = placement.decide(ledger, request("d", placement={"nodeName": "a", "allowReschedule": False}, **FIXED))
-    assert d.message.startswith("pinned placement does not fit: a: GPU 0 needs 33.9 GiB, 17.8 GiB free")
+    assert d.message.startswith("pinned placement does not fit: a: GPU 0 needs 34.7 GiB, 17.8 GiB free")
 
 
 # --- the indexed path gives exactly the node-by-node causes -----------------------------------------

@@ -68,8 +68,8 @@ def resolve(model: ModelArch, s: Settings, gpu: GpuType) -> Resolved:
         cuda_context=ctx,
         non_torch=non_torch,
         cuda_graphs=graph_bytes(model, s),
-        margin=kv_band(model)[0],
-        kv_band_under=kv_band(model)[1],
+        margin=kv_band(model, version, s.enforce_eager)[0],
+        kv_band_under=kv_band(model, version, s.enforce_eager)[1],
     )
     return Resolved(s, version, layout, fixed, batched, tuple(warnings), seqs)
 
@@ -211,7 +211,8 @@ def _size(model: ModelArch, s: Settings, gpu: GpuType, available: int) -> Sizing
     sizing = finish(model, r, gpu, length, kv_request_bytes(model, r, length), warnings)
     if sizing.footprint.total <= available and s.kv_grow and available < UNLIMITED and \
             s.gpu_memory_utilization is None and lay.block_bytes and not lay.pooling:
-        room = int(available - sizing.footprint.non_kv - rounding)
+        # the u rounding slack of the first sizing is not part of the room's cost (it is recomputed)
+        room = int(available - (sizing.footprint.non_kv - sizing.footprint.slack) - rounding)
         grown = room // lay.block_bytes * lay.block_bytes
         if grown > sizing.footprint.kv_cache:
             big = finish(model, r, gpu, length, grown, [*warnings])
@@ -290,7 +291,7 @@ def vllm_startup(model: ModelArch, s: Settings, gpu: GpuType, flags: Flags) -> V
     blocks = r.layout.num_blocks(kv)
     length = flags.max_model_len
     tokens, conc = r.layout.tokens(kv, length, r.batched_tokens, s.pp) if r.layout.block_bytes else (0, 0.0)
-    over, under = kv_band(model)
+    over, under = kv_band(model, version, s.enforce_eager)
     if flags.kv_cache_memory_bytes:  # pinned: vLLM allocates exactly N, whatever it measures
         over = under = 0
     return VllmStartup(R, fp.weights, fp.activation, fp.non_torch, fp.cuda_graphs, kv, tokens, blocks, conc,
