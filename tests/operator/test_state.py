@@ -239,3 +239,37 @@ def test_own_pods_memory_in_the_agent_inventory_is_not_counted_twice() -> None:
     # foreign = the other pod's 3 GiB + 1 GiB no process explains; ns/a's 20 GiB is its booking
     assert restarted.ledger.slot("gpu-a", 0).foreign_bytes == other + GIB
     assert restarted.ledger.used_bytes("gpu-a", 0) == booked + other + GIB
+
+
+def test_a_node_whose_labels_turn_bad_keeps_its_gpus_on_resync() -> None:
+    # issue 14: a non-numeric nvidia.com/gpu.count made the node count as having no GPUs (and every
+    # deployment on it was deleted). Now the node keeps its last good state until it is fixed.
+    store = Store()
+    good = node("gpu-a", 2)
+    store.rebuild([good], [])
+    bad = copy.deepcopy(good)
+    bad["metadata"]["labels"]["nvidia.com/gpu.count"] = "two"
+    store.resync([bad], [])
+    assert [s.index for s in store.ledger.nodes["gpu-a"].gpus] == [0, 1]
+    fixed = copy.deepcopy(good)
+    fixed["metadata"]["labels"]["nvidia.com/gpu.count"] = "1"
+    store.resync([fixed], [])
+    assert [s.index for s in store.ledger.nodes["gpu-a"].gpus] == [0]
+
+
+def test_refused_node_data_on_rebuild_is_reported() -> None:
+    bad = node("gpu-a", 2)
+    bad["metadata"]["labels"]["nvidia.com/gpu.count"] = "-3"
+    problems = Store().rebuild([bad], [])
+    assert any("nvidia.com/gpu.count" in p for p in problems)
+
+
+def test_the_node_handler_keeps_the_last_good_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    store = Store()
+    monkeypatch.setattr(handlers, "get_store", lambda: store)
+    good = handlers.node_info(node("gpu-a", 2))
+    assert good is not None
+    bad = node("gpu-a", 2)
+    bad["metadata"]["annotations"] = {"vllmfit.dev/gpu-inventory": "{not json"}
+    with pytest.raises(placement.NodeDataError, match="is not a GPU inventory"):
+        handlers.node_info(bad, previous=good)  # on_node catches it and keeps `good`

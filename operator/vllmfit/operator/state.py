@@ -253,6 +253,9 @@ class Store:
             name = str((obj.get("metadata") or {}).get("name") or "")
             try:
                 info = placement.node_from_object(obj, catalog.gpu_for_label, pods, self.options.budget)
+            except placement.NodeDataError as e:  # refused node data: no GPUs until it is fixed
+                problems.append(str(e))
+                continue
             except ValueError:
                 self.node_infos[name] = None
                 continue  # no GPU information: not a GPU node
@@ -285,6 +288,11 @@ class Store:
             name = str((obj.get("metadata") or {}).get("name") or "")
             try:
                 info = placement.node_from_object(obj, catalog.gpu_for_label, pods, self.options.budget)
+            except placement.NodeDataError:  # refused node data: the node keeps its last good state
+                kept = self.ledger.nodes.get(name)
+                if kept is not None:
+                    fresh.set_node(kept)
+                continue
             except (ValueError, LookupError):
                 continue
             self.node_infos[name] = info
