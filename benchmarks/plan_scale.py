@@ -15,12 +15,19 @@ maxNumSeqs, some unset, some with a nodeSelector or pinned to a node), all seede
   capacity, addresses: about 10 MB, generated here), run as its own process (interpreter start,
   YAML parse with libyaml, validation, plan, JSON output); median wall and CPU time of 3 runs
   and the child's peak RSS. Target: under 3 s and 400 MB.
+- KV sizing (issue 12): on a smaller copy of the cluster, how many deployments of the same stream
+  fit when the KV cache is booked as maxNumSeqs x maxModelLen (kvCache.concurrency: S, the old
+  rule) versus as a KV capacity (kvCache: S requests of a typical length, a quarter of
+  maxModelLen; maxModelLen and the scheduler cap S unchanged).
+
+The main stream books its KV cache as kvCache.concurrency = the mix's S (S requests of the full
+maxModelLen), so its figures stay comparable with earlier runs.
 
 Pinned to two CPU cores, like CI. Prints a table, then as its LAST line one JSON object whose keys
 end in their units.
 
     .venv/bin/python benchmarks/plan_scale.py [--nodes 1000] [--deployments 4000] [--rounds 3]
-        [--export-nodes 1000] [--export-deployments 2000]
+        [--export-nodes 1000] [--export-deployments 2000] [--kv-nodes 50] [--kv-offered 1500]
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from pathlib import Path
 import yaml
 
 from vllmfit.core import defaults, placement
-from vllmfit.core.api import VLLMDeploymentSpec
+from vllmfit.core.api import KvCacheSpec, VLLMDeploymentSpec
 from vllmfit.sources import catalog
 
 PRODUCTS = (
@@ -94,6 +101,7 @@ def requests(n: int, n_nodes: int, rnd: random.Random, prefix: str = "d") -> lis
             spec["maxModelLen"] = length
         if seqs:
             spec["maxNumSeqs"] = seqs
+            spec["kvCache"] = {"concurrency": seqs}  # S requests of the full maxModelLen
         r = rnd.random()
         if r < 0.10:
             spec["placement"] = {"nodeSelector": {"pool": "large"}}
@@ -111,6 +119,34 @@ def requests(n: int, n_nodes: int, rnd: random.Random, prefix: str = "d") -> lis
             )
         )
     return out
+
+
+TYPICAL_FRACTION = 4
+"""KV-capacity sizing in the comparison: a typical request is maxModelLen / 4 tokens (prompt +
+output); the deployment books S of them (and always one full-length request)."""
+
+
+def kv_sizing_comparison(n_nodes: int, n_offered: int) -> dict[str, int]:
+    """The same stream of deployments (fixed maxModelLen and maxNumSeqs S) offered to the same cluster
+    twice: KV booked as S x maxModelLen, then as S x maxModelLen / 4 (kvCache.typicalLength). Returns
+    how many were admitted each way."""
+    nodes = cluster(n_nodes, random.Random(6))
+    base = [r for r in requests(n_offered * 2, n_nodes, random.Random(7), prefix="kv")
+            if r.spec.max_model_len and r.spec.max_num_seqs and not r.spec.placement.node_name][:n_offered]
+    capacity = [
+        placement.Request(r.key, r.spec.model_copy(update={"kv_cache": KvCacheSpec(
+            concurrency=r.spec.max_num_seqs, typical_length=max(r.spec.max_model_len // TYPICAL_FRACTION, 16))}),
+            r.model, r.order)
+        for r in base
+    ]
+    old = placement.plan(nodes, base, suggest=False)
+    new = placement.plan(nodes, capacity, suggest=False)
+    assert not old.ledger.over_budget() and not new.ledger.over_budget()
+    return {
+        "kv_offered": len(base),
+        "kv_admitted_seqs_x_len": sum(d.admitted for d in old.decisions.values()),
+        "kv_admitted_capacity": sum(d.admitted for d in new.decisions.values()),
+    }
 
 
 def packing(p: placement.Plan) -> dict[str, int]:
@@ -250,6 +286,8 @@ def main() -> None:
     ap.add_argument("--denials", type=int, default=20)
     ap.add_argument("--export-nodes", type=int, default=1000)
     ap.add_argument("--export-deployments", type=int, default=2000)
+    ap.add_argument("--kv-nodes", type=int, default=50, help="nodes of the KV sizing comparison")
+    ap.add_argument("--kv-offered", type=int, default=1500, help="deployments offered in the KV sizing comparison")
     args = ap.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
@@ -291,6 +329,7 @@ def main() -> None:
         assert d.phase == "Unschedulable"
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     pack = packing(p)
+    kvcmp = kv_sizing_comparison(args.kv_nodes, args.kv_offered)
     with tempfile.TemporaryDirectory() as tmp:
         export = Path(tmp) / "cluster-export.yaml"
         export.write_text(kubectl_export(args.export_nodes, args.export_deployments), encoding="utf-8")
@@ -310,6 +349,7 @@ def main() -> None:
         "denied_p50_ms": round(1000 * statistics.median(denied), 1) if denied else None,
         "peak_rss_mb": round(rss_mb, 1),
         **pack,
+        **kvcmp,
         "export_nodes": args.export_nodes,
         "export_deployments": args.export_deployments,
         "export_size_mb": round(export_mb, 1),
@@ -344,6 +384,15 @@ def main() -> None:
         (
             "  lower bound (bytes / budget)",
             f"{pack['gpus_lower_bound']}  ({over_bound:.2f}x of it)",
+        ),
+    ]
+    more = kvcmp["kv_admitted_capacity"] - kvcmp["kv_admitted_seqs_x_len"]
+    ratio = kvcmp["kv_admitted_capacity"] / max(kvcmp["kv_admitted_seqs_x_len"], 1)
+    rows += [
+        (
+            f"KV sizing ({args.kv_nodes} nodes, {kvcmp['kv_offered']} offered)",
+            (f"{kvcmp['kv_admitted_capacity']} fit with KV-capacity sizing vs {kvcmp['kv_admitted_seqs_x_len']} "
+             f"with maxNumSeqs x maxModelLen: {more:+d} ({ratio:.2f}x), same maxModelLen"),
         ),
     ]
     rows += [
