@@ -180,3 +180,57 @@ def test_estimate_json_and_table_describe_the_recurrent_state():
     assert "mamba2, 54 of 118 layers" in hybrid_text(est)
     low, high = estimate_json(est)["kv_cache_range_bytes"]
     assert low == est.sizing.footprint.kv_cache < high
+
+
+def test_qwen3_next_from_class_defaults_matches_the_issue():
+    """Qwen3-Next-80B-A3B's shapes are transformers' Qwen3NextConfig defaults (hidden 2048, 48 layers,
+    full_attention_interval 4, kvh 2, head 256; GDN Hk 16, Hv 32, dk = dv = 128, K 4): a config giving only
+    the model type and the MoE sizes is read with them. The issue's "about right" KV per token is
+    12 full layers x 2 x 2 x 256 x 2 = 24,576; page = 3 x (2*16*128 + 32*128) x 2 + 32 x 128 x 128 x 2
+    (bf16: no ssm dtype override for qwen3_next); bs none = 16 x ceil(page / (16 x 2048)) = 544,
+    align = 64 x ceil(page / (64 x 2048)) = 576 (hybrid-rules worked example)."""
+    cfg = {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "num_experts": 512,
+           "num_experts_per_tok": 10, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+           "max_position_embeddings": 262144}
+    a = parse_hf_config(cfg, name="qwen3-next-shaped")
+    assert (a.num_layers, a.num_state_layers, sum(1 for t in a.layer_types if t)) == (48, 36, 12)
+    s = memory.Settings(max_model_len=262144)
+    page = 3 * (2 * 16 * 128 + 32 * 128) * 2 + 32 * 128 * 128 * 2
+    assert state_page_bytes(a, s, V(0, 33)) == page == 1_097_728
+    none, align = kv_layout(a, s, V(0, 21)), kv_layout(a, s, V(0, 33))
+    assert none.bytes_per_token == 24_576 and (none.block_size, align.block_size) == (544, 576)
+    assert (none.full_groups, none.state_groups) == (1, 3)  # A = 12, M = 36 -> g = 12
+    assert a.state is not None and a.state.params == 33_718_464  # one GDN layer (hybrid-rules §7, by hand)
+
+
+def test_granite_hybrid_jamba_falcon_h1_and_lfm2_layer_roles():
+    """Synthetic configs shaped like each family (not real checkpoints), checked against the model
+    files' rules: Granite layer_types (granitemoehybrid.py), Jamba attn_layer_period/offset with Mamba1
+    state (jamba.py; mamba1_state_shape: conv (K-1, I), ssm (I, N), no spec-decode term), Falcon-H1
+    attention and Mamba2 in every layer (falcon_h1.py), LFM2 short conv (conv_L_cache - 1, conv_dim)."""
+    granite = parse_hf_config({"model_type": "granitemoehybrid", "num_hidden_layers": 8, "hidden_size": 512,
+                               "num_attention_heads": 8, "num_key_value_heads": 8, "mamba_n_heads": 8,
+                               "mamba_d_head": 128, "mamba_d_state": 128, "mamba_expand": 2, "mamba_n_groups": 1,
+                               "layer_types": ["mamba"] * 3 + ["attention"] + ["mamba"] * 3 + ["attention"],
+                               "shared_intermediate_size": 1024, "max_position_embeddings": 4096,
+                               "vocab_size": 49152}, name="g")
+    assert granite.num_state_layers == 6 and granite.intermediate_size == 1024
+    assert granite.state is not None and granite.state.elements(1) == (3 * (1024 + 2 * 128), 8 * 128 * 128)
+    jamba = parse_hf_config({"model_type": "jamba", "num_hidden_layers": 16, "hidden_size": 1024,
+                             "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 2048,
+                             "num_experts": 4, "num_experts_per_tok": 2}, name="j")
+    assert [i for i, t in enumerate(jamba.layer_types) if t] == [4, 12]  # i % 8 == 4
+    assert jamba.state is not None and jamba.state.elements(1) == (3 * 2048, 2048 * 16)
+    assert jamba.mlp_kinds == tuple("moe" if i % 2 == 1 else "dense" for i in range(16))
+    falcon = parse_hf_config({"model_type": "falcon_h1", "num_hidden_layers": 4, "hidden_size": 1024,
+                              "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
+                              "mamba_d_ssm": 1536, "mamba_n_heads": 24, "mamba_d_head": 64, "mamba_d_state": 128,
+                              "intermediate_size": 2048}, name="f")
+    assert falcon.num_state_layers == 4 and all(falcon.layer_types)
+    lay = kv_layout(falcon, memory.Settings(), V(0, 33))
+    assert (lay.full_groups, lay.state_groups) == (1, 1)  # A = M = 4 -> g = 4
+    lfm = parse_hf_config({"model_type": "lfm2", "num_hidden_layers": 4, "hidden_size": 1024, "conv_dim": 1024,
+                           "num_attention_heads": 16, "num_key_value_heads": 8, "intermediate_size": 4608,
+                           "layer_types": ["conv", "conv", "full_attention", "conv"]}, name="l")
+    assert lfm.max_model_len == 128000 and lfm.state is not None and lfm.state.elements(1) == (2 * 1024, 0)
+    assert kv_layout(lfm, memory.Settings(), V(0, 33)).state_blocks == 2  # align: 2 + 0 checkpoint blocks

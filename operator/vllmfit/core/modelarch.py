@@ -305,6 +305,10 @@ def _parse(
     vocab = _pos_int(cfg, "vocab_size", cfg.get("vocab_size"), limits.MAX_VOCAB)
     intermediate = _count(_get(cfg, "intermediate_size", "n_inner", "ffn_dim"), "intermediate_size",
                           limits.MAX_INTERMEDIATE_SIZE, 4 * hidden)
+    if model_type == "granitemoehybrid" and not _get(cfg, "num_local_experts") and cfg.get("shared_intermediate_size"):
+        # dense Granite-4.0-H: the only MLP is shared_mlp (models/granitemoehybrid.py)
+        intermediate = _count(cfg["shared_intermediate_size"], "shared_intermediate_size",
+                              limits.MAX_INTERMEDIATE_SIZE, intermediate)
 
     mla = model_type in MLA_MODEL_TYPES or top_type in MLA_MODEL_TYPES
     kv_lora = _count(cfg.get("kv_lora_rank"), "kv_lora_rank", limits.MAX_HEAD_DIM) if mla else 0
