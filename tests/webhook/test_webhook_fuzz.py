@@ -48,6 +48,12 @@ plausible: dict[str, st.SearchStrategy[Any]] = {
     "maxModelLen": st.integers(min_value=0, max_value=2**21), "maxNumSeqs": st.integers(min_value=0, max_value=512),
     "maxNumBatchedTokens": st.integers(min_value=0, max_value=2**20),
     "gpuMemoryUtilization": st.floats(min_value=-0.5, max_value=1.5), "enforceEager": st.booleans(),
+    "kvCache": st.fixed_dictionaries({}, optional={  # the KV request (issue 12): odd values and conflicts
+        "tokens": st.integers(min_value=-1, max_value=2**40),
+        "memory": st.one_of(st.sampled_from(["20Gi", "1.5G", "0", "-1Gi", "lots", "1e40", "1Ei"]),
+                            st.integers(min_value=-1, max_value=2**62)),
+        "concurrency": st.integers(min_value=-1, max_value=10**6),
+        "typicalLength": st.integers(min_value=-1, max_value=2**22), "grow": st.booleans()}),
     "placement": st.fixed_dictionaries({}, optional={
         "nodeName": st.sampled_from(["gpu-node-a", "gpu-node-b", "missing"]),
         "gpuIndices": st.lists(st.integers(min_value=-1, max_value=9), max_size=4),

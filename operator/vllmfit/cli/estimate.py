@@ -168,8 +168,10 @@ def settings_from_args(args: argparse.Namespace) -> memory.Settings:
               "max_num_batched_tokens": limits.MAX_BATCHED_TOKENS}
     for name, limit in bounds.items():
         _positive(name.replace("_", "-"), getattr(args, name), limit)
-    for name in ("kv_cache_tokens", "kv_concurrency", "typical_length"):
-        _positive(name.replace("_", "-"), getattr(args, name))
+    kv_bounds = {"kv_cache_tokens": limits.MAX_KV_TOKENS, "kv_concurrency": limits.MAX_NUM_SEQS,
+                 "typical_length": limits.MAX_CONTEXT}
+    for name, limit in kv_bounds.items():
+        _positive(name.replace("_", "-"), getattr(args, name), limit)
     kv_bytes = None
     if args.kv_cache_memory is not None:
         from vllmfit.core.quantity import parse_bytes

@@ -148,18 +148,20 @@ class KvCacheSpec(_Model):
     """The KV capacity a server asks for: at most one of tokens, memory and concurrency.
     Unset: one request of the full maxModelLen (vLLM refuses to start with less)."""
 
-    tokens: int | None = Field(default=None, ge=1, description="KV capacity in tokens (over all requests in flight).")
+    tokens: int | None = Field(default=None, ge=1, le=limits.MAX_KV_TOKENS,
+                               description="KV capacity in tokens (over all requests in flight).")
     memory: Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v)] | None = Field(
         default=None,
         pattern=QUANTITY_PATTERN,
         description="KV capacity per GPU as a Kubernetes quantity (e.g. 20Gi), passed as --kv-cache-memory-bytes.",
     )
     concurrency: int | None = Field(
-        default=None, ge=1, description="Requests of typicalLength tokens the KV cache holds at once."
+        default=None, ge=1, le=limits.MAX_NUM_SEQS, description="Requests of typicalLength tokens the KV cache holds at once."
     )
     typical_length: int | None = Field(
         default=None,
         ge=1,
+        le=limits.MAX_CONTEXT,
         description="A typical request's tokens (prompt + output): with concurrency it sizes the KV cache; "
         "status reports the concurrency at this length. Unset: maxModelLen.",
     )
@@ -174,8 +176,8 @@ class KvCacheSpec(_Model):
     def _quantity(cls, v: str | None) -> str | None:
         if v is not None:
             n = parse_bytes(v, "kvCache.memory")
-            if n < 1:
-                raise ValueError("kvCache.memory must be positive")
+            if not 1 <= n <= limits.MAX_KV_BYTES:
+                raise ValueError(f"kvCache.memory {v} must be between 1 byte and {limits.MAX_KV_BYTES >> 50} PiB")
         return v
 
     @model_validator(mode="after")

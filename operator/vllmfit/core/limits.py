@@ -44,6 +44,10 @@ MAX_NUM_SEQS = 1 << 20
 """--max-num-seqs. vLLM's largest default is 1024."""
 MAX_BATCHED_TOKENS = 1 << 26
 """--max-num-batched-tokens (at most max-num-seqs x max-model-len is ever used)."""
+MAX_KV_TOKENS = 1 << 40
+"""kvCache.tokens: a trillion tokens of KV (about 128 PiB for an 8B model) is past any cluster."""
+MAX_KV_BYTES = 1 << 50
+"""kvCache.memory per GPU: 1 PiB, past any GPU (MAX_GPU_MEMORY_BYTES is 2 TiB)."""
 
 # --- A node -------------------------------------------------------------------------------------
 
