@@ -1,6 +1,6 @@
 """The plan's YAML reader (issue 14, item 14): libyaml composes, vllmfit builds, and the result is
 what yaml.load(..., Loader=yaml.CSafeLoader) gives, except that `managedFields` blocks, which
-vllmfit never reads, are blanked out first with line numbers kept."""
+and a Node's `status`, which vllmfit never reads, are blanked out first with line numbers kept."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ items:
     labels: {a: b}
   status: {}
 """
-    blanked = plan.blank_managed_fields(text)
+    blanked = plan.blank_unread(text)
     assert blanked.count("\n") == text.count("\n")
     assert "managedFields" not in blanked and "kubelet" not in blanked
     got = plan.load_yaml(blanked)
@@ -71,6 +71,39 @@ items:
     assert errs and f"(line {line})" in errs[0], errs
 
 
+def test_a_nodes_status_is_blanked_and_nothing_else() -> None:
+    text = """apiVersion: v1
+items:
+- apiVersion: v1
+  kind: Node
+  metadata:
+    labels: {nvidia.com/gpu.count: '8'}
+    name: n1
+  status:
+    images:
+    - names: [a, b]
+      sizeBytes: 1
+    nodeInfo: {kubeletVersion: v1.30.2}
+- apiVersion: vllmfit.dev/v1alpha1
+  kind: VLLMDeployment
+  metadata: {name: d}
+  spec: {model: org/m}
+  status:
+    phase: Admitted
+- apiVersion: v1
+  metadata: {name: n2}
+  status:
+    kept: because kind comes later
+  kind: Node
+kind: List
+"""
+    want = yaml.load(text, Loader=yaml.CSafeLoader)
+    del want["items"][0]["status"]
+    got = plan.load_yaml(plan.blank_unread(text))
+    assert got == want
+    assert got["items"][1]["status"] == {"phase": "Admitted"}  # a VLLMDeployment's status is read
+
+
 def test_a_managed_fields_key_inside_a_value_is_not_touched() -> None:
     text = "data:\n  note: |\n    managedFields: kept as text\n  inline: {managedFields: [1]}\n"
-    assert plan.load_yaml(plan.blank_managed_fields(text)) == yaml.load(text, Loader=yaml.CSafeLoader)
+    assert plan.load_yaml(plan.blank_unread(text)) == yaml.load(text, Loader=yaml.CSafeLoader)

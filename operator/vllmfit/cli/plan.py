@@ -64,35 +64,47 @@ class _FastLoader(LOADER):  # type: ignore[misc,valid-type]
 _LOADER_FAST = _FastLoader if not LOADER.yaml_path_resolvers and None not in LOADER.yaml_implicit_resolvers else LOADER
 
 
-_MANAGED = re.compile(r"^( *)managedFields:[ \t]*$", re.MULTILINE)
+def blank_unread(text: str) -> str:
+    """The text with what vllmfit never reads blanked out, line count kept (so line numbers in
+    messages stay right; libyaml skips blank lines without building anything):
 
+    - every block `managedFields:` entry (the API server's field bookkeeping), anywhere;
+    - the block `status:` of a Node (addresses, capacity, conditions, container images, node
+      info): vllmfit reads a Node's labels and annotations only. The Node is recognised by a
+      `kind: Node` line at the same indentation earlier in the same mapping, which is how
+      `kubectl get -o yaml` writes it (keys sorted); anything else is left as it is.
 
-def blank_managed_fields(text: str) -> str:
-    """The text with every block `managedFields:` entry blanked out (same line count, so line numbers
-    in messages stay right). The API server's field bookkeeping is never read by vllmfit, and in a
-    `kubectl get -o yaml` export it is about a third of the text; libyaml skips blank lines
-    without building anything. Only a key alone on its line is blanked, with the lines below it
-    that are indented deeper (or are `- ` items at its own indent, kubectl's style)."""
-    if "managedFields:" not in text:
+    Together these are about two thirds of a `kubectl get nodes,vllmdeployments -A -o yaml`
+    export. Only keys alone on their line are blanked, with the lines below them that are
+    indented deeper (or are `- ` items at their own indent, kubectl's style)."""
+    if "managedFields:" not in text and "kind: Node" not in text:
         return text
     lines = text.split("\n")
-    i = 0
-    while i < len(lines):
-        m = _MANAGED.match(lines[i])
-        if m is None:
-            i += 1
+    kinds: dict[int, str] = {}  # indentation of a mapping's keys -> its `kind:` value
+    skip: int | None = None  # blanking the block of a key at this indentation
+    for i, line in enumerate(lines):
+        body = line.lstrip(" ")
+        if not body:
             continue
-        indent = len(m.group(1))
-        lines[i] = ""
-        i += 1
-        while i < len(lines):
-            line = lines[i]
-            body = line.lstrip(" ")
-            depth = len(line) - len(body)
-            if body and not (depth > indent or (depth == indent and body.startswith("- "))):
-                break
+        depth = len(line) - len(body)
+        if skip is not None:
+            if depth > skip or (depth == skip and body.startswith("- ")):
+                lines[i] = ""
+                continue
+            skip = None
+        item = body.startswith("- ")
+        key_depth, key = (depth + 2, body[2:]) if item else (depth, body)
+        for d in [d for d in kinds if d > key_depth or (d == key_depth and item)]:
+            del kinds[d]  # left that mapping (a new sequence item starts a new one)
+        if key.startswith("kind:"):
+            kinds[key_depth] = key[5:].strip()
+            continue
+        if item:
+            continue
+        name = key.rstrip()
+        if name == "managedFields:" or (name == "status:" and kinds.get(key_depth) == "Node"):
             lines[i] = ""
-            i += 1
+            skip = depth
     return "\n".join(lines)
 
 
@@ -190,7 +202,7 @@ def read_objects(sources: Iterable[tuple[str, str]]) -> Objects:
     for name, text in sources:
         for i, (first, doc) in enumerate(split_documents(text), 1):
             where = f"{name} document {i}"
-            doc = blank_managed_fields(doc)
+            doc = blank_unread(doc)
             if nesting(doc) > limits.MAX_NESTING:
                 out.errors.append(f"{where}: nested more than {limits.MAX_NESTING} levels deep; not read")
                 continue
