@@ -481,3 +481,20 @@ async def test_unknown_layer_type_is_a_condition_and_strict_refuses(cluster: Clu
     assert any("hyena_filter" in w for w in st["warnings"])
     refused = await cluster.phase("strict", "Rejected")
     assert "hyena_filter" in condition(refused, "Admitted")["message"]
+
+
+async def test_the_kv_request_is_granted_injected_and_shown_in_status(cluster: Cluster, operator: Operator) -> None:
+    """kvCache: 64 requests of 2k tokens with 8k per request: Qwen2.5-7B (28 layers x 4 KV heads x 128 x
+    2 x 2 B = 57,344 B per token) books (64 x 128 + 1) blocks of 16 tokens; the pod gets them as
+    --kv-cache-memory-bytes, and status.kvCache shows the tokens and the concurrency they buy."""
+    await cluster.create(node("gpu-a", gpus=1))
+    await cluster.create(vd("kv", QWEN7, maxModelLen=8192, kvCache={"concurrency": 64, "typicalLength": 2048}))
+    st = await cluster.phase("kv", "Admitted")
+    kv_bytes = (64 * 2048 // 16 + 1) * 16 * 57_344
+    assert st["kvCache"] == {"bytes": kv_bytes, "tokens": 64 * 2048, "concurrencyAtMaxModelLen": 16.0,
+                             "typicalLength": 2048, "concurrencyAtTypicalLength": 64.0}
+    assert st["flags"]["kvCacheMemoryBytes"] == kv_bytes
+    await cluster.until(lambda: cluster.get(DEPLOYMENTS, "kv-0"))
+    args = args_of(cluster, "kv-0")
+    assert f"--kv-cache-memory-bytes={kv_bytes}" in args
+    assert "--max-num-seqs=1024" in args  # vLLM's own default on an H100 (maxNumSeqs unset)

@@ -125,3 +125,24 @@ def test_granted_kv_is_never_below_the_request_and_no_gpu_passes_its_budget(reqs
             if kv.concurrency is not None and kv.typical_length is None:
                 assert z.max_concurrency >= kv.concurrency
             assert z.max_concurrency >= 1  # at least one full-length request, always
+
+
+def test_an_explicit_utilization_the_policy_refuses_gets_checked_fixes_on_the_ledger() -> None:
+    """gpuMemoryUtilization 0.9 (vLLM's default) on an empty H100: ctx + ceil(0.9 T) > 0.9 T - 2 GiB.
+    The fix names the utilization that fits (re-placed on the ledger) and the policy that admits it."""
+    import math
+
+    ledger = placement.Ledger([node("n", H100, 1)])
+    d = placement.decide(ledger, request("d", LLAMA_8B, maxModelLen=8192, gpuMemoryUtilization=0.9))
+    assert d.phase == "Unschedulable"
+    u = next(s for s in d.suggestions if s.startswith("gpuMemoryUtilization: "))
+    fixed = placement.decide(ledger, request("d", LLAMA_8B, maxModelLen=8192,
+                                             gpuMemoryUtilization=float(u.split(": ")[1])))
+    assert fixed.admitted
+    policy = next(s for s in d.suggestions if s.startswith("budget policy utilization "))
+    want = float(policy.split()[3])
+    ctx = fixed.replicas[0].sizing.footprint.cuda_context
+    T = H100.cuda_total_bytes
+    assert ctx + math.ceil(T * 0.9) <= memory.BudgetPolicy(want).budget(T)
+    roomier = placement.Ledger([node("n", H100, 1, policy=memory.BudgetPolicy(want, 2 * GIB, "cluster"))])
+    assert placement.decide(roomier, request("d", LLAMA_8B, maxModelLen=8192, gpuMemoryUtilization=0.9)).admitted
