@@ -320,7 +320,9 @@ def print_estimate(console: Console, est: Estimate, width: int = BAR_WIDTH) -> N
     if sizing.kv_cache_tokens and sizing.fits:
         console.print(
             f"KV cache: {sizing.kv_cache_tokens} tokens, max concurrency {sizing.max_concurrency:.2f} "
-            f"({sizing.kv_bytes_per_token} bytes per token)",
+            f"({sizing.kv_bytes_per_token} bytes per token)"
+            + (f"; {sizing.concurrency_typical:.1f} requests of the typical {sizing.typical_len} tokens"
+               if sizing.concurrency_typical is not None else ""),
             highlight=False,
         )
     hybrid = hybrid_text(est)

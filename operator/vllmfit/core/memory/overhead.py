@@ -30,9 +30,11 @@ FORWARD_HIDDEN_COPIES = 4
 
 
 def batch_defaults(gpu: GpuType, version: VllmVersion) -> tuple[int, int]:
-    """vLLM's API-server defaults (max_num_batched_tokens, max_num_seqs) by device memory."""
+    """vLLM's API-server defaults (max_num_batched_tokens, max_num_seqs) by device memory
+    (vllm-flags.md section 3: the >= 160 GiB tier is in 0.33's get_batch_defaults, not in 0.11, 0.15
+    or 0.21; it is used from 0.33 on, the first version read that has it)."""
     mem = gpu.cuda_total_bytes
-    if mem >= 160 * GIB and version.at_least(15):
+    if mem >= 160 * GIB and version.at_least(33):
         return 16384, 1024
     if mem >= 70 * GIB and not gpu.is_a100:
         return 8192, 1024
