@@ -609,6 +609,9 @@ async def on_node(type: str | None, body: kopf.Body, **_: Any) -> None:
     name = (body.get("metadata") or {}).get("name") or ""
     try:
         info = None if type == "DELETED" else node_info(body, store.managed_pods(), store.ledger.nodes.get(name))
+    except placement.NodeDataError as e:
+        await node_data_refused(store, name, str(e).splitlines()[0])
+        return
     except (LookupError, pydantic.ValidationError) as e:
         logger.warning("node %s: GPU information unreadable, keeping what was known: %s", name,
                        str(e).splitlines()[0])
@@ -631,7 +634,48 @@ async def on_node(type: str | None, body: kopf.Body, **_: Any) -> None:
         update_node(store, name, info, fx, "was removed" if type == "DELETED" else "no longer reports GPUs")
         if info is not None:
             attribute(store, name, body, t)
+        node_data_condition(store, name, None, fx, t)
     await finish(store, fx, strict=False)
+
+
+NODE_DATA = "NodeData"
+"""Condition on the deployments of a node whose GPU labels or inventory were refused."""
+
+
+async def node_data_refused(store: Store, name: str, problem: str) -> None:
+    """A node's GPU labels or inventory were refused (core.placement.read_node): the node keeps
+    its last good state; say so with a metric, and a condition and an Event on its deployments."""
+    logger.warning("node %s: GPU information refused, keeping what was known: %s", name, problem)
+    metrics.NODE_DATA_REFUSED.labels(name).inc()
+    fx, t = Effects(), now()
+    async with store.changing():
+        node_data_condition(store, name, problem, fx, t)
+    await finish(store, fx, strict=False)
+
+
+def node_data_condition(store: Store, name: str, problem: str | None, fx: Effects, t: str) -> None:
+    """Set (problem) or clear (None) the NodeData condition of the deployments booked on `name`;
+    an Event when it turns False or its message changes. Hold the lock."""
+    keys = {b.deployment for k in store.ledger.deployments() for b in store.ledger.bookings_of(k) if b.node == name}
+    for key in sorted(keys):
+        rec = store.records.get(key)
+        if rec is None:
+            continue
+        old = next((c for c in rec.conditions if c.type == NODE_DATA), None)
+        if problem is None:
+            if old is None or old.status == "True":
+                continue
+            rec.conditions = report.set_condition(rec.conditions, NODE_DATA, "True", "NodeDataValid",
+                                                  f"node {name} reports readable GPU information again", t,
+                                                  rec.generation)
+        else:
+            message = f"{problem}; node {name} keeps its last good state, nothing on it is moved"
+            if old is not None and old.status == "False" and old.message == message:
+                continue
+            rec.conditions = report.set_condition(rec.conditions, NODE_DATA, "False", "NodeDataRefused", message,
+                                                  t, rec.generation)
+            fx.events.append((rec.body, "Warning", "NodeDataRefused", message))
+        fx.mark.add(key)
 
 
 def update_node(store: Store, name: str, info: placement.NodeInfo | None, fx: Effects, gone: str) -> None:

@@ -11,6 +11,7 @@ never disagree with what the operator decides on:
   vllmfit_deployment_observed_bytes{deployment,node,gpu}   from the node agent, when it attributes
   vllmfit_admissions_total{result}              Admitted, Rejected, Unschedulable, Pending
   vllmfit_reconcile_seconds                     one create/update/resume, model resolution included
+  vllmfit_node_data_refused_total{node}         node GPU labels/inventory refused (the node kept its last good state)
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 ADMISSIONS = Counter("vllmfit_admissions", "Decisions on VLLMDeployment specs, by result.", ["result"])
+NODE_DATA_REFUSED = Counter("vllmfit_node_data_refused", "Node GPU labels or inventories refused (malformed, out of "
+                            "range, not believable); the node kept its last good state.", ["node"])
 RECONCILE = Histogram("vllmfit_reconcile_seconds", "Time to handle one VLLMDeployment create/update/resume.",
                       buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 
