@@ -154,3 +154,15 @@ spec:
     text = json.dumps(_plan(capsys, tmp_path, NODE + "---\n" + dep))
     assert "4294967296" not in text
     assert "more than any GPU has" in text
+
+
+def test_a_name_the_operator_would_reject_is_an_error_in_plan(capsys, tmp_path: Path) -> None:
+    dep = f"""apiVersion: vllmfit.dev/v1alpha1
+kind: VLLMDeployment
+metadata: {{name: Llama_8B}}
+spec: {{model: {LLAMA8}, maxModelLen: 4096}}
+"""
+    plan = _plan(capsys, tmp_path, NODE + "---\n" + dep)
+    [err] = plan["errors"]
+    assert "metadata.name 'Llama_8B' must be a DNS label" in err
+    assert plan["deployments"] == []

@@ -24,7 +24,7 @@ import yaml
 from rich.console import Console
 
 from vllmfit.cli import render
-from vllmfit.core import limits, memory, modelarch, placement
+from vllmfit.core import limits, memory, modelarch, names, placement
 from vllmfit.core.api import GROUP, KIND, PLURAL, VERSION, VLLMDeployment, VLLMDeploymentSpec
 from vllmfit.core.errors import UserError
 from vllmfit.core.modelarch import ModelArch
@@ -339,6 +339,10 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
             errors.append(f"{where}: status not restored ({_one_line(e)}); decided again")
         if dep.key in deployments:
             errors.append(f"{where}: duplicate of an earlier {KIND} {dep.key}; ignored")
+            continue
+        bad_name = names.deployment_name_problem(dep.metadata.name)
+        if bad_name:  # the operator would reject it (its Service and Deployments need the name)
+            errors.append(f"{where}: {bad_name}")
             continue
         deployments[dep.key] = dep
         places[dep.key] = where

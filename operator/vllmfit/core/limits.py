@@ -72,6 +72,9 @@ to the MiB; lower reports (ECC on, a driver reserving more) are safe and always 
 
 # --- Names ------------------------------------------------------------------------------------
 
+MAX_DEPLOYMENT_NAME = 56
+"""metadata.name of a VLLMDeployment: it names the Service (a DNS-1035 label, 63) and the
+Deployment `<name>-<replica>` of each replica, with room for up to 6 digits."""
 MAX_REPO_ID = 96
 """Length of a Hugging Face repo id (huggingface_hub's validate_repo_id: at most 96 characters)."""
 

@@ -6,7 +6,7 @@ Hub client would refuse is refused at once, with the reason, instead of failing 
 handler. The catalog's names and aliases all satisfy it (tests/test_names.py).
 
 The Kubernetes rules are apimachinery's (k8s.io/apimachinery/pkg/util/validation):
-IsDNS1123Label (63), IsDNS1123Subdomain (253) and IsConfigMapKey.
+IsDNS1035Label (Service names), IsDNS1123Label (63), IsDNS1123Subdomain (253) and IsConfigMapKey.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from vllmfit.core import limits
 _PART = r"\b[\w\-.]{1," + str(limits.MAX_REPO_ID) + r"}\b"
 _REPO_ID = re.compile(f"({_PART}/)?{_PART}", re.ASCII)
 DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 CONFIGMAP_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 DNS1123_LABEL_MAX = 63
@@ -44,6 +45,16 @@ def model_name_problem(name: str) -> str | None:
         return f"model {shown} is not a Hugging Face repo id: it must not contain '--' or '..'"
     if name.endswith(".git"):
         return f"model {shown} is not a Hugging Face repo id: it must not end in '.git'"
+    return None
+
+
+def deployment_name_problem(name: str) -> str | None:
+    """A VLLMDeployment's metadata.name names its Service (IsDNS1035Label: starts with a letter)
+    and its per-replica Deployments `<name>-<replica>`."""
+    if len(name) > limits.MAX_DEPLOYMENT_NAME or not DNS1035_LABEL.fullmatch(name):
+        return (f"metadata.name {name!r} must be a DNS label (lowercase letters, digits, '-', starting with a "
+                f"letter) of at most {limits.MAX_DEPLOYMENT_NAME} characters: it names the Service and the "
+                "Deployment of each replica")
     return None
 
 

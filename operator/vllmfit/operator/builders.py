@@ -12,13 +12,12 @@ No I/O and no Kopf here; the handlers call these and send the results to the API
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from vllmfit.backends import binding
 from vllmfit.backends.binding import GPU_RESOURCE
-from vllmfit.core import api, defaults, extraargs, memory
+from vllmfit.core import api, defaults, extraargs, limits, memory, names
 from vllmfit.core.placement import Ledger
 from vllmfit.operator import podtemplate
 
@@ -28,8 +27,7 @@ LABEL_DEPLOYMENT = defaults.DEPLOYMENT_LABEL
 LABEL_REPLICA = f"{api.GROUP}/replica"
 ANNOTATION_PLACEMENT = f"{api.GROUP}/placement"
 ANNOTATION_PINNING = f"{api.GROUP}/pinning"
-MAX_NAME = 56  # <name>-<replica> must stay a DNS label (63) with room for up to 6 digits
-NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+MAX_NAME = limits.MAX_DEPLOYMENT_NAME  # <name>-<replica> must stay a DNS label (63) with room for 6 digits
 
 # `vllm serve` flags vllmfit computes or fixes, and those that change memory it does not model:
 # vllmfit.core.extraargs (checked with vLLM's own parsing rules: prefixes, --flag=value, aliases).
@@ -64,10 +62,7 @@ def extra_args_problems(args: Sequence[str]) -> list[str]:
 
 
 def name_problem(name: str) -> str | None:
-    if len(name) > MAX_NAME or not NAME_RE.match(name):
-        return (f"metadata.name {name!r} must be a DNS label (lowercase letters, digits, '-', starting with a letter) "
-                f"of at most {MAX_NAME} characters: it names the Service and the Deployment of each replica")
-    return None
+    return names.deployment_name_problem(name)
 
 
 def spec_problems(obj: api.VLLMDeployment) -> list[str]:
