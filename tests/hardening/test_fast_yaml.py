@@ -5,6 +5,7 @@ and a Node's `status`, which vllmfit never reads, are blanked out first with lin
 from __future__ import annotations
 
 import datetime
+import os
 
 import yaml
 from hypothesis import given, settings
@@ -20,7 +21,7 @@ data = st.recursive(scalar, lambda c: st.lists(c, max_size=4) | st.dictionaries(
     st.one_of(st.text(max_size=8), st.integers()), c, max_size=4), max_leaves=20)
 
 
-@settings(max_examples=300, deadline=None, database=None)
+@settings(max_examples=int(os.environ.get("VLLMFIT_FUZZ_EXAMPLES", "300")), deadline=None, database=None)
 @given(data, st.sampled_from([False, True]))
 def test_load_yaml_is_pyyaml_safe_load(value: object, flow: bool) -> None:
     text = yaml.dump(value, Dumper=yaml.CSafeDumper, default_flow_style=flow, allow_unicode=True)

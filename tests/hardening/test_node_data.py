@@ -4,6 +4,7 @@ evicts a node or invents memory; limits come from vllmfit.core.limits."""
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -154,7 +155,8 @@ def malformed_node(draw: st.DrawFn) -> dict[str, Any]:
     return node(labels, ann)
 
 
-@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(os.environ.get("VLLMFIT_FUZZ_EXAMPLES", "300")), deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(malformed_node())
 def test_property_malformed_node_objects(obj: dict[str, Any]) -> None:
     previous = read(node()).info

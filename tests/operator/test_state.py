@@ -273,3 +273,26 @@ def test_the_node_handler_keeps_the_last_good_state(monkeypatch: pytest.MonkeyPa
     bad["metadata"]["annotations"] = {"vllmfit.dev/gpu-inventory": "{not json"}
     with pytest.raises(placement.NodeDataError, match="is not a GPU inventory"):
         handlers.node_info(bad, previous=good)  # on_node catches it and keeps `good`
+
+
+def test_resync_ignores_a_stale_inventory_and_uses_the_gfd_labels() -> None:
+    import json
+    from datetime import UTC, datetime, timedelta
+
+    from vllmfit.core import defaults
+
+    def with_inventory(sampled: datetime, used: int) -> dict[str, Any]:
+        n = node("gpu-a", 1)
+        inv = {"sampledAt": sampled.strftime("%Y-%m-%dT%H:%M:%SZ"), "gpus": [
+            {"index": 0, "uuid": "GPU-0", "product": H100, "totalBytes": 81559 * defaults.MIB, "usedBytes": used}]}
+        n["metadata"]["annotations"] = {defaults.INVENTORY_ANNOTATION: json.dumps(inv)}
+        return n
+
+    store = Store()
+    fresh = datetime.now(UTC)
+    store.rebuild([with_inventory(fresh, 30 << 30)], [])
+    assert store.ledger.nodes["gpu-a"].gpus[0].foreign_bytes == 30 << 30
+    old = fresh - timedelta(seconds=defaults.INVENTORY_STALE_SECONDS + 60)  # the agent stopped publishing
+    store.resync([with_inventory(old, 30 << 30)], [])
+    slot = store.ledger.nodes["gpu-a"].gpus[0]
+    assert slot.foreign_bytes == 0 and slot.uuid is None  # the GFD labels' GPU, not the stale inventory

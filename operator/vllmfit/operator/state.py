@@ -21,6 +21,7 @@ import os
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from vllmfit.backends import dra
@@ -252,7 +253,8 @@ class Store:
         for obj in nodes:
             name = str((obj.get("metadata") or {}).get("name") or "")
             try:
-                info = placement.node_from_object(obj, catalog.gpu_for_label, pods, self.options.budget)
+                info = placement.node_from_object(obj, catalog.gpu_for_label, pods, self.options.budget,
+                                                  now=datetime.now(UTC))
             except placement.NodeDataError as e:  # refused node data: no GPUs until it is fixed
                 problems.append(str(e))
                 continue
@@ -284,19 +286,17 @@ class Store:
         active one decided, so a fail-over never starts from a stale ledger."""
         fresh = Ledger()
         pods = self.managed_pods()
+        t = datetime.now(UTC)
         for obj in nodes:
             name = str((obj.get("metadata") or {}).get("name") or "")
-            try:
-                info = placement.node_from_object(obj, catalog.gpu_for_label, pods, self.options.budget)
-            except placement.NodeDataError:  # refused node data: the node keeps its last good state
-                kept = self.ledger.nodes.get(name)
-                if kept is not None:
-                    fresh.set_node(kept)
+            # Refused node data keeps the node's last good state (never "no GPUs"); a stale
+            # inventory gives way to the GFD labels (core.placement.read_node).
+            read = placement.read_node(obj, catalog.gpu_for_label, pods, now=t,
+                                       previous=self.node_infos.get(name), policy=self.options.budget)
+            if read.info is None:
                 continue
-            except (ValueError, LookupError):
-                continue
-            self.node_infos[name] = info
-            fresh.set_node(info)
+            self.node_infos[name] = read.info
+            fresh.set_node(read.info)
         records: dict[str, Record] = {}
         for body in deployments:
             key = key_of(body)

@@ -190,13 +190,13 @@ def _read_node(
 
 def node_from_object(
     obj: Mapping[str, Any], gpu_lookup: GpuLookup, pods: Mapping[str, str] | None = None,
-    policy: BudgetPolicy = DEFAULT_POLICY,
+    policy: BudgetPolicy = DEFAULT_POLICY, *, now: datetime | None = None,
 ) -> NodeInfo:
     """`read_node` for callers that want an exception: raises ValueError when the node has no GPU
     information at all, NodeDataError (a LookupError) when its node data is refused and no GFD
     labels stand in. A refused inventory with readable labels gives the labels' GPUs, the
-    problem among the node's warnings."""
-    r = read_node(obj, gpu_lookup, pods, policy=policy)
+    problem among the node's warnings. `now`: ignore an inventory older than the staleness limit."""
+    r = read_node(obj, gpu_lookup, pods, policy=policy, now=now)
     if r.info is None:
         if r.problem is None:
             raise ValueError(
