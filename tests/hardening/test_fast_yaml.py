@@ -108,3 +108,31 @@ kind: List
 def test_a_managed_fields_key_inside_a_value_is_not_touched() -> None:
     text = "data:\n  note: |\n    managedFields: kept as text\n  inline: {managedFields: [1]}\n"
     assert plan.load_yaml(plan.blank_unread(text)) == yaml.load(text, Loader=yaml.CSafeLoader)
+
+
+def test_a_realistic_kubectl_export_plans_the_same_with_and_without_blanking(monkeypatch, capsys,
+                                                                             tmp_path) -> None:
+    import json
+    import sys
+    from pathlib import Path
+
+    from vllmfit import main as cli
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        import plan_scale
+    finally:
+        sys.path.pop(0)
+    export = tmp_path / "export.yaml"
+    export.write_text(plan_scale.kubectl_export(30, 60))  # managedFields, images, conditions, nodeInfo
+
+    def run() -> dict:
+        assert cli.main(["plan", "-f", str(export), "--output", "json"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    fast = run()
+    monkeypatch.setattr(plan, "blank_unread", lambda text: text)
+    monkeypatch.setattr(plan, "load_yaml", lambda text: yaml.load(text, Loader=yaml.SafeLoader))
+    slow = run()
+    assert fast == slow
+    assert fast["summary"]["nodes"] == 30 and fast["summary"]["deployments"] == 60 and fast["errors"] == []
