@@ -11,7 +11,7 @@ import pytest
 
 from vllmfit.core import memory
 from vllmfit.core.hfconfig import derive_max_len, text_config
-from vllmfit.core.modelarch import parse_hf_config
+from vllmfit.core.modelconfig import parse_hf_config
 from vllmfit.sources import catalog
 
 DATA = Path(__file__).parent / "data" / "hf-configs"

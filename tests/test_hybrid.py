@@ -14,7 +14,7 @@ import pytest
 from vllmfit.core import memory
 from vllmfit.core.api import VLLMDeploymentSpec
 from vllmfit.core.memory.kv import kv_layout, state_page_bytes
-from vllmfit.core.modelarch import parse_hf_config
+from vllmfit.core.modelconfig import parse_hf_config
 from vllmfit.core.placement.inputs import settings_from_spec
 from vllmfit.sources import catalog
 

@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllmfit.core import api, limits, memory, names
-from vllmfit.core.modelarch import ModelConfigError, check_tp, parse_hf_config
+from vllmfit.core.modelarch import ModelConfigError, check_tp
+from vllmfit.core.modelconfig import parse_hf_config
 from vllmfit.sources import catalog
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,

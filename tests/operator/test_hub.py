@@ -11,7 +11,7 @@ import pytest
 from hubserver import HubServer
 from huggingface_hub import constants
 
-from vllmfit.core import api, modelarch
+from vllmfit.core import api, modelconfig
 from vllmfit.operator.record import ModelResolutionError
 from vllmfit.operator.state import Store
 from vllmfit.sources import hub
@@ -62,9 +62,9 @@ def test_resolves_config_and_exact_parameters_from_the_index(server: HubServer) 
 
 
 def test_total_parameters_in_the_index_wins() -> None:
-    assert modelarch.params_from_index({"metadata": {"total_parameters": 123, "total_size": 10}}, CONFIG) == 123
-    assert modelarch.params_from_index({"metadata": {"total_size": 400}}, {**CONFIG, "torch_dtype": "float32"}) == 100
-    assert modelarch.params_from_index({"metadata": {"total_size": 400}}, {**CONFIG, "quantization_config": {"quant_method": "fp8"}}) is None
+    assert modelconfig.params_from_index({"metadata": {"total_parameters": 123, "total_size": 10}}, CONFIG) == 123
+    assert modelconfig.params_from_index({"metadata": {"total_size": 400}}, {**CONFIG, "torch_dtype": "float32"}) == 100
+    assert modelconfig.params_from_index({"metadata": {"total_size": 400}}, {**CONFIG, "quantization_config": {"quant_method": "fp8"}}) is None
 
 
 def test_single_file_checkpoints_count_parameters_from_the_config(server: HubServer) -> None:

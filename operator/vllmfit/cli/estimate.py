@@ -13,7 +13,8 @@ from typing import Any
 
 from vllmfit.core import defaults, limits, memory
 from vllmfit.core.errors import UserError
-from vllmfit.core.modelarch import GpuType, ModelArch, ModelConfigError, params_from_index, parse_hf_config
+from vllmfit.core.modelarch import GpuType, ModelArch, ModelConfigError
+from vllmfit.core.modelconfig import params_from_index, parse_hf_config
 from vllmfit.sources import catalog
 
 

@@ -24,7 +24,7 @@ import yaml
 from rich.console import Console
 
 from vllmfit.cli import render
-from vllmfit.core import limits, memory, modelarch, names, placement
+from vllmfit.core import limits, memory, modelconfig, names, placement
 from vllmfit.core.api import GROUP, KIND, PLURAL, VERSION, VLLMDeployment, VLLMDeploymentSpec
 from vllmfit.core.errors import UserError
 from vllmfit.core.modelarch import ModelArch
@@ -276,7 +276,7 @@ def resolve_model(
     """The model facts of a spec: inline modelConfig, a modelConfigRef found among the input's
     ConfigMaps, or the catalog, or the Hugging Face Hub for an "org/name" it does not know."""
     if spec.model_config_inline is not None:
-        return modelarch.parse_hf_config(
+        return modelconfig.parse_hf_config(
             spec.model_config_inline,
             name=spec.model,
             params=spec.model_params,
@@ -294,7 +294,7 @@ def resolve_model(
             config = json.loads(raw)
         except json.JSONDecodeError as e:
             raise UserError(f"modelConfigRef: {namespace}/{ref.name} {ref.key} is not JSON: {e}") from None
-        return modelarch.parse_hf_config(
+        return modelconfig.parse_hf_config(
             config,
             name=spec.model,
             params=spec.model_params,

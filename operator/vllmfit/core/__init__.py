@@ -2,11 +2,18 @@
 library (import-linter checks it). The shells (CLI, operator, agent, placement backends) call
 these same functions, so they never disagree.
 
-  defaults    every default, named once
-  errors      bad-input errors every layer may raise
-  api         the VLLMDeployment spec/status and node-inventory types (pydantic); crds/ comes from them
-  modelarch   model and GPU facts as frozen types; Hugging Face config.json -> ModelArch
-  memory/     what one deployment needs on each GPU (weights, KV, activation, overhead, versions)
-  placement/  the per-GPU ledger, the search, reasons, fixes, re-planning, the plan JSON contract
-  observe     attribution of the agent's measured GPU use to deployments and foreign processes
+  defaults     every default, named once
+  limits       every physical bound on outside input, named once
+  errors       bad-input errors every layer may raise
+  quantity     Kubernetes quantities (`20Gi`) as integer bytes
+  names        Hugging Face repo ids and Kubernetes names, checked before use
+  extraargs    `spec.extraArgs` read the way `vllm serve`'s argparse reads them
+  api          the VLLMDeployment spec/status and node-inventory types (pydantic); crds/ comes from them
+  hfconfig     a config.json read as transformers/vLLM read it (nesting, class defaults, max length)
+  statespace   hybrid models: layer roles, recurrent-state shapes, mixer parameters
+  modelarch    model and GPU facts as frozen types
+  modelconfig  Hugging Face config.json -> ModelArch
+  memory/      what one deployment needs on each GPU (weights, KV, activation, overhead, versions)
+  placement/   the per-GPU ledger, the search, reasons, fixes, re-planning, the plan JSON contract
+  observe      attribution of the agent's measured GPU use to deployments and foreign processes
 """

@@ -27,7 +27,8 @@ from typing import Any
 from vllmfit.backends import dra
 from vllmfit.backends import reservation as rsv
 from vllmfit.core import api, defaults, memory, placement
-from vllmfit.core.modelarch import ModelArch, ModelConfigError, parse_hf_config
+from vllmfit.core.modelarch import ModelArch, ModelConfigError
+from vllmfit.core.modelconfig import parse_hf_config
 from vllmfit.core.placement import Ledger, Request
 from vllmfit.operator import report
 from vllmfit.operator.pods import PodHealth

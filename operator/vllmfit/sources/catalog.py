@@ -20,7 +20,8 @@ from typing import Any
 import yaml
 
 from vllmfit.core.defaults import DRIVER_RESERVED_BYTES, MIB
-from vllmfit.core.modelarch import GpuType, ModelArch, ModelConfigError, parse_hf_config
+from vllmfit.core.modelarch import GpuType, ModelArch, ModelConfigError
+from vllmfit.core.modelconfig import parse_hf_config
 
 
 class CatalogError(LookupError):

@@ -27,7 +27,8 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
-from vllmfit.core.modelarch import ModelArch, ModelConfigError, params_from_index, parse_hf_config
+from vllmfit.core.modelarch import ModelArch, ModelConfigError
+from vllmfit.core.modelconfig import params_from_index, parse_hf_config
 
 DEFAULT_TIMEOUT_S = 10.0
 _cache: dict[tuple[str, str], ModelArch] = {}

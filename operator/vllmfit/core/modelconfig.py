@@ -1,0 +1,353 @@
+"""A Hugging Face config.json -> `ModelArch`, the way vLLM reads it.
+
+One parser serves the catalog (catalog/models.yaml holds verbatim config.json fields), the
+CLI's --model-config, inline spec.modelConfig and configs fetched from the Hub. Pure: takes
+dicts, returns a frozen `ModelArch`; raises `ModelConfigError` with a one-line message.
+Every count is bounded by `vllmfit.core.limits`, so hostile values fail fast."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from vllmfit.core import limits
+from vllmfit.core.hfconfig import derive_max_len, text_config
+from vllmfit.core.modelarch import (
+    DTYPE_BYTES,
+    MLA_MODEL_TYPES,
+    ModelArch,
+    ModelConfigError,
+    Quant,
+    count_params,
+)
+from vllmfit.core.statespace import LayerPlan, layer_plan
+
+_KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", "num_attention_groups")
+
+
+def _get(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        if cfg.get(k) is not None:
+            return cfg[k]
+    return default
+
+
+def _pos_int(cfg: dict[str, Any], key: str, value: Any, limit: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ModelConfigError(f"config.json field {key!r} must be a positive integer, got {_short(value)}")
+    if limit is not None and value > limit:
+        raise ModelConfigError(f"config.json field {key!r} is {value}, more than any real model ({limit} at most)")
+    return value
+
+
+def _count(value: Any, key: str, limit: int, default: int = 0) -> int:
+    """An optional non-negative count field (None/0/absent -> default), bounded by `limit`
+    (vllmfit.core.limits). Whole floats (4096.0) are accepted as vLLM's int() would."""
+    if value is None or value is False:
+        return default
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ModelConfigError(f"config.json field {key!r} must be a non-negative integer, got {_short(value)}")
+    if value > limit:
+        raise ModelConfigError(f"config.json field {key!r} is {value}, more than any real model ({limit} at most)")
+    return value or default
+
+
+def _factor(value: Any, key: str) -> float:
+    """A scaling factor (rope factor, partial_rotary_factor): a finite positive number."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise ModelConfigError(f"config.json field {key!r} must be a number, got {_short(value)}") from None
+    if not math.isfinite(f) or f <= 0 or f > limits.MAX_CONTEXT:
+        raise ModelConfigError(f"config.json field {key!r} must be a finite positive number, got {_short(value)}")
+    return f
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _rope_cache_elems(cfg: dict[str, Any], rotary_dim: int) -> int:
+    """Elements of vLLM's cos/sin caches: max positions x rotary dim, times the factor for
+    linear/dynamic/yarn scaling (the cache covers the scaled range); Gemma 3 adds its local rope."""
+    positions = _count(cfg.get("max_position_embeddings"), "max_position_embeddings", limits.MAX_CONTEXT)
+    rope = cfg.get("rope_scaling") or {}
+    factor = 1.0
+    if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) in ("linear", "dynamic", "yarn"):
+        factor = _factor(rope.get("factor") or 1.0, "rope_scaling.factor")
+    total = int(positions * factor)
+    if str(cfg.get("model_type", "")).startswith("gemma3"):
+        total += positions  # sliding layers use a second, unscaled rope
+    return total * rotary_dim
+
+
+def _as_int(value: Any, default: int) -> int:
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ModelConfigError(f"quantization_config value {value!r} is not an integer") from None
+
+
+def _parse_quant(cfg: dict[str, Any]) -> Quant | None:
+    qc = cfg.get("quantization_config")
+    if not isinstance(qc, dict):
+        return None
+    method = str(qc.get("quant_method", "")).lower()
+    kv_fp8 = bool(qc.get("kv_cache_scheme"))
+    if method == "fp8" or method == "fbgemm_fp8":
+        return Quant("fp8", 8, kv_fp8=kv_fp8)
+    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin"):
+        bits = _as_int(qc.get("bits", qc.get("w_bit")), 4)
+        group = _as_int(qc.get("group_size", qc.get("q_group_size")), 128)
+        return Quant("int4" if bits == 4 else "int8", bits, max(group, 0), kv_fp8=kv_fp8)
+    if method == "mxfp4":
+        return Quant("mxfp4", 4, 32, experts_only=True, kv_fp8=kv_fp8)
+    if method in ("modelopt", "modelopt_fp4", "nvfp4"):
+        # NVIDIA ModelOpt: quant_algo FP8 or NVFP4 (4-bit e2m1 + one fp8 scale per 16); a
+        # MIXED_PRECISION checkpoint is taken as fp8 throughout (never fewer bytes than it has)
+        algo = str(qc.get("quant_algo") or (qc.get("quantization") or {}).get("quant_algo") or "").upper()
+        if "FP4" in algo and "MIXED" not in algo:
+            return Quant("nvfp4", 4, 16, kv_fp8=kv_fp8)
+        return Quant("fp8", 8, kv_fp8=kv_fp8)
+    if method == "bitsandbytes":
+        return Quant("int4" if qc.get("load_in_4bit") else "int8", 4 if qc.get("load_in_4bit") else 8, 64)
+    if method == "compressed-tensors":
+        groups = qc.get("config_groups") or {}
+        for g in groups.values() if isinstance(groups, dict) else []:
+            w = (g or {}).get("weights") or {}
+            bits = int(w.get("num_bits", 8))
+            wtype = str(w.get("type", "int"))
+            if bits == 8 and wtype == "float":
+                return Quant("fp8", 8, kv_fp8=kv_fp8)
+            if bits == 8:
+                return Quant("int8", 8, kv_fp8=kv_fp8)
+            if bits == 4:
+                return Quant("int4", 4, int(w.get("group_size") or 128), kv_fp8=kv_fp8)
+        return Quant("fp8", 8, kv_fp8=kv_fp8)
+    raise ModelConfigError(
+        f"quantization_config.quant_method {method!r} is not modelled; use one of fp8, awq, gptq, mxfp4, "
+        "compressed-tensors, bitsandbytes, modelopt"
+    )
+
+
+_POOLING_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification", "Model", "ForEmbedding", "ForRewardModel")
+
+
+def _is_pooling(arch: str, task: str | None) -> bool:
+    if task in ("embed", "classify", "score", "pooling", "reward"):
+        return True
+    if task == "generate":
+        return False
+    return arch.endswith(_POOLING_SUFFIXES) and not arch.endswith(("ForCausalLM", "ForConditionalGeneration"))
+
+
+def parse_hf_config(
+    config: dict[str, Any],
+    *,
+    name: str,
+    params: int | None = None,
+    params_source: str = "catalog",
+    task: str | None = None,
+    source: str = "",
+    aliases: tuple[str, ...] = (),
+) -> ModelArch:
+    """Turn a Hugging Face config.json (as a dict) into a ModelArch.
+
+    `params` is the exact parameter count when known (catalog, safetensors index); otherwise it
+    is computed from the architecture (`count_params`). Every count is bounded by
+    vllmfit.core.limits; any malformed value raises ModelConfigError (one line), never another error.
+    """
+    try:
+        return _parse(config, name=name, params=params, params_source=params_source, task=task, source=source,
+                      aliases=aliases)
+    except ModelConfigError:
+        raise
+    except (TypeError, ValueError, OverflowError, AttributeError, KeyError) as e:
+        raise ModelConfigError(f"{name}: malformed config.json ({type(e).__name__}: {_short(str(e))})") from None
+
+
+def _parse(
+    config: dict[str, Any],
+    *,
+    name: str,
+    params: int | None,
+    params_source: str,
+    task: str | None,
+    source: str,
+    aliases: tuple[str, ...],
+) -> ModelArch:
+    if not isinstance(config, dict):
+        raise ModelConfigError(f"{name}: config.json must be a JSON object")
+    if params is not None and not 0 < params <= limits.MAX_PARAMS:
+        raise ModelConfigError(f"{name}: parameter count {params} must be in 1..{limits.MAX_PARAMS}")
+    archs = config.get("architectures") or ["Unknown"]
+    architecture = str(archs[0]) if isinstance(archs, list) and archs else "Unknown"
+    vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else None
+    cfg, top_type, _ = text_config(config)  # nested text_config / llm_config, class defaults filled in
+    model_type = str(cfg.get("model_type") or top_type)
+
+    # Every count is bounded (vllmfit.core.limits) before anything is sized or allocated from it.
+    layers = _pos_int(cfg, "num_hidden_layers", _get(cfg, "num_hidden_layers", "n_layer", "num_layers"),
+                      limits.MAX_LAYERS)
+    hidden = _pos_int(cfg, "hidden_size", _get(cfg, "hidden_size", "n_embd", "d_model"), limits.MAX_HIDDEN_SIZE)
+    heads = _pos_int(cfg, "num_attention_heads", _get(cfg, "num_attention_heads", "n_head"), limits.MAX_HEADS)
+    kv_heads = _pos_int(cfg, "num_key_value_heads", _get(cfg, *_KV_HEAD_KEYS, default=heads), limits.MAX_HEADS)
+    if heads % kv_heads:
+        raise ModelConfigError(f"{name}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    vocab = _pos_int(cfg, "vocab_size", cfg.get("vocab_size"), limits.MAX_VOCAB)
+    intermediate = _count(_get(cfg, "intermediate_size", "n_inner", "ffn_dim"), "intermediate_size",
+                          limits.MAX_INTERMEDIATE_SIZE, 4 * hidden)
+    if model_type == "granitemoehybrid" and not _get(cfg, "num_local_experts") and cfg.get("shared_intermediate_size"):
+        # dense Granite-4.0-H: the only MLP is shared_mlp (models/granitemoehybrid.py)
+        intermediate = _count(cfg["shared_intermediate_size"], "shared_intermediate_size",
+                              limits.MAX_INTERMEDIATE_SIZE, intermediate)
+
+    mla = model_type in MLA_MODEL_TYPES or top_type in MLA_MODEL_TYPES
+    kv_lora = _count(cfg.get("kv_lora_rank"), "kv_lora_rank", limits.MAX_HEAD_DIM) if mla else 0
+    rope_dim = _count(cfg.get("qk_rope_head_dim"), "qk_rope_head_dim", limits.MAX_HEAD_DIM)
+    if kv_lora:
+        head_dim = kv_lora + rope_dim
+    elif isinstance(cfg.get("head_dim"), int) and cfg["head_dim"] > 0:
+        head_dim = _count(cfg["head_dim"], "head_dim", limits.MAX_HEAD_DIM)
+    elif isinstance(cfg.get("attention_head_dim"), int) and cfg["attention_head_dim"] > 0:  # older Nemotron-H
+        head_dim = _count(cfg["attention_head_dim"], "attention_head_dim", limits.MAX_HEAD_DIM)
+    elif isinstance(cfg.get("hidden_size_per_head"), int) and cfg["hidden_size_per_head"] > 0:
+        head_dim = _count(cfg["hidden_size_per_head"], "hidden_size_per_head", limits.MAX_HEAD_DIM)
+    else:
+        if hidden % heads:
+            raise ModelConfigError(f"{name}: hidden_size {hidden} is not divisible by num_attention_heads {heads}; set head_dim")
+        head_dim = hidden // heads
+
+    # Sliding window per layer (vllm-memory-accounting.md §5, §7)
+    window = cfg.get("sliding_window")
+    if cfg.get("use_sliding_window") is False:
+        window = None
+    window = int(window) if isinstance(window, int) and window > 0 else None
+    plan: LayerPlan = layer_plan(cfg, layers, hidden)
+    if plan.spec is not None:  # hybrid: attention only where the plan says
+        types = tuple("full" if t else "" for t in plan.attention)
+    elif plan.attention:
+        types = plan.attention
+        if window is None:
+            types = tuple("full" for _ in types)
+    elif window is not None and model_type in ("gemma2",):  # Gemma 2: alternate sliding/full, sliding first
+        types = tuple("sliding" if i % 2 == 0 else "full" for i in range(layers))
+    elif window is not None and model_type in ("gemma3", "gemma3_text"):
+        pattern = _count(cfg.get("sliding_window_pattern"), "sliding_window_pattern", limits.MAX_LAYERS, 6)
+        types = tuple("full" if (i + 1) % pattern == 0 else "sliding" for i in range(layers))
+    elif window is not None:
+        types = tuple("sliding" for _ in range(layers))  # all-layer sliding window (Mistral-7B v0.1)
+    else:
+        types = tuple("full" for _ in range(layers))
+
+    num_experts = _count(_get(cfg, "num_local_experts", "n_routed_experts", "num_experts"), "num_experts",
+                         limits.MAX_EXPERTS)
+    moe_i = _count(cfg.get("moe_intermediate_size"), "moe_intermediate_size", limits.MAX_INTERMEDIATE_SIZE,
+                   intermediate) if num_experts else 0
+    first_dense = _count(cfg.get("first_k_dense_replace"), "first_k_dense_replace", layers) if num_experts else 0
+    shared = _count(_get(cfg, "n_shared_experts", "num_shared_experts"), "n_shared_experts",
+                    limits.MAX_EXPERTS) if num_experts else 0
+    shared_size = _get(cfg, "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size",
+                       "shared_intermediate_size")
+    if num_experts and shared_size and not shared:
+        shared_i = _count(shared_size, "shared_expert_intermediate_size", limits.MAX_INTERMEDIATE_SIZE)
+        shared = max(1, shared_i // max(moe_i, 1))
+    if num_experts and model_type == "llama4_text" and not shared:
+        shared = 1  # every Llama 4 MoE layer has one shared expert; the config has no field for it
+
+    torch_dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype") or "bfloat16")
+    if torch_dtype not in DTYPE_BYTES:
+        torch_dtype = "bfloat16"
+    tie = bool(cfg.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
+    max_len = derive_max_len(cfg)
+    if max_len is None:
+        raise ModelConfigError(f"{name}: config.json has no max_position_embeddings and model_type {model_type!r} "
+                               "has no default for it; add it")
+    if max_len <= 0:
+        raise ModelConfigError(f"{name}: context length {max_len} (max_position_embeddings with rope scaling) "
+                               "must be positive")
+    if max_len > limits.MAX_CONTEXT:
+        raise ModelConfigError(f"{name}: context length {max_len} (max_position_embeddings with rope scaling) is "
+                               f"more than any real model ({limits.MAX_CONTEXT} at most)")
+    warnings = tuple(f"{name}: {u} is not modelled; the estimate may be wrong" for u in plan.unknown)
+    arch = ModelArch(
+        name=name,
+        architecture=architecture,
+        model_type=model_type,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate,
+        vocab_size=vocab,
+        max_model_len=max_len,
+        tie_word_embeddings=tie,
+        torch_dtype=torch_dtype,
+        params=0,
+        params_source=params_source,
+        layer_types=types,
+        sliding_window=window,
+        kv_lora_rank=kv_lora,
+        qk_rope_head_dim=rope_dim if kv_lora else 0,
+        q_lora_rank=_count(cfg.get("q_lora_rank"), "q_lora_rank", limits.MAX_HIDDEN_SIZE) if kv_lora else 0,
+        qk_nope_head_dim=_count(cfg.get("qk_nope_head_dim"), "qk_nope_head_dim", limits.MAX_HEAD_DIM) if kv_lora else 0,
+        v_head_dim=_count(cfg.get("v_head_dim"), "v_head_dim", limits.MAX_HEAD_DIM) if kv_lora else 0,
+        num_experts=num_experts,
+        num_experts_per_tok=_count(_get(cfg, "num_experts_per_tok", "moe_topk"), "num_experts_per_tok",
+                                   num_experts) if num_experts else 0,
+        moe_intermediate_size=moe_i,
+        num_shared_experts=shared,
+        moe_latent_size=_count(cfg.get("moe_latent_size"), "moe_latent_size", limits.MAX_HIDDEN_SIZE) if num_experts else 0,
+        first_k_dense=first_dense,
+        quant=_parse_quant(config) or _parse_quant(cfg),
+        pooling=_is_pooling(architecture, task),
+        attention_bias=bool(cfg.get("attention_bias") or model_type in ("qwen2", "qwen2_moe")),
+        attn_output_gate=bool(cfg.get("attn_output_gate", model_type == "qwen3_next")),
+        rope_cache_elems=_rope_cache_elems(cfg, rope_dim if kv_lora else int(
+            head_dim * min(_factor(cfg.get("partial_rotary_factor") or 1, "partial_rotary_factor"), 1.0))),
+        source=source,
+        aliases=aliases,
+        state=plan.spec if plan.spec is not None and any(plan.state) else None,
+        state_layers=plan.state if plan.spec is not None else (),
+        mlp_kinds=plan.mlp,
+        gated_mlp=plan.gated_mlp,
+        warnings=warnings,
+    )
+    vision_params = _vision_params(vision) if vision else 0
+    counted = count_params(arch) + vision_params
+    return replace(arch, params=params or counted, params_source=params_source if params else "computed",
+                    vision_params=vision_params)
+
+
+def _vision_params(v: dict[str, Any]) -> int:
+    """A ViT tower: per layer 4 h^2 (attention) + 2 h i (MLP) + norms; plus patch embedding."""
+    h = _count(v.get("hidden_size"), "vision_config.hidden_size", limits.MAX_HIDDEN_SIZE)
+    layers = _count(v.get("num_hidden_layers") or v.get("depth"), "vision_config.num_hidden_layers", limits.MAX_LAYERS)
+    i = _count(v.get("intermediate_size"), "vision_config.intermediate_size", limits.MAX_INTERMEDIATE_SIZE, 4 * h)
+    patch = _count(v.get("patch_size"), "vision_config.patch_size", limits.MAX_HEAD_DIM, 14)
+    channels = _count(v.get("num_channels"), "vision_config.num_channels", limits.MAX_HEAD_DIM, 3)
+    return layers * (4 * h * h + 4 * h + 2 * h * i + h + i + 4 * h) + channels * patch * patch * h + h
+
+
+def params_from_index(index: dict[str, Any], config: dict[str, Any]) -> int | None:
+    """Exact parameter count from a safetensors index: metadata.total_parameters when present,
+    else total_size / bytes per element of the checkpoint dtype (unquantized checkpoints only)."""
+    meta = index.get("metadata") or {}
+    if isinstance(meta.get("total_parameters"), int) and meta["total_parameters"] > 0:
+        return int(meta["total_parameters"])
+    total = meta.get("total_size")
+    cfg = text_config(config)[0]  # a nested text_config may carry the dtype or the quantization
+    if not isinstance(total, int) or total <= 0 or config.get("quantization_config") or cfg.get("quantization_config"):
+        return None
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or cfg.get("torch_dtype") or cfg.get("dtype")
+                or "bfloat16")
+    return total // DTYPE_BYTES.get(dtype, 2)
