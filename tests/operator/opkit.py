@@ -33,6 +33,7 @@ NODES = "v1/nodes"
 PODS = "v1/pods"
 EVENTS = "v1/events"
 H100 = "NVIDIA-H100-80GB-HBM3"
+TEST_AGENT = "vllmfit-tests"
 _clock = itertools.count(1)
 
 
@@ -134,6 +135,7 @@ class Cluster:
 
     def connect(self) -> None:
         self.api = client.ApiClient(client.Configuration(host=str(km_url(self.km))))
+        self.api.user_agent = TEST_AGENT  # tells the test's own requests from the operator's
         self.custom = client.CustomObjectsApi(self.api)
         self.core = client.CoreV1Api(self.api)
 
@@ -242,7 +244,10 @@ class Operator:
                 if self.task.done():
                     self.task.result()
                 await asyncio.sleep(0.01)
-        await store.ready.wait()
+        while not get_store().ready.is_set():  # the start-up replaces the event: poll, not wait
+            if self.task.done():
+                self.task.result()
+            await asyncio.sleep(0.01)
 
     async def stop(self) -> None:
         if self.task is not None:
@@ -252,6 +257,7 @@ class Operator:
             self.task = None
         store = get_store()
         await store.stop()
+        store.ready.clear()  # the next start waits for its own rebuild
         if store.api is not None:
             await store.api.close()
             store.api = None

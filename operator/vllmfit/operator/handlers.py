@@ -286,7 +286,7 @@ def children_state(rec: Record) -> tuple[Any, ...]:
                      ((claims.desired(store, rec.key, p) or {}).get("metadata") or {}).get("name"),
                      store.backend_of(p.node))
                     for p in rec.placement)
-    return (rec.admitted, tuple(builders.placement_text(p) for p in rec.placement), rec.flags,
+    return (rec.admitted and not rec.going, tuple(builders.placement_text(p) for p in rec.placement), rec.flags,
             req.spec if req else None, req.model.name if req else None, pinning)
 
 
@@ -301,7 +301,7 @@ async def sync_children(store: Store, key: str) -> None:
             return  # written by a concurrent call meanwhile
         apps, core = client.AppsV1Api(store.api), client.CoreV1Api(store.api)
         want: set[int] = set()
-        if rec.admitted:
+        if rec.admitted and not rec.going:
             req = rec.admitted_request
             if req is None or rec.flags is None:
                 return  # restored with an update pending: its admitted spec is unknown; leave them
@@ -377,24 +377,134 @@ async def claim_template(store: Store, rec: Record, p: api.ReplicaPlacement) -> 
 
 
 async def finish(store: Store, fx: Effects, *, strict: bool = True, hold: bool = True) -> None:
-    """Post the events, mark the statuses, write the children. With strict, a failed write of
-    the handled object's children raises (Kopf retries); neighbours' failures are logged.
+    """Post the events, then write in the order that keeps a crash safe (issue 14): what stops
+    runs down before its release is written, what starts is booked (its status written) before
+    it runs. So after a crash at any write the API holds the booking of whatever runs. With
+    strict, a failed write of the handled object raises (Kopf retries); other failures are logged
+    and left to the resync, which repairs children and statuses that differ from the records.
     With hold, then make Kubernetes hold what the ledger books (`place`)."""
     for body, type_, reason, message in fx.events:
         post_event(body, type_, reason, message)
-    store.mark(fx.mark)
-    for key in sorted(fx.sync):
-        try:
-            await sync_children(store, key)
-        except ApiException as e:
-            if strict:
-                raise
-            logger.error("%s: writing its Deployments failed: %s %s", key, e.status, e.reason)
-            rec = store.records.get(key)
-            if rec is not None:
-                post_event(rec.body, "Warning", "SyncFailed", f"writing its Deployments failed: {e.status} {e.reason}")
+    starting = {k for k in fx.sync if (r := store.records.get(k)) is not None and r.admitted}
+    stopping = sorted(fx.sync - starting)
+    # replicas that move or shrink leave GPUs another key may have just been booked on: first
+    ordered = sorted(starting, key=lambda k: (not store.records[k].children, k))
+    failed: list[str] = []
+    with store.hold(fx.sync):
+        store.mark(fx.mark - fx.sync)
+        for key in stopping:
+            if await _step(store, key, sync_children, strict):
+                await _step(store, key, store.persist, strict)
+            else:
+                failed.append(key)
+        for key in ordered:
+            if failed:  # something that should have stopped may still run: book nothing new
+                logger.warning("%s: not started while %s may still run; the resync retries", key, ", ".join(failed))
+                store.records[key].synced = None
+                continue
+            if await _step(store, key, store.persist, strict):
+                await _step(store, key, sync_children, strict)
     if hold:
         await place(store)
+
+
+async def _step(store: Store, key: str, fn: Callable[[Store, str], Any] | Callable[[str], Any], strict: bool) -> bool:
+    """One write of finish(); False when it failed (raised again with strict)."""
+    try:
+        await (fn(store, key) if fn is sync_children else fn(key))  # type: ignore[call-arg, arg-type]
+        return True
+    except (TimeoutError, ApiException, OSError) as e:
+        if strict:
+            raise
+        what = f"{e.status} {e.reason}" if isinstance(e, ApiException) else str(e) or type(e).__name__
+        logger.error("%s: writing %s failed: %s", key, "its Deployments" if fn is sync_children else "its status",
+                     what)
+        rec = store.records.get(key)
+        if rec is not None:
+            rec.synced = None
+            post_event(rec.body, "Warning", "SyncFailed", f"writing its Deployments or status failed: {what}")
+        return False
+
+
+def covers(store: Store, namespace: str, labels: Mapping[str, str], name: str, where: str | None,
+           *, pod: bool = False) -> bool:
+    """Whether an admitted booking covers this Deployment (or bare pod) of vllmfit: its owner is
+    admitted and one of its replicas is booked where the object runs (placement annotation)."""
+    rec = store.records.get(f"{namespace}/{labels.get(builders.LABEL_DEPLOYMENT)}")
+    if rec is None or not rec.admitted or rec.going:
+        return False
+    for p in rec.placement:
+        mine = str(p.replica) == labels.get(builders.LABEL_REPLICA) if pod else \
+            builders.deployment_name(rec.name, p.replica) == name
+        if mine and (where is None and pod or where == builders.placement_text(p)):
+            return True
+    return False
+
+
+def _ours(labels: Mapping[str, str] | None) -> bool:
+    return bool(labels) and labels.get(builders.MANAGED_BY) == "vllmfit" and builders.LABEL_DEPLOYMENT in labels
+
+
+async def sweep(store: Store, namespace: str | None = None, only: str | None = None) -> list[str]:
+    """Delete every Deployment and bare pod vllmfit owns (found by label) that no admitted
+    booking covers: left by a crash between writes, or by a record that changed meanwhile.
+    Each is re-read and re-checked under its owner's child lock (sync_children holds it too).
+    `only`: the deployment label to look at. Returns what was deleted ("Kind ns/name")."""
+    apps, core = client.AppsV1Api(store.api), client.CoreV1Api(store.api)
+    selector = f"{builders.MANAGED_BY}=vllmfit"
+    if namespace is None:
+        deps = await apps.list_deployment_for_all_namespaces(label_selector=selector)
+        pods_ = await core.list_pod_for_all_namespaces(label_selector=selector)
+    else:
+        deps = await apps.list_namespaced_deployment(namespace, label_selector=selector)
+        pods_ = await core.list_namespaced_pod(namespace, label_selector=selector)
+    gone: list[str] = []
+    for d in deps.items or []:
+        meta = d.metadata
+        labels = meta.labels or {}
+        if not _ours(labels) or (only is not None and labels.get(builders.LABEL_DEPLOYMENT) != only):
+            continue
+        owner = f"{meta.namespace}/{labels[builders.LABEL_DEPLOYMENT]}"
+        if covers(store, meta.namespace, labels, meta.name, (meta.annotations or {}).get(builders.ANNOTATION_PLACEMENT)):
+            continue
+        async with store.child_locks[owner]:
+            try:
+                d = await apps.read_namespaced_deployment(meta.name, meta.namespace)
+            except ApiException as e:
+                if e.status == 404:
+                    continue
+                raise
+            where = (d.metadata.annotations or {}).get(builders.ANNOTATION_PLACEMENT)
+            if covers(store, meta.namespace, d.metadata.labels or {}, meta.name, where):
+                continue
+            try:
+                await apps.delete_namespaced_deployment(meta.name, meta.namespace)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+            gone.append(f"Deployment {meta.namespace}/{meta.name}")
+            rec = store.records.get(owner)
+            if rec is not None:
+                rec.synced = None  # written again when its record says it should run
+                rec.children = {r for r in rec.children if builders.deployment_name(rec.name, r) != meta.name}
+    for pod in pods_.items or []:
+        meta = pod.metadata
+        labels = meta.labels or {}
+        if not _ours(labels) or any(o.controller for o in meta.owner_references or []) or (
+                only is not None and labels.get(builders.LABEL_DEPLOYMENT) != only):
+            continue  # pods of a ReplicaSet go with their Deployment
+        if covers(store, meta.namespace, labels, meta.name,
+                  (meta.annotations or {}).get(builders.ANNOTATION_PLACEMENT), pod=True):
+            continue
+        try:
+            await core.delete_namespaced_pod(meta.name, meta.namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        gone.append(f"Pod {meta.namespace}/{meta.name}")
+    for what in gone:
+        logger.warning("%s ran without an admitted booking: deleted", what)
+    return gone
 
 
 def rebook_reported(store: Store, fx: Effects) -> list[str]:
@@ -457,6 +567,7 @@ async def reconcile(body: Mapping[str, Any], *, force: bool) -> None:
     re-write the children and status), book, write."""
     store = get_store()
     await store.ready.wait()
+    store.leading = True
     t0 = time.monotonic()
     fx = Effects()
     req: Request | None = None
@@ -517,10 +628,16 @@ async def on_resume(body: kopf.Body, **_: Any) -> None:
 async def on_event(type: str | None, body: kopf.Body, **_: Any) -> None:
     """A status this process did not write is news from the previous active peer (after a
     fail-over, Kopf replays every object): take its bookings, so nothing it admitted is lost.
-    An object it never heard of is decided (idempotent: the create handler may do it too)."""
+    An object it never heard of is decided (idempotent: the create handler may do it too).
+    A deletion seen here frees the booking even when the finalizer was never set (an object
+    deleted right after its creation: the delete handler never runs for it)."""
     store = get_store()
     await store.ready.wait()
-    if type == "DELETED" or (body.get("metadata") or {}).get("deletionTimestamp"):
+    store.leading = True
+    if type == "DELETED":
+        await forget(store, body)
+        return
+    if (body.get("metadata") or {}).get("deletionTimestamp"):
         return
     async with store.lock:
         if store.adopt(body):
@@ -530,14 +647,24 @@ async def on_event(type: str | None, body: kopf.Body, **_: Any) -> None:
         await reconcile(body, force=False)
 
 
-@kopf.on.delete(*RESOURCE, id="release")
-async def on_delete(body: kopf.Body, **_: Any) -> None:
-    """Free its GPUs; its neighbours' headroom grows; waiting specs get another chance. Its
-    Deployments and Service go with it (owner references)."""
-    store = get_store()
-    await store.ready.wait()
-    key, fx = key_of(body), Effects()
+async def forget(store: Store, body: Mapping[str, Any]) -> None:
+    """The object is going or gone: stop its Deployments and bare pods first, then free its GPUs
+    (so a crash in between leaves its booking, never a pod on GPUs booked to another); its
+    neighbours' headroom grows; waiting specs get another chance."""
+    key = key_of(body)
+    rec = store.records.get(key)
+    uid = (body.get("metadata") or {}).get("uid")
+    if rec is None or (uid and (rec.body.get("metadata") or {}).get("uid") not in (None, uid)):
+        return  # already forgotten, or a new object of the same name
+    rec.going = True  # no booking covers its children any more; sync_children only deletes
+    async with store.child_locks[key]:
+        pass  # a write of its children in flight ends first
+    await sweep(store, rec.namespace, only=rec.name)
+    rec.children.clear()
+    fx = Effects()
     async with store.changing():
+        if store.records.get(key) is not rec:
+            return
         before = builders.gpus_of(store.ledger, key)
         store.ledger.release(key)
         store.records.pop(key, None)
@@ -545,6 +672,15 @@ async def on_delete(body: kopf.Body, **_: Any) -> None:
         if before:
             retry_waiting(store, fx)
     await finish(store, fx, strict=False)
+
+
+@kopf.on.delete(*RESOURCE, id="release")
+async def on_delete(body: kopf.Body, **_: Any) -> None:
+    """Free its GPUs once its Deployments are gone (forget). A failed deletion raises: Kopf
+    retries and the finalizer stays."""
+    store = get_store()
+    await store.ready.wait()
+    await forget(store, body)
 
 
 def node_info(body: Mapping[str, Any], pods: Mapping[str, str] | None = None,
@@ -834,15 +970,34 @@ async def list_cluster(store: Store) -> tuple[list[dict[str, Any]], list[dict[st
 
 async def resync_once(store: Store) -> bool:
     """store.resync from a fresh listing, unless anything changed meanwhile or statuses are
-    still being written. Returns whether it resynced."""
+    still being written. Returns whether it resynced. On the active replica it then repairs
+    (level-based, whatever events were missed or writes lost): statuses that differ from the
+    records, children that differ from the bookings (written, or deleted by `sweep`), objects
+    that never got a decision, and waiting specs, which get another chance."""
     if store.busy():
         return False
     before = store.changes
     nodes, deployments = await list_cluster(store)
+    fx = Effects()
     async with store.lock:
         if store.changes != before or store.busy():
             return False
-        store.resync(nodes, deployments)
+        repair = store.resync(nodes, deployments)
+        if store.leading:
+            if repair:
+                logger.warning("resync: rewriting statuses that differ from the records: %s", ", ".join(sorted(repair)))
+            fx.mark.update(repair)
+            fx.sync.update(k for k, r in store.records.items() if r.admitted and r.synced != children_state(r)
+                           and r.admitted_request is not None)
+            retry_waiting(store, fx)
+        undecided = [r.body for r in store.records.values() if not (r.written or {}).get("phase")]
+    if not store.leading:
+        return True
+    await finish(store, fx, strict=False)
+    await sweep(store)
+    for body in undecided:
+        logger.warning("resync: %s has no status; deciding it", key_of(body))
+        await reconcile(body, force=False)
     return True
 
 
@@ -874,6 +1029,10 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         logger.warning("start-up: %s", p)
     logger.info("ledger rebuilt: %d GPU nodes, %d VLLMDeployments, %d with bookings", len(store.ledger.nodes),
                 len(store.records), len(store.ledger.deployments()))
+    try:
+        await sweep(store)
+    except (ApiException, OSError) as e:
+        logger.warning("start-up: cannot look for Deployments without a booking (the resync retries): %s", e)
     store.start()
     if store.options.resync_seconds > 0:
         store.tasks.append(asyncio.create_task(resync_loop(store, store.options.resync_seconds)))

@@ -66,6 +66,7 @@ class Record:
     written: dict[str, Any] | None = None  # the status last written (or read back)
     mine: bool = False  # this process wrote its status (echoes of it are not news)
     allocation_failure: str = ""  # the scheduler's last DRA allocation failure message for its pods
+    going: bool = False  # being deleted: its children are stopped, then its booking released
 
     @property
     def name(self) -> str:

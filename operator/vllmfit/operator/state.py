@@ -75,6 +75,9 @@ class Store:
         self.attributions: dict[str, Any] = {}  # node -> vllmfit.core.observe.Attribution
         self.log_cache: dict[tuple[str, int], PodHealth] = {}  # (pod uid, restarts) -> health read from its log
         self.child_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.write_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)  # one status write per key
+        self.holding: dict[str, int] = {}  # keys whose status a handler writes in order (the writer skips them)
+        self.leading = False  # this process handles VLLMDeployment events (standalone, or the active peer)
         self.changes = 0  # critical sections entered through changing() (resync skips if it moved)
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
@@ -158,7 +161,7 @@ class Store:
 
     def busy(self) -> bool:
         """Statuses remain to be written (the API does not show the ledger yet)."""
-        return bool(self._dirty or self._busy)
+        return bool(self._dirty or self._busy or self.holding)
 
     # --- model resolution -------------------------------------------------------------------
 
@@ -279,12 +282,16 @@ class Store:
         self.ready.set()
         return problems
 
-    def resync(self, nodes: Iterable[Mapping[str, Any]], deployments: Iterable[Mapping[str, Any]]) -> None:
+    def resync(self, nodes: Iterable[Mapping[str, Any]], deployments: Iterable[Mapping[str, Any]]) -> set[str]:
         """Rebuild the ledger from the API again, keeping the records whose status is what this
         process last wrote. Call it holding the lock, with every status written and no change
         since the listing (handlers.resync_once checks both): then, on the active replica, it
         changes nothing; on a standby peer (paused, no events), it catches up with what the
-        active one decided, so a fail-over never starts from a stale ledger."""
+        active one decided, so a fail-over never starts from a stale ledger.
+
+        Level-based status: on the active replica (`leading`), a record this process decided
+        whose stored status differs from what it wrote (a write lost, or never made) is kept with
+        its bookings, and its key returned: its status is written again."""
         fresh = Ledger()
         pods = self.managed_pods()
         t = datetime.now(UTC)
@@ -299,10 +306,19 @@ class Store:
             self.node_infos[name] = read.info
             fresh.set_node(read.info)
         records: dict[str, Record] = {}
+        repair: set[str] = set()
         for body in deployments:
             key = key_of(body)
             status = body.get("status") or {}
             rec = self.records.get(key)
+            if rec is not None and self.leading and rec.mine and pruned(rec.written) != pruned(status):
+                rec.written = dict(status)
+                rec.body = dict(body)
+                records[key] = rec
+                repair.add(key)
+                if rec.admitted:
+                    fresh.restore(key, self.ledger.bookings_of(key))
+                continue
             if rec is None or pruned(rec.written) != pruned(status):
                 rec = record_from_object(body)
                 rec.written = dict(status)
@@ -315,6 +331,7 @@ class Store:
                 fresh.restore(key, placement.bookings_from_status(key, st))
         self.overlay_dra(fresh)
         self.ledger, self.records = fresh, records
+        return repair
 
     def adopt(self, body: Mapping[str, Any]) -> bool:
         """Take a status another process wrote (the previous active peer) as the truth: its
@@ -371,7 +388,7 @@ class Store:
     async def flush(self, timeout: float = 30.0) -> None:
         """Wait until every marked status has been written (tests, benchmarks)."""
         async with asyncio.timeout(timeout):
-            while self._dirty or self._busy:
+            while self.busy():
                 await asyncio.sleep(0.005)
 
     async def _write_loop(self) -> None:
@@ -390,21 +407,57 @@ class Store:
                 await asyncio.gather(*(one(k) for k in keys))
             self._busy = False
 
-    async def _write(self, key: str) -> None:
-        from kubernetes_asyncio.client import ApiException, CustomObjectsApi
-
-        rec = self.records.get(key)
-        if rec is None:
-            return
-        status = report.status(rec, self.ledger)
-        if status == rec.written:
-            return
-        rec.mine = True  # before the write: its echo may arrive before the answer
+    @contextlib.contextmanager
+    def hold(self, keys: Iterable[str]) -> Any:
+        """While inside, the background writer leaves these keys' statuses to the caller, which
+        writes them in the order that keeps a crash safe (handlers.finish)."""
+        keys = list(keys)
+        for k in keys:
+            self.holding[k] = self.holding.get(k, 0) + 1
         try:
+            yield
+        finally:
+            for k in keys:
+                self.holding[k] -= 1
+                if not self.holding[k]:
+                    del self.holding[k]
+            self.mark(keys)
+
+    async def persist(self, key: str) -> None:
+        """Write the status of `key` now, from its record; raises when the write fails. Booking
+        before running (and stopping before releasing) rests on this write having happened."""
+        from kubernetes_asyncio.client import ApiException
+
+        try:
+            await self._patch_status(key)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    async def _patch_status(self, key: str) -> None:
+        from kubernetes_asyncio.client import CustomObjectsApi
+
+        async with self.write_locks[key]:
+            rec = self.records.get(key)
+            if rec is None:
+                return
+            status = report.status(rec, self.ledger)
+            if status == rec.written:
+                return
+            rec.mine = True  # before the write: its echo may arrive before the answer
             await CustomObjectsApi(self.api).patch_namespaced_custom_object_status(
                 api.GROUP, api.VERSION, rec.namespace, api.PLURAL, rec.name, {"status": status},
                 _content_type=MERGE_PATCH)  # type: ignore[call-arg]
-            rec.written = status
+            if self.records.get(key) is rec:
+                rec.written = status
+
+    async def _write(self, key: str) -> None:
+        from kubernetes_asyncio.client import ApiException
+
+        if key in self.holding:
+            return  # the handler holding it writes it, then marks it again
+        try:
+            await self._patch_status(key)
         except ApiException as e:
             if e.status == 404:
                 return
