@@ -86,3 +86,13 @@ securityContext overrides it (operator/builders.py, docs/operator.md)."""
 VLLM_HOME = "/tmp"
 """$HOME of the vLLM container: writable by any uid, so the caches vLLM, Hugging Face, torch and
 Triton keep under ~/.cache work without root (the image's /root is not readable by uid 1000)."""
+
+# Bounded work (issue 14): every placement decision of the operator and the webhook runs off the
+# event loop with a time limit; a spec that takes longer is denied with a message. The worst spec
+# within core.limits takes about 0.1 s on a 1,000-node ledger (benchmarks/webhook_latency.py).
+DECIDE_TIMEOUT_S = 10.0
+"""The operator's limit for one decision (create, update, a waiting spec retried)."""
+REVIEW_DECIDE_TIMEOUT_S = 3.0
+"""The webhook's limit for one review's decision; kube-apiserver waits timeoutSeconds (chart: 10)."""
+DECIDE_WORKERS = 4
+"""Threads deciding at once; one stuck past its limit holds one until it ends."""

@@ -28,7 +28,7 @@ from vllmfit.backends import binding, dra
 from vllmfit.backends import reservation as rsv
 from vllmfit.core import api, defaults, memory, observe, placement
 from vllmfit.core.placement import Decision, Request
-from vllmfit.operator import builders, claims, metrics, pods, report, reservations, webhook
+from vllmfit.operator import bounded, builders, claims, metrics, pods, report, reservations, webhook
 from vllmfit.operator.record import ModelResolutionError, Record, key_of
 from vllmfit.operator.state import Store, get_store
 from vllmfit.sources import catalog
@@ -191,11 +191,12 @@ def apply_decision(store: Store, rec: Record, req: Request, d: Decision, fx: Eff
     fx.mark.update({key} | builders.neighbours(ledger, before | builders.gpus_of(ledger, key)))
 
 
-def retry_waiting(store: Store, fx: Effects) -> None:
-    """After room freed up: decide again, in creation order, every spec waiting for room."""
+async def retry_waiting(store: Store, fx: Effects) -> None:
+    """After room freed up: decide again, in creation order, every spec waiting for room (each
+    decision bounded in time, off the event loop; the caller holds the lock)."""
     for rec in sorted((r for r in store.records.values() if r.waiting and r.request), key=lambda r: r.order):
         assert rec.request is not None
-        d = placement.decide(store.ledger, rec.request)
+        d = await bounded.decide(store.ledger, rec.request)
         if d.admitted:
             apply_decision(store, rec, rec.request, d, fx, cause="room freed up")
 
@@ -602,7 +603,7 @@ async def reconcile(body: Mapping[str, Any], *, force: bool) -> None:
         else:
             store.changes += 1
             keep = scale_keep(store, rec, req)
-            apply_decision(store, rec, req, placement.decide(store.ledger, req, keep=keep), fx)
+            apply_decision(store, rec, req, await bounded.decide(store.ledger, req, keep=keep), fx)
     await finish(store, fx)
     metrics.RECONCILE.observe(time.monotonic() - t0)
     if transient:
@@ -670,7 +671,7 @@ async def forget(store: Store, body: Mapping[str, Any]) -> None:
         store.records.pop(key, None)
         fx.mark.update(builders.neighbours(store.ledger, before))
         if before:
-            retry_waiting(store, fx)
+            await retry_waiting(store, fx)
     await finish(store, fx, strict=False)
 
 
@@ -767,7 +768,7 @@ async def on_node(type: str | None, body: kopf.Body, **_: Any) -> None:
         else:
             store.node_infos[name] = info
             info = store.effective_node(name, info)
-        update_node(store, name, info, fx, "was removed" if type == "DELETED" else "no longer reports GPUs")
+        await update_node(store, name, info, fx, "was removed" if type == "DELETED" else "no longer reports GPUs")
         if info is not None:
             attribute(store, name, body, t)
         node_data_condition(store, name, None, fx, t)
@@ -814,7 +815,7 @@ def node_data_condition(store: Store, name: str, problem: str | None, fx: Effect
         fx.mark.add(key)
 
 
-def update_node(store: Store, name: str, info: placement.NodeInfo | None, fx: Effects, gone: str) -> None:
+async def update_node(store: Store, name: str, info: placement.NodeInfo | None, fx: Effects, gone: str) -> None:
     """Put a node's GPUs into the ledger (hold the lock): move what no longer fits, give waiting
     specs a chance when room grew; rewrite the children whose GPU binding changed (a node moved
     from the device plugin to DRA)."""
@@ -832,7 +833,7 @@ def update_node(store: Store, name: str, info: placement.NodeInfo | None, fx: Ef
         grew = info is not None and (old is None or any(
             store.ledger.headroom_bytes(s.node, s.index) > before.get((s.node, s.index), 0) for s in info.gpus))
         if grew:
-            retry_waiting(store, fx)
+            await retry_waiting(store, fx)
         fx.mark.update(builders.neighbours(store.ledger, {(s.node, s.index) for s in info.gpus} if info else set()))
     for k, rec in store.records.items():
         if rec.admitted and rec.synced is not None and any(p.node == name for p in rec.placement) \
@@ -855,8 +856,8 @@ async def refresh_nodes(store: Store, names: set[str], why: str) -> None:
     fx = Effects()
     async with store.changing():
         for name in sorted(names):
-            update_node(store, name, store.effective_node(name, store.node_infos.get(name)), fx,
-                        f"has no shareable GPUs any more ({why})")
+            await update_node(store, name, store.effective_node(name, store.node_infos.get(name)), fx,
+                              f"has no shareable GPUs any more ({why})")
     await finish(store, fx, strict=False)
 
 
@@ -989,7 +990,7 @@ async def resync_once(store: Store) -> bool:
             fx.mark.update(repair)
             fx.sync.update(k for k, r in store.records.items() if r.admitted and r.synced != children_state(r)
                            and r.admitted_request is not None)
-            retry_waiting(store, fx)
+            await retry_waiting(store, fx)
         undecided = [r.body for r in store.records.values() if not (r.written or {}).get("phase")]
     if not store.leading:
         return True
@@ -1112,11 +1113,11 @@ async def allocation_failed(store: Store, pod: Mapping[str, Any], message: str) 
                                                 rec.generation)
         fx.mark.add(key)
         for name in {p.node for p in rec.placement}:
-            update_node(store, name, store.effective_node(name, store.node_infos.get(name)), fx, "has no GPUs")
+            await update_node(store, name, store.effective_node(name, store.node_infos.get(name)), fx, "has no GPUs")
         if req is not None and store.records.get(key) is rec and rec.admitted:
             before = builders.gpus_of(store.ledger, key)
             old = store.ledger.release(key)
-            d = placement.decide(store.ledger, req)
+            d = await bounded.decide(store.ledger, req)
             same = sorted((b.node, b.index) for b in d.bookings()) == sorted((b.node, b.index) for b in old)
             if d.admitted and not same:
                 apply_decision(store, rec, req, d, fx, cause="the scheduler could not allocate its claim")

@@ -29,9 +29,9 @@ import aiohttp.web
 import kopf
 from pydantic import BaseModel, ValidationError
 
-from vllmfit.core import api, placement
+from vllmfit.core import api, defaults, placement
 from vllmfit.core.placement import affinity
-from vllmfit.operator import builders, certs
+from vllmfit.operator import bounded, builders, certs
 
 logger = logging.getLogger(__name__)
 
@@ -257,10 +257,15 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
     except TimeoutError:
         return Verdict(True, warnings=(BUSY,))
     try:
-        old_flags = old.status.flags if old is not None and old.status is not None else None
-        return check(store.ledger, req, old=old.spec if old else None, dry_run=dry_run, old_flags=old_flags)
+        ledger = store.ledger.copy()  # under the lock; the check itself runs without it
     finally:
         lock.release()
+    old_flags = old.status.flags if old is not None and old.status is not None else None
+    try:  # off the event loop, with a time limit (bounded.py)
+        return await bounded.run(check, ledger, req, old=old.spec if old else None, dry_run=dry_run,
+                                 old_flags=old_flags, timeout=defaults.REVIEW_DECIDE_TIMEOUT_S)
+    except bounded.TooCostly as e:
+        return Verdict(False, str(e), code=422)
 
 
 def stored_object(store: Store, key: str) -> Mapping[str, Any] | None:
