@@ -260,3 +260,34 @@ async def test_a_reservation_the_scheduler_cannot_place_is_explained(cluster: Cl
     pod = await replica_pod(cluster, "a-0")
     await cluster.until(lambda: ("default", pod) in get_store().gated or not gates(cluster, pod))
     assert gates(cluster, pod) == [{"name": rsv.GATE}]
+
+
+async def test_a_neighbour_of_a_whole_node_replica_needs_no_reservation_even_after_a_restart(
+        km: Any, cluster: Cluster) -> None:
+    """`first` holds the 1-GPU node with a device-plugin limit; `second` shares that GPU: the
+    limit holds it, so no reservation (it could never be scheduled) and no gate, also when the
+    restarted operator resumes `second` before `first`."""
+    op = Operator(km)
+    await op.start()
+    try:
+        await cluster.create(gpu_node("gpu-a", 1))
+        await cluster.create(vd("first", QWEN7))
+        await cluster.phase("first", "Admitted")
+        await cluster.until(lambda: cluster.get(DEPLOYMENTS, "first-0"))
+        await cluster.create(vd("second", QWEN7, maxModelLen=8192))
+        await cluster.phase("second", "Admitted")
+        await cluster.until(lambda: cluster.get(DEPLOYMENTS, "second-0"))
+        await settle(cluster)
+        assert "schedulingGates" not in cluster.get(DEPLOYMENTS, "second-0")["spec"]["template"]["spec"]
+        await op.stop()
+        await cluster.reconnect()
+        op = Operator(km)
+        await op.start()
+        await cluster.until(lambda: ("default/first", 0) in get_store().whole, what="the whole-node holder read back")
+        await settle(cluster)
+        for name in ("second-0", "first-0"):
+            assert "schedulingGates" not in cluster.get(DEPLOYMENTS, name)["spec"]["template"]["spec"]
+        posted = [r.data for r in km.sent("post", PODS) if isinstance(r.data, dict) and rsv.is_reservation(r.data)]
+        assert posted == [] and reservations(cluster) == []
+    finally:
+        await op.stop()

@@ -513,11 +513,9 @@ def rebook_reported(store: Store, fx: Effects) -> list[str]:
     the GPU they hold (or give them back when it has not the room); pins learned from reports
     rewrite the replicas' Deployments. Hold the lock. Returns reservations to delete."""
     retire: list[str] = []
-    nodes: set[str] = set()
     for r in sorted(store.reservations.values(), key=lambda r: r.name):
         if not r.reported or r.terminating:
             continue
-        nodes.add(r.node)
         on_it = {b.deployment for b in store.ledger.bookings_on(r.node, r.index)}
         moved, message = reservations.rebook(store, r)
         if message and not moved:  # the GPU it got has not the room: ask again
@@ -530,9 +528,8 @@ def rebook_reported(store: Store, fx: Effects) -> list[str]:
                 fx.events.append((store.records[k].body, "Normal", "Rebooked", message or ""))
             fx.sync.add(k)
             fx.mark.update({k} | builders.neighbours(store.ledger, builders.gpus_of(store.ledger, k)))
-    for k, rec in store.records.items():  # pins learned from the reports
-        if rec.admitted and rec.synced is not None and any(p.node in nodes for p in rec.placement) \
-                and rec.synced != children_state(rec):
+    for k, rec in store.records.items():  # pins learned from the reports, a whole-node holder gone or back
+        if rec.admitted and rec.synced is not None and rec.synced != children_state(rec):
             fx.sync.add(k)
     return retire
 

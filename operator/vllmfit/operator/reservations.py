@@ -170,11 +170,33 @@ async def sync(store: Store) -> None:
 
 
 async def load(store: Store) -> None:
-    """Read every reservation pod (start-up)."""
+    """Read every reservation pod, and which replicas hold their whole node with device-plugin
+    limits (their Deployments' pinning annotation), at start-up: a neighbour sharing such a node
+    needs no reservation, whatever order the deployments are resumed in."""
     pods = await client.CoreV1Api(store.api).list_namespaced_pod(
         store.options.reservation.namespace, label_selector=f"{rsv.ROLE_LABEL}={rsv.ROLE}")
     for pod in store.api.sanitize_for_serialization(pods).get("items") or []:
         observe(store, pod, False)
+    apps = client.AppsV1Api(store.api)
+    for ns in sorted({rec.namespace for rec in store.records.values() if rec.admitted}):
+        listed = await apps.list_namespaced_deployment(ns, label_selector=f"{builders.MANAGED_BY}=vllmfit",
+                                                       _request_timeout=30)
+        for d in store.api.sanitize_for_serialization(listed).get("items") or []:
+            whole_from_deployment(store, d)
+
+
+def whole_from_deployment(store: Store, d: Mapping[str, Any]) -> None:
+    meta = d.get("metadata") or {}
+    labels, ann = meta.get("labels") or {}, meta.get("annotations") or {}
+    if labels.get(builders.MANAGED_BY) != "vllmfit" or ann.get(builders.ANNOTATION_PINNING) != "device-plugin":
+        return
+    try:
+        replica = int(labels.get(builders.LABEL_REPLICA, ""))
+    except ValueError:
+        return
+    node = str(ann.get(builders.ANNOTATION_PLACEMENT) or "").split(":", 1)[0]
+    if node and labels.get(builders.LABEL_DEPLOYMENT):
+        store.whole[(f"{meta.get('namespace') or 'default'}/{labels[builders.LABEL_DEPLOYMENT]}", replica)] = node
 
 
 # --- replica pods: the scheduling gate -----------------------------------------------------------
