@@ -289,5 +289,11 @@ async def test_a_neighbour_of_a_whole_node_replica_needs_no_reservation_even_aft
             assert "schedulingGates" not in cluster.get(DEPLOYMENTS, name)["spec"]["template"]["spec"]
         posted = [r.data for r in km.sent("post", PODS) if isinstance(r.data, dict) and rsv.is_reservation(r.data)]
         assert posted == [] and reservations(cluster) == []
+        # the limit goes with `first`: `second`'s GPU gets a reservation, and `second` is not restarted
+        before = cluster.get(DEPLOYMENTS, "second-0")["spec"]
+        await cluster.delete("first")
+        await cluster.until(lambda: asked(cluster) == [("gpu-a", 0)], what="a reservation for second's GPU")
+        await settle(cluster)
+        assert cluster.get(DEPLOYMENTS, "second-0")["spec"] == before
     finally:
         await op.stop()

@@ -257,6 +257,17 @@ async def apply_deployment(apps: client.AppsV1Api, make: Callable[[bool], dict[s
         kopf.adopt(manifest, owner=dict(owner))  # type: ignore[arg-type]
         meta = manifest["metadata"]
         exclusive = was_exclusive
+    tpl = manifest["spec"]["template"]
+    old_tpl = existing.spec.template if existing.spec else None
+    if same_place and old_tpl is not None and old_tpl.spec is not None and not old_tpl.spec.scheduling_gates \
+            and tpl["spec"].get("schedulingGates"):
+        # a running replica is not restarted to add the reservation gate: its GPUs get their
+        # reservations all the same (a neighbour holding the whole node with limits left)
+        tpl["spec"]["schedulingGates"] = [g for g in tpl["spec"]["schedulingGates"] if g.get("name") != rsv.GATE] \
+            or None
+        if tpl["spec"]["schedulingGates"] is None:
+            del tpl["spec"]["schedulingGates"]
+        tpl["metadata"]["annotations"].pop(rsv.ANNOTATION_PINS, None)
     patch = [{"op": "add", "path": f"/metadata/{k}", "value": meta[k]}
              for k in ("labels", "annotations", "ownerReferences")]
     patch.append({"op": "add", "path": "/spec", "value": manifest["spec"]})
@@ -283,7 +294,9 @@ def children_state(rec: Record) -> tuple[Any, ...]:
     """What the children of `rec` are built from (to skip rewriting them unchanged)."""
     req = rec.admitted_request
     store = get_store()
-    pinning = tuple((tuple(reservations.pins(store, rec.key, p) or ()), reservations.gated(store, rec.key, p),
+    # the gate is not part of it: a running replica is not restarted to add one (its GPUs get
+    # their reservations all the same)
+    pinning = tuple((tuple(reservations.pins(store, rec.key, p) or ()),
                      ((claims.desired(store, rec.key, p) or {}).get("metadata") or {}).get("name"),
                      store.backend_of(p.node))
                     for p in rec.placement)
@@ -330,6 +343,7 @@ async def sync_children(store: Store, key: str) -> None:
                     store.whole[(key, p.replica)] = p.node
                 else:
                     store.whole.pop((key, p.replica), None)
+                store.written.add((key, p.replica))
                 old = store.templates.get((key, p.replica))
                 if tmpl:
                     store.templates[(key, p.replica)] = tmpl
@@ -347,6 +361,7 @@ async def sync_children(store: Store, key: str) -> None:
                     raise
             rec.children.discard(r)
             store.whole.pop((key, r), None)
+            store.written.discard((key, r))
             old = store.templates.pop((key, r), None)
             if old:
                 await claims.delete(store, rec.namespace, old)

@@ -54,21 +54,26 @@ def replicas(store: Store) -> dict[tuple[str, int], tuple[str, tuple[int, ...]]]
     return {k: (n, tuple(g)) for k, (n, g) in out.items()}
 
 
-def whole(store: Store, node: str) -> bool:
-    """A replica written with device-plugin limits holds every GPU of the node."""
-    return node in store.whole.values()
+def whole(store: Store, node: str, but: str | None = None) -> bool:
+    """A live replica (of another deployment than `but`) written with device-plugin limits holds
+    every GPU of the node."""
+    return any(n == node and k != but and any(b.node == node for b in store.ledger.bookings_of(k))
+               for (k, _), n in store.whole.items())
 
 
-def needs_reservation(store: Store, key: str, node: str, gpus: Iterable[int]) -> bool:
-    gpus = list(gpus)
-    return (device_plugin(store, node) and not whole(store, node)
-            and not builders.exclusive(store.ledger, key, node, gpus))
+def needs_reservation(store: Store, key: str, replica: int, node: str, gpus: Iterable[int]) -> bool:
+    """A replica's GPUs need reservations: a device-plugin node, the replica is not written with
+    limits, and no other replica holds the whole node. Before its Deployment is first written,
+    one that will get limits (builders.exclusive) needs none."""
+    if not device_plugin(store, node) or (key, replica) in store.whole or whole(store, node, but=key):
+        return False
+    return (key, replica) in store.written or not builders.exclusive(store.ledger, key, node, list(gpus))
 
 
 def wanted(store: Store) -> set[tuple[str, int]]:
     out: set[tuple[str, int]] = set()
-    for (key, _), (node, gpus) in replicas(store).items():
-        if needs_reservation(store, key, node, gpus):
+    for (key, replica), (node, gpus) in replicas(store).items():
+        if needs_reservation(store, key, replica, node, gpus):
             out.update((node, i) for i in gpus)
     return out
 
@@ -80,13 +85,13 @@ def pins(store: Store, key: str, p: api.ReplicaPlacement) -> list[str] | None:
     gpus = [g.index for g in p.gpus]
     known = uuids(store, p.node)
     got = rsv.pins(p.node, gpus, known)
-    if got is None and whole(store, p.node):
+    if got is None and whole(store, p.node, but=key):
         return [known.get(i) or str(i) for i in gpus]
     return got
 
 
 def gated(store: Store, key: str, p: api.ReplicaPlacement) -> bool:
-    return needs_reservation(store, key, p.node, [g.index for g in p.gpus])
+    return needs_reservation(store, key, p.replica, p.node, [g.index for g in p.gpus])
 
 
 # --- reservation pods ---------------------------------------------------------------------------
@@ -188,7 +193,7 @@ async def load(store: Store) -> None:
 def whole_from_deployment(store: Store, d: Mapping[str, Any]) -> None:
     meta = d.get("metadata") or {}
     labels, ann = meta.get("labels") or {}, meta.get("annotations") or {}
-    if labels.get(builders.MANAGED_BY) != "vllmfit" or ann.get(builders.ANNOTATION_PINNING) != "device-plugin":
+    if labels.get(builders.MANAGED_BY) != "vllmfit":
         return
     try:
         replica = int(labels.get(builders.LABEL_REPLICA, ""))
@@ -196,7 +201,10 @@ def whole_from_deployment(store: Store, d: Mapping[str, Any]) -> None:
         return
     node = str(ann.get(builders.ANNOTATION_PLACEMENT) or "").split(":", 1)[0]
     if node and labels.get(builders.LABEL_DEPLOYMENT):
-        store.whole[(f"{meta.get('namespace') or 'default'}/{labels[builders.LABEL_DEPLOYMENT]}", replica)] = node
+        key = f"{meta.get('namespace') or 'default'}/{labels[builders.LABEL_DEPLOYMENT]}"
+        store.written.add((key, replica))
+        if ann.get(builders.ANNOTATION_PINNING) == "device-plugin":
+            store.whole[(key, replica)] = node
 
 
 # --- replica pods: the scheduling gate -----------------------------------------------------------

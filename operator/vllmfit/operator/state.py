@@ -88,6 +88,7 @@ class Store:
         self.reservations: dict[str, rsv.Reservation] = {}  # reservation pod name -> what it holds
         self.gated: dict[tuple[str, str], tuple[str, list[str], list[dict[str, Any]]]] = {}  # pod -> node, pins, gates
         self.whole: dict[tuple[str, int], str] = {}  # (deployment, replica) written with device-plugin limits -> node
+        self.written: set[tuple[str, int]] = set()  # (deployment, replica) whose Deployment was written
         self.slices: dict[str, dict[str, Any]] = {}  # ResourceSlice name -> object
         self.claims: dict[str, dict[str, Any]] = {}  # ResourceClaim namespace/name -> object
         self.node_infos: dict[str, placement.NodeInfo | None] = {}  # node -> what its Node object says
