@@ -9,7 +9,7 @@ from agent_fakes import GIB, MIB, MIG0, POD_A, POD_B, POD_C, POD_D, UUID0, VLLMF
 
 from vllmfit.agent import nvml as agent_nvml
 from vllmfit.core import observe
-from vllmfit.core.api import GpuInventory, InventoryGpu, InventoryMigDevice, InventoryProcess
+from vllmfit.core.inventory import GpuInventory, InventoryGpu, InventoryMigDevice, InventoryProcess
 
 NOW = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
 

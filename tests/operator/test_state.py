@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from vllmfit.core import api, placement
+from vllmfit.core import api, inventory, placement
 from vllmfit.operator import handlers, report
 from vllmfit.operator.record import ModelResolutionError, pruned, record_from_object
 from vllmfit.operator.state import Store
@@ -227,13 +227,13 @@ def test_own_pods_memory_in_the_agent_inventory_is_not_counted_twice() -> None:
     st["podUids"] = ["pod-of-a"]
     booked = live.ledger.used_bytes("gpu-a", 0)
     own, other = 20 * GIB, 3 * GIB  # the vLLM process of ns/a, and somebody else's process
-    inventory = api.GpuInventory(sampled_at="2030-01-01T00:00:00Z", gpus=[api.InventoryGpu(
+    inv = inventory.GpuInventory(sampled_at="2030-01-01T00:00:00Z", gpus=[inventory.InventoryGpu(
         index=0, uuid="GPU-0", product=H100, total_bytes=81559 << 20, used_bytes=own + other + GIB,
-        processes=[api.InventoryProcess(pid=10, used_bytes=own, pod_uid="pod-of-a"),
-                   api.InventoryProcess(pid=11, used_bytes=other, pod_uid="someone-else")])])
+        processes=[inventory.InventoryProcess(pid=10, used_bytes=own, pod_uid="pod-of-a"),
+                   inventory.InventoryProcess(pid=11, used_bytes=other, pod_uid="someone-else")])])
     with_agent = node("gpu-a", 1)
     with_agent["metadata"]["annotations"] = {
-        "vllmfit.dev/gpu-inventory": inventory.model_dump_json(by_alias=True, exclude_none=True)}
+        "vllmfit.dev/gpu-inventory": inv.model_dump_json(by_alias=True, exclude_none=True)}
     restarted = Store()
     restarted.rebuild([with_agent], [body("a", st, maxModelLen=4096)])
     # foreign = the other pod's 3 GiB + 1 GiB no process explains; ns/a's 20 GiB is its booking

@@ -16,7 +16,7 @@ from typing import Any
 
 from vllmfit import __version__
 from vllmfit.agent.cgroups import pod_of_pid
-from vllmfit.core.api import GpuInventory, InventoryGpu, InventoryMigDevice, InventoryProcess
+from vllmfit.core.inventory import GpuInventory, InventoryGpu, InventoryMigDevice, InventoryProcess
 
 NO_NVML_HINT = "is the NVIDIA driver installed and the container run with runtimeClassName: nvidia?"
 def rfc3339(t: datetime) -> str:

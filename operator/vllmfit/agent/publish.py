@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vllmfit.core import defaults
-from vllmfit.core.api import GpuInventory
+from vllmfit.core.inventory import GpuInventory
 
 log = logging.getLogger("vllmfit.agent")
 

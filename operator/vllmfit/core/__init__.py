@@ -8,7 +8,10 @@ these same functions, so they never disagree.
   quantity     Kubernetes quantities (`20Gi`) as integer bytes
   names        Hugging Face repo ids and Kubernetes names, checked before use
   extraargs    `spec.extraArgs` read the way `vllm serve`'s argparse reads them
-  api          the VLLMDeployment spec/status and node-inventory types (pydantic); crds/ comes from them
+  apimodel     the base of the API models (camelCase, unknown fields refused, frozen)
+  status       the VLLMDeployment status types
+  api          the VLLMDeployment spec and object (pydantic; re-exports status); crds/ comes from them
+  inventory    the node agent's inventory annotation types
   hfconfig     a config.json read as transformers/vLLM read it (nesting, class defaults, max length)
   statespace   hybrid models: layer roles, recurrent-state shapes, mixer parameters
   modelarch    model and GPU facts as frozen types

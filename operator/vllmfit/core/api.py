@@ -1,4 +1,5 @@
-"""The VLLMDeployment API (group vllmfit.dev, version v1alpha1) and the node inventory annotation.
+"""The VLLMDeployment API (group vllmfit.dev, version v1alpha1): the spec here, the status in
+`vllmfit.core.status` (re-exported), the node inventory annotation in `vllmfit.core.inventory`.
 
 These pydantic models are the one source of truth: `vllmfit crd` generates crds/*.yaml from
 them, the operator and webhook parse objects with them, and `vllmfit plan` reads exported
@@ -10,10 +11,22 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
-from pydantic.alias_generators import to_camel
 
 from vllmfit.core import defaults, extraargs, limits, names
+from vllmfit.core.apimodel import ApiModel as _Model
+from vllmfit.core.apimodel import Phase
 from vllmfit.core.quantity import QUANTITY_PATTERN, parse_bytes
+from vllmfit.core.status import (
+    Condition,
+    Flags,
+    GpuHeadroom,
+    GpuMemory,
+    GpuRef,
+    KvCacheStatus,
+    ObservedMemory,
+    ReplicaPlacement,
+    VLLMDeploymentStatus,
+)
 
 GROUP = "vllmfit.dev"
 VERSION = "v1alpha1"
@@ -28,12 +41,7 @@ Deployments already show there (the convention the Kubernetes API docs give for 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Quantization = Literal["fp8", "int8", "w8a8", "awq", "gptq", "w4a16", "mxfp4", "compressed-tensors", "bitsandbytes"]
 KvCacheDtype = Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
-Phase = Literal["Pending", "Admitted", "Running", "Rejected", "Unschedulable", "Failed"]
 PlacementPolicy = Literal["bestFit", "spread"]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
 
 
 def _raise(problem: str | None) -> None:
@@ -316,131 +324,6 @@ class VLLMDeploymentSpec(_Model):
         return self
 
 
-class Condition(_Model):
-    """A Kubernetes-convention condition."""
-
-    type: str = Field(description="Admitted, Placed, Ready or MemoryDrift.")
-    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
-    reason: str = Field(default="", description="CamelCase reason.")
-    message: str = Field(default="", description="Human-readable explanation.")
-    last_transition_time: str | None = Field(default=None, description="RFC 3339 time of the last status change.")
-    observed_generation: int | None = Field(default=None, description="Spec generation this condition is about.")
-
-
-class GpuRef(_Model):
-    """One GPU a replica runs on."""
-
-    index: int = Field(description="NVML index on the node.")
-    uuid: str | None = Field(default=None, description="GPU UUID (from the node agent), if known.")
-    product: str = Field(default="", description="Product name as GPU Feature Discovery labels it.")
-
-
-class ReplicaPlacement(_Model):
-    """Where one replica (one TP x PP group) runs."""
-
-    replica: int = Field(description="Replica number, from 0.")
-    node: str = Field(description="Node name.")
-    gpus: list[GpuRef] = Field(description="The GPUs of the group, in rank order.")
-
-
-class Flags(_Model):
-    """The vLLM flags vllmfit computed and injects."""
-
-    max_model_len: int = Field(description="--max-model-len")
-    max_num_seqs: int = Field(description="--max-num-seqs")
-    gpu_memory_utilization: float = Field(description="--gpu-memory-utilization (per process, see docs)")
-    kv_cache_memory_bytes: int | None = Field(
-        default=None, description="--kv-cache-memory-bytes: the KV cache reservation in bytes, when injected."
-    )
-    max_num_batched_tokens: int | None = Field(default=None, description="--max-num-batched-tokens, if set")
-
-
-class KvCacheStatus(_Model):
-    """The KV cache granted, and the concurrency it buys."""
-
-    bytes: int = Field(description="KV cache per GPU.")
-    tokens: int = Field(description="KV tokens granted (never fewer than requested).")
-    concurrency_at_max_model_len: float = Field(description="Requests of maxModelLen tokens held at once.")
-    typical_length: int | None = Field(default=None, description="The typical request length asked for.")
-    concurrency_at_typical_length: float | None = Field(
-        default=None, description="Requests of typicalLength tokens held at once."
-    )
-
-
-class GpuMemory(_Model):
-    """Predicted memory of this deployment on one GPU (the ledger entry)."""
-
-    node: str = Field(description="Node name.")
-    index: int = Field(ge=0, description="GPU index.")
-    replica: int = Field(default=0, ge=0, le=limits.MAX_REPLICAS, description="Replica number.")
-    weights_bytes: int = Field(ge=0, le=limits.MAX_GPU_MEMORY_BYTES, description="Model weights.")
-    kv_cache_bytes: int = Field(ge=0, le=limits.MAX_GPU_MEMORY_BYTES, description="KV cache reservation.")
-    activation_bytes: int = Field(ge=0, le=limits.MAX_GPU_MEMORY_BYTES, description="Activation peak.")
-    overhead_bytes: int = Field(ge=0, le=limits.MAX_GPU_MEMORY_BYTES, description="CUDA context, NCCL, non-torch memory and CUDA graphs.")
-    total_bytes: int = Field(ge=0, le=limits.MAX_GPU_MEMORY_BYTES, description="Everything this process may use on the GPU.")
-    kv_cache_range_bytes: list[int] | None = Field(
-        default=None,
-        min_length=2,
-        max_length=2,
-        description="What vLLM is predicted to log as Available KV cache memory, [low, high]: the reservation "
-        "is the floor; the band is measured per architecture class on real start-up logs.",
-    )
-
-
-class GpuHeadroom(_Model):
-    """A GPU this deployment sits on, with all its neighbours counted."""
-
-    node: str = Field(description="Node name.")
-    index: int = Field(description="GPU index.")
-    budget_bytes: int = Field(description="utilization x capacity - reserve.")
-    used_bytes: int = Field(description="Sum over all deployments on the GPU, plus foreign use.")
-    headroom_bytes: int = Field(description="budget - used.")
-
-
-class ObservedMemory(_Model):
-    """Memory the node agent measured for this deployment's processes on one GPU."""
-
-    node: str = Field(description="Node name.")
-    index: int = Field(description="GPU index.")
-    used_bytes: int = Field(description="Observed bytes (NVML, summed over this deployment's processes).")
-    predicted_bytes: int = Field(description="Predicted total bytes on this GPU.")
-    drift_bytes: int = Field(description="observed - predicted (positive: uses more than predicted).")
-    sampled_at: str = Field(description="When the agent sampled it (RFC 3339).")
-
-
-class VLLMDeploymentStatus(_Model):
-    """What vllmfit decided and observed. Written by the operator only."""
-
-    phase: Phase = Field(default="Pending", description="Pending, Admitted, Running, Rejected, Unschedulable or Failed.")
-    observed_generation: int | None = Field(default=None, description="Spec generation last acted upon.")
-    replicas: int = Field(
-        default=0, ge=0, description="Replicas placed and running as Deployments (the scale subresource's status)."
-    )
-    ready_replicas: int = Field(default=0, ge=0, description="Replicas whose vLLM pod is ready (serving).")
-    ready: str | None = Field(
-        default=None, description="readyReplicas/spec.replicas, e.g. 1/2 (the READY printer column)."
-    )
-    selector: str | None = Field(
-        default=None,
-        description="Label selector of its vLLM pods (the scale subresource's labelSelectorPath, read by HPA).",
-    )
-    vllm_version: str | None = Field(default=None, description="vLLM version the memory model used.")
-    node: str | None = Field(default=None, description="Node(s) of the replicas, comma-separated (printer column).")
-    gpu_list: str | None = Field(default=None, description="GPU indices, comma-separated (printer column).")
-    placement: list[ReplicaPlacement] = Field(default_factory=list, description="Where each replica runs.")
-    flags: Flags | None = Field(default=None, description="Computed vLLM flags.")
-    kv_cache: KvCacheStatus | None = Field(default=None, description="KV cache granted and the concurrency it buys.")
-    memory: list[GpuMemory] = Field(default_factory=list, description="Predicted memory per GPU (ledger entries).")
-    gpus: list[GpuHeadroom] = Field(default_factory=list, description="Headroom of the GPUs it sits on.")
-    headroom: str | None = Field(default=None, description="Smallest headroom among its GPUs, human-readable.")
-    observed: list[ObservedMemory] = Field(default_factory=list, description="Observed vs predicted memory per GPU.")
-    pod_uids: list[str] = Field(default_factory=list, description="UIDs of its vLLM pods (to attribute GPU processes).")
-    reasons: list[str] = Field(default_factory=list, description="Why it does not fit: nodes counted per cause, like the kube-scheduler.")
-    suggestions: list[str] = Field(default_factory=list, description="Changes that would make it fit, each checked.")
-    warnings: list[str] = Field(default_factory=list, description="Warnings from admission.")
-    conditions: list[Condition] = Field(default_factory=list, description="Admitted, Placed, Ready, MemoryDrift.")
-
-
 class ObjectMeta(BaseModel):
     """The part of Kubernetes metadata vllmfit reads."""
 
@@ -478,55 +361,18 @@ class VLLMDeployment(BaseModel):
 # ignores fields it does not know, so an operator older than its agents (a rolling upgrade) still
 # reads every GPU. The values are checked against physical limits in core.placement.nodes.
 
-INVENTORY_SCHEMA_VERSION = 1
-"""The newest inventory schema this vllmfit writes and fully understands."""
 
-
-class _Inventory(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
-
-
-class InventoryProcess(_Inventory):
-    """A process using GPU memory."""
-
-    pid: int = Field(description="Host PID.")
-    used_bytes: int = Field(ge=0, description="GPU memory the process uses.")
-    pod_uid: str | None = Field(default=None, description="UID of the pod it belongs to (from /proc/<pid>/cgroup).")
-    container_id: str | None = Field(default=None, description="Container ID, if found.")
-
-
-class InventoryMigDevice(_Inventory):
-    """A MIG slice of a GPU."""
-
-    index: int = Field(description="MIG device index within its GPU.")
-    uuid: str = Field(description="MIG device UUID (MIG-...).")
-    profile: str = Field(default="", description="Profile name, e.g. 1g.10gb.")
-    total_bytes: int = Field(ge=0, description="Memory of the slice.")
-    used_bytes: int = Field(default=0, ge=0, description="Memory in use on the slice.")
-    processes: list[InventoryProcess] = Field(default_factory=list)
-
-
-class InventoryGpu(_Inventory):
-    """One GPU as NVML reports it."""
-
-    index: int = Field(ge=0, description="NVML index.")
-    uuid: str = Field(description="GPU UUID.")
-    product: str = Field(description="Product name in GFD label form (spaces as dashes), e.g. NVIDIA-H100-80GB-HBM3.")
-    total_bytes: int = Field(ge=0, description="Total memory (NVML).")
-    used_bytes: int = Field(default=0, ge=0, description="Memory in use (NVML).")
-    processes: list[InventoryProcess] = Field(default_factory=list, description="Compute processes on it.")
-    mig_enabled: bool = Field(default=False, description="MIG mode is on.")
-    mig_devices: list[InventoryMigDevice] = Field(default_factory=list, description="MIG slices, when MIG is on.")
-    error: str | None = Field(default=None, description="NVML error reading this GPU (e.g. GPU is lost).")
-
-
-class GpuInventory(_Inventory):
-    """The value of the `vllmfit.dev/gpu-inventory` node annotation (JSON)."""
-
-    schema_version: int = Field(default=INVENTORY_SCHEMA_VERSION, description="Schema version of this annotation.")
-    sampled_at: str = Field(description="When the agent sampled NVML (RFC 3339, UTC).")
-    agent_version: str = Field(default="", description="vllmfit version of the agent.")
-    driver_version: str | None = Field(default=None, description="NVIDIA driver version.")
-    nvml: bool = Field(default=True, description="False when NVML could not be initialised on the node.")
-    error: str | None = Field(default=None, description="Why NVML could not be read, if it could not.")
-    gpus: list[InventoryGpu] = Field(default_factory=list, description="Every GPU of the node.")
+__all__ = [  # the status types are part of this API's surface
+    "Condition",
+    "Flags",
+    "GpuHeadroom",
+    "GpuMemory",
+    "GpuRef",
+    "KvCacheStatus",
+    "ObservedMemory",
+    "Phase",
+    "ReplicaPlacement",
+    "VLLMDeployment",
+    "VLLMDeploymentSpec",
+    "VLLMDeploymentStatus",
+]

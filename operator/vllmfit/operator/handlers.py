@@ -26,7 +26,7 @@ from kubernetes_asyncio.client import ApiException
 
 from vllmfit.backends import binding, dra
 from vllmfit.backends import reservation as rsv
-from vllmfit.core import api, defaults, memory, observe, placement
+from vllmfit.core import api, defaults, inventory, memory, observe, placement
 from vllmfit.core.placement import Decision, Request
 from vllmfit.operator import bounded, builders, claims, metrics, pods, report, reservations, webhook
 from vllmfit.operator.record import ModelResolutionError, Record, key_of
@@ -716,7 +716,7 @@ def attribute(store: Store, node: str, body: Mapping[str, Any], t: str) -> None:
         store.attributions.pop(node, None)
         return
     try:
-        inv = api.GpuInventory.model_validate_json(raw)
+        inv = inventory.GpuInventory.model_validate_json(raw)
     except pydantic.ValidationError:
         return
     uids = {uid: rec.key for rec in store.records.values() for uid in rec.pod_uids.values()}

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from vllmfit.core import defaults, limits, observe
-from vllmfit.core.api import INVENTORY_SCHEMA_VERSION, GpuInventory
+from vllmfit.core.inventory import INVENTORY_SCHEMA_VERSION, GpuInventory
 from vllmfit.core.memory import DEFAULT_POLICY, BudgetPolicy
 from vllmfit.core.modelarch import GpuType
 from vllmfit.core.placement.inputs import GpuLookup, GpuSlot, NodeInfo
