@@ -14,17 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vllmfit.cli.render import SPEC_FLAGS
+
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "estimate"
-FLAGS = {  # spec field -> estimate flag
-    "tensorParallelSize": "--tp",
-    "pipelineParallelSize": "--pp",
-    "dtype": "--dtype",
-    "quantization": "--quantization",
-    "kvCacheDtype": "--kv-cache-dtype",
-    "maxModelLen": "--max-model-len",
-    "maxNumSeqs": "--max-num-seqs",
-}
+FLAGS = SPEC_FLAGS  # spec field -> estimate flag: the CLI's own table
 KV_FLAGS = {  # spec.kvCache field -> estimate flag
     "tokens": "--kv-cache-tokens",
     "memory": "--kv-cache-memory",
