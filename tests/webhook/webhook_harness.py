@@ -168,6 +168,7 @@ class Harness:
             settings.posting.enabled = False
             self.kube = certs.KubeApi(kclient.Configuration(host=str(k.url).rstrip("/")))
             webhook.setup(settings, self.args, self.store, registry=registry, kube=self.kube)
+            self.server = settings.admission.server
             if self.file_check_interval is not None:
                 settings.admission.server.file_check_interval = self.file_check_interval
             task = asyncio.create_task(kopf.operator(registry=registry, settings=settings,

@@ -96,3 +96,12 @@ REVIEW_DECIDE_TIMEOUT_S = 3.0
 """The webhook's limit for one review's decision; kube-apiserver waits timeoutSeconds (chart: 10)."""
 DECIDE_WORKERS = 4
 """Threads deciding at once; one stuck past its limit holds one until it ends."""
+
+# Admission webhook transport limits (operator/webhook.py Server). An AdmissionReview carries the
+# object (and oldObject), far below 1 MiB for a VLLMDeployment; a client that has not sent its
+# whole body within 5 s is dropped (HTTP 408; kube-apiserver sends a review at once). At most
+# WEBHOOK_MAX_CONCURRENT reviews are read or decided at once (so at most that many bodies are
+# buffered); more get HTTP 429 at once.
+WEBHOOK_MAX_BODY_BYTES = 1024 * 1024
+WEBHOOK_READ_TIMEOUT_S = 5.0
+WEBHOOK_MAX_CONCURRENT = 32

@@ -392,11 +392,19 @@ class Server(kopf.WebhookServer):
       but never stops the operator;
     - a guard: a body that is not JSON gets HTTP 400, a malformed AdmissionReview or any exception
       a denied review with a message; unknown paths get 404. Never an HTTP 500.
+    - limits (core/defaults.py WEBHOOK_*): a body over `max_body` bytes gets 413; a body not
+      complete within `read_timeout` seconds gets 408 and the connection is closed; beyond
+      `max_concurrent` requests in flight (reading or deciding) the next gets 429 at once.
     """
 
-    def __init__(self, *, tls: Callable[[], Awaitable[tuple[Any, Any, Any]]] | None = None, **kwargs: Any):
+    def __init__(self, *, tls: Callable[[], Awaitable[tuple[Any, Any, Any]]] | None = None,
+                 max_body: int = defaults.WEBHOOK_MAX_BODY_BYTES,
+                 read_timeout: float = defaults.WEBHOOK_READ_TIMEOUT_S,
+                 max_concurrent: int = defaults.WEBHOOK_MAX_CONCURRENT, **kwargs: Any):
         super().__init__(**kwargs)
         self.tls = tls
+        self.max_body, self.read_timeout, self.max_concurrent = max_body, read_timeout, max_concurrent
+        self.in_flight = 0  # only touched from the event loop
 
     async def __call__(self, fn: Any) -> Any:
         delay = 1.0
@@ -411,13 +419,42 @@ class Server(kopf.WebhookServer):
         async for config in super().__call__(fn):
             yield config
 
-    @staticmethod
-    async def _serve(fn: Any, request: aiohttp.web.Request) -> aiohttp.web.Response:
+    async def _serve(self, fn: Any, request: aiohttp.web.Request) -> aiohttp.web.Response:
         hook = request.match_info.get("id", "")
         if hook not in (VALIDATE_ID, MUTATE_ID):
             raise aiohttp.web.HTTPNotFound(text=f"no webhook at /{hook}; the paths are /{VALIDATE_ID}, /{MUTATE_ID}")
+        if self.in_flight >= self.max_concurrent:
+            return _closing(aiohttp.web.Response(
+                status=429, text=f"more than {self.max_concurrent} admission reviews in flight; retry"))
+        self.in_flight += 1
         try:
-            data = json.loads(await request.read())
+            return await self._limited(fn, request, hook)
+        finally:
+            self.in_flight -= 1
+
+    async def _read(self, request: aiohttp.web.Request) -> bytes | aiohttp.web.Response:
+        """The body, or the 413/408 response; never more than max_body bytes buffered."""
+        too_big = _closing(aiohttp.web.Response(status=413, text=f"the body is over {self.max_body} bytes"))
+        if (request.content_length or 0) > self.max_body:
+            return too_big
+        body = bytearray()
+        try:
+            async with asyncio.timeout(self.read_timeout):
+                while chunk := await request.content.readany():
+                    body += chunk
+                    if len(body) > self.max_body:
+                        return too_big
+        except TimeoutError:
+            return _closing(aiohttp.web.Response(
+                status=408, text=f"the body was not complete within {self.read_timeout:g} s"))
+        return bytes(body)
+
+    async def _limited(self, fn: Any, request: aiohttp.web.Request, hook: str) -> aiohttp.web.Response:
+        body = await self._read(request)
+        if isinstance(body, aiohttp.web.Response):
+            return body
+        try:
+            data = json.loads(body)
         except Exception as e:  # noqa: BLE001 - not UTF-8, not JSON, nested too deep
             return aiohttp.web.json_response(denial(None, f"the body is not JSON: {e}"), status=400)
         problem = review_problem(data)
@@ -434,6 +471,12 @@ class Server(kopf.WebhookServer):
             logger.exception("admission request failed")
             response = denial(data, f"vllmfit webhook error: {type(e).__name__}: {e}")
         return aiohttp.web.json_response(_finish(response))
+
+
+def _closing(response: aiohttp.web.Response) -> aiohttp.web.Response:
+    """The response, with the connection closed after it (the rest of the body is never read)."""
+    response.force_close()
+    return response
 
 
 # --- Wiring -------------------------------------------------------------------------------------
