@@ -9,7 +9,9 @@ by placement.decide + book. The client is a separate process (as kube-apiserver 
 - concurrent: 2,000 reviews from 16 clients, each with its own keep-alive connection;
 - denials: 50 sequential reviews of a spec that fits nowhere: the placement core groups the reasons
   over every node (from its headroom indices) and checks each suggested fix (targets: p50 under
-  10 ms, max under 30 ms).
+  10 ms, max under 30 ms);
+- worst case: 5 reviews of the costliest spec the limits allow (the largest catalog model at TP 8,
+  `limits.MAX_REPLICAS` replicas), decided under the webhook's time limit.
 
 Reviews are CREATEs of new deployments (mostly fitting, like most applies). Everything is pinned to
 two CPU cores, like CI. Three rounds; the figures are the medians. Prints a table, then as its last
@@ -37,7 +39,7 @@ sys.path.insert(0, str(ROOT / "tests" / "webhook"))
 
 from webhook_harness import FakeStore, Harness, admission_review, gfd_node, vllmd
 
-from vllmfit.core import placement
+from vllmfit.core import limits, placement
 from vllmfit.operator import webhook
 from vllmfit.sources import catalog
 
@@ -50,6 +52,9 @@ MIX = [
     {"model": "meta-llama/Llama-3.1-8B-Instruct", "maxModelLen": 32768, "maxNumSeqs": 8},
 ]
 DENIED = {"model": "meta-llama/Llama-3.1-405B-Instruct", "maxModelLen": 8192}
+WORST = {"model": "meta-llama/Llama-3.1-405B-Instruct", "tensorParallelSize": 8, "quantization": "fp8",
+         "maxModelLen": 8192, "replicas": limits.MAX_REPLICAS}
+"""The costliest review the limits allow: the largest catalog model, every replica the spec may ask for."""
 CLIENTS = 16
 
 
@@ -67,8 +72,9 @@ def build_store(nodes: int, deployments: int) -> tuple[FakeStore, float, int]:
 
 
 def bodies(kind: str, n: int) -> list[bytes]:
-    if kind == "deny":
-        return [json.dumps(admission_review(vllmd(f"big-{i}", **DENIED))).encode() for i in range(n)]
+    if kind in ("deny", "worst"):
+        spec = DENIED if kind == "deny" else WORST
+        return [json.dumps(admission_review(vllmd(f"big-{i}", **spec))).encode() for i in range(n)]
     return [json.dumps(admission_review(vllmd(f"new-{i:05d}", f"team-{i % 7}", **MIX[i % len(MIX)]))).encode()
             for i in range(n)]
 
@@ -141,6 +147,7 @@ def main() -> None:
                 "seq": measure(url, ca.name, "fit", a.reviews, 1),
                 "conc": measure(url, ca.name, "fit", a.reviews, CLIENTS),
                 "deny": measure(url, ca.name, "deny", 50, 1),
+                "worst": measure(url, ca.name, "worst", 5, 1),
             })
         assert store.ledger.deployments() and len(store.ledger.deployments()) == booked  # nothing booked
 
@@ -151,7 +158,8 @@ def main() -> None:
           f"(ledger built in {build_s:.1f} s); CPU cores {cores}; median of {a.rounds} rounds")
     print(f"{'case':<40} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'reviews/s':>10} {'denied':>7}")
     for case, label in (("seq", "sequential, 1 keep-alive connection"), ("conc", f"{CLIENTS} concurrent clients"),
-                        ("deny", "fits nowhere: grouped reasons + fixes")):
+                        ("deny", "fits nowhere: grouped reasons + fixes"),
+                        ("worst", f"worst case: 405B x {limits.MAX_REPLICAS} replicas")):
         print(f"{label + f' ({rounds[0][case][chr(110)]})':<40} {med(case, 'p50'):>8.2f} {med(case, 'p99'):>8.2f} "
               f"{med(case, 'max'):>8.2f} {med(case, 'rate'):>10.0f} {med(case, 'denied'):>7.0f}")
     result = {
@@ -161,6 +169,7 @@ def main() -> None:
         "conc_p50_ms": round(med("conc", "p50"), 3), "conc_p99_ms": round(med("conc", "p99"), 3),
         "conc_max_ms": round(med("conc", "max"), 3), "conc_reviews_per_s": round(med("conc", "rate"), 1),
         "deny_p50_ms": round(med("deny", "p50"), 3), "deny_max_ms": round(med("deny", "max"), 3),
+        "worst_p50_ms": round(med("worst", "p50"), 3), "worst_max_ms": round(med("worst", "max"), 3),
     }
     print(json.dumps(result))
 

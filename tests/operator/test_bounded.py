@@ -87,3 +87,10 @@ async def test_the_webhook_denies_a_spec_too_costly_to_decide(spinning: threadin
     v = await webhook.review(store, body, None, "CREATE", False)
     assert not v.allowed and v.code == 422 and "took more than 0.5 s" in v.message
     assert (await webhook.review(store, vd("fine", QWEN7), None, "CREATE", False)).allowed
+    # the abandoned worker held the ledger's lock; its end releases it
+    spinning.set()
+    for _ in range(500):
+        if not store.lock.locked():
+            break
+        await asyncio.sleep(0.01)
+    assert not store.lock.locked()

@@ -57,8 +57,12 @@ async def run(fn: Callable[..., T], *args: Any, timeout: float, **kwargs: Any) -
     except TimeoutError:
         abandoned += 1
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody waits for it: no warning
-        raise TooCostly(f"deciding where it fits took more than {timeout:g} s, so vllmfit refuses it; "
-                        "lower spec.replicas or the model's sizes") from None
+        raise TooCostly(too_costly_message(timeout)) from None
+
+
+def too_costly_message(timeout: float) -> str:
+    return (f"deciding where it fits took more than {timeout:g} s, so vllmfit refuses it; "
+            "lower spec.replicas or the model's sizes")
 
 
 def too_costly(req: placement.Request, e: TooCostly) -> placement.Decision:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -256,16 +257,24 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
             await lock.acquire()
     except TimeoutError:
         return Verdict(True, warnings=(BUSY,))
-    try:
-        ledger = store.ledger.copy()  # under the lock; the check itself runs without it
-    finally:
-        lock.release()
     old_flags = old.status.flags if old is not None and old.status is not None else None
-    try:  # off the event loop, with a time limit (bounded.py)
-        return await bounded.run(check, ledger, req, old=old.spec if old else None, dry_run=dry_run,
-                                 old_flags=old_flags, timeout=defaults.REVIEW_DECIDE_TIMEOUT_S)
-    except bounded.TooCostly as e:
-        return Verdict(False, str(e), code=422)
+    # Off the event loop, with a time limit, on the live ledger (a copy per review would cost more
+    # than the review: 6 ms on 8,000 GPUs). The lock keeps the ledger still while the worker reads it;
+    # a worker past its limit keeps the lock until it ends (bounded by core.limits), and reviews
+    # that cannot get the lock meanwhile are let through for the operator to check (BUSY).
+    fut = asyncio.get_running_loop().run_in_executor(bounded.pool(), functools.partial(
+        check, store.ledger, req, old=old.spec if old else None, dry_run=dry_run, old_flags=old_flags))
+    try:
+        async with asyncio.timeout(defaults.REVIEW_DECIDE_TIMEOUT_S):
+            return await asyncio.shield(fut)
+    except TimeoutError:
+        bounded.abandoned += 1
+        fut.add_done_callback(lambda f, held=lock: (held.release(), f.cancelled() or f.exception()))
+        lock = None  # released by the worker's end, not here
+        return Verdict(False, bounded.too_costly_message(defaults.REVIEW_DECIDE_TIMEOUT_S), code=422)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def stored_object(store: Store, key: str) -> Mapping[str, Any] | None:
