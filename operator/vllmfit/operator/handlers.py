@@ -1142,18 +1142,19 @@ async def allocation_failed(store: Store, pod: Mapping[str, Any], message: str) 
 @kopf.on.event("resource.k8s.io", "v1", "resourceslices", id="slices")
 async def on_slice(type: str | None, body: kopf.Body, **_: Any) -> None:
     """A DRA driver (re)published GPUs: the nodes' GPUs and backends follow."""
-    store = get_store()
-    await store.ready.wait()
-    async with store.lock:
-        names = claims.observe_slice(store, body, type == "DELETED")
-    await refresh_nodes(store, names, "ResourceSlice changed")
+    await observe_dra(claims.observe_slice, body, type == "DELETED", "ResourceSlice changed")
 
 
 @kopf.on.event("resource.k8s.io", "v1", "resourceclaims", id="claims")
 async def on_claim(type: str | None, body: kopf.Body, **_: Any) -> None:
     """A claim was allocated or released: foreign use on its GPUs changed."""
+    await observe_dra(claims.observe_claim, body, type == "DELETED", "ResourceClaim changed")
+
+
+async def observe_dra(observe: Callable[[Store, Any, bool], Any], body: Any, deleted: bool, cause: str) -> None:
+    """Record a DRA object in the store under its lock, then refresh the nodes it touched."""
     store = get_store()
     await store.ready.wait()
     async with store.lock:
-        names = claims.observe_claim(store, body, type == "DELETED")
-    await refresh_nodes(store, names, "ResourceClaim changed")
+        names = observe(store, body, deleted)
+    await refresh_nodes(store, names, cause)
