@@ -3,12 +3,14 @@ decision logic of the handlers called directly on a ledger."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import threading
 from typing import Any
 
 import pytest
 
-from vllmfit.core import api, inventory, placement
+from vllmfit.core import api, defaults, inventory, placement
 from vllmfit.operator import handlers, report
 from vllmfit.operator.record import ModelResolutionError, pruned, record_from_object
 from vllmfit.operator.state import Store
@@ -125,12 +127,13 @@ def test_an_update_that_does_not_fit_keeps_the_admitted_spec() -> None:
     assert [e[2] for e in fx.events] == ["UpdateUnschedulable"]
 
 
-def test_replan_moves_the_newest_off_an_overfull_gpu_and_keeps_the_oldest() -> None:
+def overfull_gpu_a() -> tuple[Store, list[placement.Booking]]:
+    """Two fixed-size deployments on gpu-a, then foreign use grows there by 10 GiB more than is
+    free; gpu-b is empty. Returns the store and the oldest one's bookings."""
     store = Store()
     store.rebuild([node("gpu-a", 1), node("gpu-b", 1)], [])
     for name in ("a", "bb"):  # fixed sizes: neither can shrink its context to stay
         admitted_status(store, name, placement={"nodeName": "gpu-a"}, maxModelLen=32768, kvCache={"concurrency": 8})
-    used = store.ledger.used_bytes("gpu-a", 0)
     old_a = store.ledger.bookings_of("ns/a")
     nodes = {n.name: n for n in store.ledger.nodes.values()}
     grown = placement.NodeInfo("gpu-a", {}, tuple(placement.GpuSlot(s.node, s.index, s.gpu, s.uuid,
@@ -139,8 +142,14 @@ def test_replan_moves_the_newest_off_an_overfull_gpu_and_keeps_the_oldest() -> N
                                                   for s in nodes["gpu-a"].gpus))
     store.ledger.set_node(grown)
     assert store.ledger.headroom_bytes("gpu-a", 0) < 0
+    return store, old_a
+
+
+async def test_replan_moves_the_newest_off_an_overfull_gpu_and_keeps_the_oldest() -> None:
+    store, old_a = overfull_gpu_a()
+    used = store.ledger.used_bytes("gpu-a", 0)
     fx = handlers.Effects()
-    handlers.replan(store, "gpu-a", fx, "node gpu-a changed")
+    await handlers.replan(store, "gpu-a", fx, "node gpu-a changed")
     assert store.ledger.bookings_of("ns/a") == old_a  # the oldest stays
     moved = store.ledger.bookings_of("ns/bb")
     assert {b.node for b in moved} == {"gpu-b"}
@@ -149,14 +158,54 @@ def test_replan_moves_the_newest_off_an_overfull_gpu_and_keeps_the_oldest() -> N
     assert "node gpu-a changed" in fx.events[0][3] and fx.sync == {"ns/bb"}
 
 
-def test_removing_a_node_makes_what_fits_nowhere_unschedulable() -> None:
+async def test_a_replan_past_its_time_limit_evicts_without_moving_and_never_blocks_the_loop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Re-placing runs in a worker with DECIDE_TIMEOUT_S; past it the evictions happen anyway
+    (the GPU is back under budget at once) and the evicted deployment waits for room."""
+    store, old_a = overfull_gpu_a()
+    release = threading.Event()
+    real = placement.replan
+
+    def slow(ledger: placement.Ledger, requests: Any, **kw: Any) -> placement.Replan:
+        if kw.get("place", True):
+            release.wait(30)  # a search that takes too long
+        return real(ledger, requests, **kw)
+
+    monkeypatch.setattr(placement, "replan", slow)
+    monkeypatch.setattr(defaults, "DECIDE_TIMEOUT_S", 0.2)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    fx = handlers.Effects()
+    try:
+        await handlers.replan(store, "gpu-a", fx, "node gpu-a changed")
+    finally:
+        release.set()
+        ticker.cancel()
+    assert ticks >= 5  # the loop kept serving while the worker searched
+    assert store.ledger.bookings_of("ns/a") == old_a and store.ledger.bookings_of("ns/bb") == []
+    assert store.ledger.over_budget() == []
+    rec = store.records["ns/bb"]
+    assert not rec.admitted and rec.outcome == "Unschedulable" and rec.waiting
+    message = next(c.message for c in rec.conditions if c.type == "Admitted")
+    assert message.startswith("node gpu-a changed: re-placing it took more than 0.2 s"), message
+    assert "ns/bb" in fx.sync  # its Deployment is deleted
+
+
+async def test_removing_a_node_makes_what_fits_nowhere_unschedulable() -> None:
     store = Store()
     store.rebuild([node("gpu-a", 1)], [])
     admitted_status(store, "a")
     store.records["ns/a"].children = {0}
     store.ledger.remove_node("gpu-a")
     fx = handlers.Effects()
-    handlers.replan(store, "gpu-a", fx, "node gpu-a was removed")
+    await handlers.replan(store, "gpu-a", fx, "node gpu-a was removed")
     rec = store.records["ns/a"]
     assert not rec.admitted and rec.outcome == "Unschedulable" and rec.waiting
     assert store.ledger.bookings_of("ns/a") == []

@@ -201,15 +201,31 @@ async def retry_waiting(store: Store, fx: Effects) -> None:
             apply_decision(store, rec, rec.request, d, fx, cause="room freed up")
 
 
-def replan(store: Store, node: str, fx: Effects, cause: str) -> None:
+async def replan(store: Store, node: str, fx: Effects, cause: str) -> None:
     """Restore the invariant after `node` lost GPUs or room (placement.replan: only what must
     move moves, the newest first, keeping its flags). A deployment that fits nowhere any more is
-    released whole and becomes Unschedulable (its Deployments are deleted; it waits for room)."""
-    ledger = store.ledger
-    before = {k: builders.gpus_of(ledger, k) for k in ledger.deployments()}
+    released whole and becomes Unschedulable (its Deployments are deleted; it waits for room).
+
+    Re-placing is a search per evicted deployment, so it runs like every decision: off the event
+    loop, on a copy of the ledger, within DECIDE_TIMEOUT_S (the copy becomes the ledger when it
+    ends in time; the caller holds the lock, so nothing else changed it meanwhile). Past the
+    limit the worker is abandoned with its copy, and the cheap part runs here instead: the
+    evictions only (linear in the bookings), each evicted deployment waiting for room, to be
+    decided again, bounded, by retry_waiting. Either way no GPU stays over budget."""
+    before = {k: builders.gpus_of(store.ledger, k) for k in store.ledger.deployments()}
     requests = {k: r.request or r.admitted_request for k, r in store.records.items() if k in before}
+    known = {k: v for k, v in requests.items() if v is not None}
     flags = {k: builders.to_memory_flags(r.flags) for k, r in store.records.items() if k in before and r.flags}
-    result = placement.replan(ledger, {k: v for k, v in requests.items() if v is not None}, flags=flags)
+    work = store.ledger.copy()
+    try:
+        result = await bounded.run(placement.replan, work, known, flags=flags, timeout=defaults.DECIDE_TIMEOUT_S)
+        store.ledger = work
+    except bounded.TooCostly:
+        why = (f"re-placing it took more than {defaults.DECIDE_TIMEOUT_S:g} s, so it waits for room "
+               "and is decided again when room frees up")
+        logger.warning("%s: %s", cause, why)
+        result = placement.replan(store.ledger, known, flags=flags, place=False, why_not_placed=why)
+    ledger = store.ledger
     for key in result.evicted:
         rec = store.records.get(key)
         fx.mark.update(builders.neighbours(ledger, before.get(key, set())))
@@ -841,7 +857,7 @@ async def update_node(store: Store, name: str, info: placement.NodeInfo | None, 
         else:
             store.ledger.set_node(info)
             cause = f"node {name} changed ({', '.join(info.warnings) or 'capacity, labels or foreign use'})"
-        replan(store, name, fx, cause)
+        await replan(store, name, fx, cause)
         grew = info is not None and (old is None or any(
             store.ledger.headroom_bytes(s.node, s.index) > before.get((s.node, s.index), 0) for s in info.gpus))
         if grew:

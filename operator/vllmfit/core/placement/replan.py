@@ -31,6 +31,8 @@ def replan(
     *,
     policy: memory.Policy = "vllm",
     flags: Mapping[str, Flags] | None = None,
+    place: bool = True,
+    why_not_placed: str = "",
 ) -> Replan:
     """Restore the invariant after a node disappeared or its GPUs filled up (foreign use grew).
 
@@ -39,6 +41,8 @@ def replan(
     the replica covering the most overflow first, the newest deployment on ties). Each affected
     deployment keeps its unaffected replicas and has the evicted ones re-placed, oldest first;
     `flags` (its current flags, e.g. status.flags) keeps their context and concurrency.
+    `place=False` is the cheap fallback when re-placing takes too long: the evictions only
+    (linear in the bookings), every affected deployment waits (Unschedulable, `why_not_placed`).
     Changes the ledger: moves are booked; a deployment that must wait keeps only the replicas
     that still fit. `requests` must hold the affected deployments.
     """
@@ -63,6 +67,9 @@ def replan(
                 reasons=("spec unknown to replan",),
                 message=f"{key}: spec unknown to replan",
             )
+            continue
+        if not place:
+            result.waiting[key] = Decision(key, "Unschedulable", reasons=(why_not_placed,), message=why_not_placed)
             continue
         rest = ledger.release(key)
         keep = _kept_replicas(rest, (flags or {}).get(key))
