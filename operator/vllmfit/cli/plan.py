@@ -26,7 +26,7 @@ from rich.console import Console
 from vllmfit.cli import render
 from vllmfit.core import limits, memory, modelconfig, names, placement
 from vllmfit.core.api import GROUP, KIND, PLURAL, VERSION, VLLMDeployment, VLLMDeploymentSpec
-from vllmfit.core.errors import UserError
+from vllmfit.core.errors import UserError, one_line
 from vllmfit.core.modelarch import ModelArch
 from vllmfit.sources import catalog
 
@@ -308,19 +308,6 @@ def resolve_model(
 # --- Building the plan -----------------------------------------------------------------------------
 
 
-def _one_line(e: Exception) -> str:
-    errs = getattr(e, "errors", None)
-    if callable(errs):  # pydantic ValidationError: the first problem, with its field path
-        try:
-            first = errs()[0]
-            loc = ".".join(str(x) for x in first.get("loc", ()))
-            return f"{loc}: {first.get('msg', '')}" if loc else str(first.get("msg", ""))
-        except (IndexError, TypeError, AttributeError):
-            pass
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
 def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = True,
                budget: memory.BudgetPolicy = memory.DEFAULT_POLICY) -> placement.Plan:
     """Nodes and deployments -> a Plan. decide=False (status): only what the statuses say."""
@@ -334,9 +321,9 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
             try:  # a status out of bounds (negative bytes...) is not restored; the spec is decided again
                 dep = VLLMDeployment.model_validate({k: v for k, v in data.items() if k != "status"})
             except ValueError:
-                errors.append(f"{where}: {_one_line(e)}")
+                errors.append(f"{where}: {one_line(e)}")
                 continue
-            errors.append(f"{where}: status not restored ({_one_line(e)}); decided again")
+            errors.append(f"{where}: status not restored ({one_line(e)}); decided again")
         if dep.key in deployments:
             errors.append(f"{where}: duplicate of an earlier {KIND} {dep.key}; ignored")
             continue
@@ -389,7 +376,7 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
             model = resolve_model(dep.spec, dep.metadata.namespace, objs.configmaps)
         except (UserError, ValueError, LookupError) as e:
             if key not in admitted:
-                errors.append(f"{places[key]}: {_one_line(e)}")
+                errors.append(f"{places[key]}: {one_line(e)}")
                 shown.pop(key, None)
             continue
         requests.append(placement.request_from_object(dep, model))
@@ -501,7 +488,7 @@ def connect(kubeconfig: str | None, context: str | None) -> tuple[Any, Any]:
         else:
             config.load_incluster_config()
     except (config.ConfigException, OSError, ValueError, TypeError) as e:
-        raise UserError(f"cannot load the kubeconfig: {_one_line(e)}") from None
+        raise UserError(f"cannot load the kubeconfig: {one_line(e)}") from None
     return client.CoreV1Api(), client.CustomObjectsApi()
 
 
@@ -514,7 +501,7 @@ def run_status(args: argparse.Namespace, core: Any = None, custom: Any = None) -
     try:
         objs = load_live(core, custom)
     except (OpenApiException, HTTPError, OSError, ValueError) as e:  # API errors, no connection
-        raise UserError(f"cannot read the cluster: {_one_line(e)}") from None
+        raise UserError(f"cannot read the cluster: {one_line(e)}") from None
     plan = build_plan(objs, decide=False)
     emit(plan, args.output, args.out_file, "vllmfit status")
     return 0

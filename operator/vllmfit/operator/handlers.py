@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -26,7 +26,7 @@ from kubernetes_asyncio.client import ApiException
 
 from vllmfit.backends import binding, dra
 from vllmfit.backends import reservation as rsv
-from vllmfit.core import api, defaults, inventory, memory, observe, placement
+from vllmfit.core import api, defaults, errors, inventory, memory, observe, placement
 from vllmfit.core.placement import Decision, Request
 from vllmfit.operator import bounded, builders, claims, metrics, pods, report, reservations, webhook
 from vllmfit.operator.record import ModelResolutionError, Record, key_of
@@ -62,9 +62,7 @@ def parse(body: Mapping[str, Any]) -> api.VLLMDeployment:
     try:
         obj = api.VLLMDeployment.model_validate({"metadata": body.get("metadata") or {}, "spec": body.get("spec") or {}})
     except pydantic.ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise Invalid(f"{where}: {err['msg']}") from None
+        raise Invalid(errors.one_line(e)) from None
     problems = builders.spec_problems(obj)
     if problems:
         raise Invalid("; ".join(problems))
@@ -370,11 +368,7 @@ async def sync_children(store: Store, key: str) -> None:
                 rec.children.add(p.replica)
             await apply_service(core, builders.service(obj), rec.body)
         for r in sorted(rec.children - want):
-            try:
-                await apps.delete_namespaced_deployment(builders.deployment_name(rec.name, r), rec.namespace)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
+            await gone_ok(apps.delete_namespaced_deployment, builders.deployment_name(rec.name, r), rec.namespace)
             rec.children.discard(r)
             store.whole.pop((key, r), None)
             store.written.discard((key, r))
@@ -473,6 +467,15 @@ def covers(store: Store, namespace: str, labels: Mapping[str, str], name: str, w
     return False
 
 
+async def gone_ok(delete: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    """Call a `delete_namespaced_*` API method; an object that is already gone (404) is fine."""
+    try:
+        await delete(*args)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+
 def _ours(labels: Mapping[str, str] | None) -> bool:
     return bool(labels) and labels.get(builders.MANAGED_BY) == "vllmfit" and builders.LABEL_DEPLOYMENT in labels
 
@@ -509,11 +512,7 @@ async def sweep(store: Store, namespace: str | None = None, only: str | None = N
             where = (d.metadata.annotations or {}).get(builders.ANNOTATION_PLACEMENT)
             if covers(store, meta.namespace, d.metadata.labels or {}, meta.name, where):
                 continue
-            try:
-                await apps.delete_namespaced_deployment(meta.name, meta.namespace)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
+            await gone_ok(apps.delete_namespaced_deployment, meta.name, meta.namespace)
             gone.append(f"Deployment {meta.namespace}/{meta.name}")
             rec = store.records.get(owner)
             if rec is not None:
@@ -528,11 +527,7 @@ async def sweep(store: Store, namespace: str | None = None, only: str | None = N
         if covers(store, meta.namespace, labels, meta.name,
                   (meta.annotations or {}).get(builders.ANNOTATION_PLACEMENT), pod=True):
             continue
-        try:
-            await core.delete_namespaced_pod(meta.name, meta.namespace)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        await gone_ok(core.delete_namespaced_pod, meta.name, meta.namespace)
         gone.append(f"Pod {meta.namespace}/{meta.name}")
     for what in gone:
         logger.warning("%s ran without an admitted booking: deleted", what)
@@ -576,11 +571,7 @@ async def place(store: Store) -> None:
             if fx.sync or fx.mark or retire:
                 store.changes += 1
         for name in retire:
-            try:
-                await client.CoreV1Api(store.api).delete_namespaced_pod(name, store.options.reservation.namespace)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
+            await gone_ok(client.CoreV1Api(store.api).delete_namespaced_pod, name, store.options.reservation.namespace)
         await finish(store, fx, strict=False, hold=False)
         await reservations.sync(store)
         await reservations.ungate(store)

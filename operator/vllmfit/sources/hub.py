@@ -27,6 +27,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
+from vllmfit.core.errors import one_line
 from vllmfit.core.modelarch import ModelArch, ModelConfigError
 from vllmfit.core.modelconfig import params_from_index, parse_hf_config
 
@@ -44,11 +45,6 @@ class HubError(Exception):
 
 def endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _download(repo: str, filename: str, token: str | None) -> str:
@@ -74,9 +70,9 @@ def _download(repo: str, filename: str, token: str | None) -> str:
     except (LocalEntryNotFoundError, OfflineModeIsEnabled, httpx2.HTTPError, OSError) as e:
         if isinstance(e, HfHubHTTPError) and e.response is not None and e.response.status_code < 500:
             raise HubError(f"{repo}: the Hugging Face Hub answered {e.response.status_code} for {filename}: "
-                           f"{_first_line(e)}") from None
+                           f"{one_line(e)}") from None
         cause = e.__cause__ or e.__context__ or e
-        raise HubError(f"cannot reach the Hugging Face Hub at {where} for {repo} ({_first_line(cause)}); "
+        raise HubError(f"cannot reach the Hugging Face Hub at {where} for {repo} ({one_line(cause)}); "
                        "will retry; set spec.modelConfig to avoid the Hub", transient=True) from None
 
 
@@ -85,7 +81,7 @@ def _read_json(path: str, repo: str, filename: str) -> dict[str, Any]:
         with open(path) as f:
             data = json.load(f)
     except (OSError, ValueError) as e:
-        raise HubError(f"{repo}: {filename} from the Hub is not valid JSON ({_first_line(e)})") from None
+        raise HubError(f"{repo}: {filename} from the Hub is not valid JSON ({one_line(e)})") from None
     if not isinstance(data, dict):
         raise HubError(f"{repo}: {filename} from the Hub is not a JSON object")
     return data

@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from vllmfit.core import defaults, limits, observe
+from vllmfit.core.errors import one_line
 from vllmfit.core.inventory import INVENTORY_SCHEMA_VERSION, GpuInventory
 from vllmfit.core.memory import DEFAULT_POLICY, BudgetPolicy
 from vllmfit.core.modelarch import GpuType
@@ -162,7 +163,7 @@ def _read_node(
         except NodeDataError as e:
             problem = str(e)
         except LookupError as e:
-            problem = f"node {name}: {_first_line(e)}"
+            problem = f"node {name}: {one_line(e)}"
     product = labels.get(defaults.GFD_PRODUCT_LABEL)
     count = labels.get(defaults.GFD_COUNT_LABEL)
     if not product and not count and problem is None:
@@ -181,7 +182,7 @@ def _read_node(
         fallback = NodeInfo(name, labels, tuple(GpuSlot(name, i, facts) for i in range(n)), tuple(warnings))
     except (NodeDataError, LookupError, ValueError) as e:
         fallback = None
-        problem = problem or (str(e) if isinstance(e, NodeDataError) else f"node {name}: {_first_line(e)}")
+        problem = problem or (str(e) if isinstance(e, NodeDataError) else f"node {name}: {one_line(e)}")
     if problem is None:
         return NodeRead(name, fallback, None, tuple(warnings))
     kept = previous if previous is not None else fallback
@@ -216,11 +217,6 @@ def _q(text: str) -> str:
     return shown if len(shown) <= 50 else shown[:47] + "..."
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
 def _label_int(name: str, labels: Mapping[str, str], key: str, limit: int, least: int = 0) -> int | None:
     value = labels.get(key)
     if value is None or value == "":
@@ -247,7 +243,7 @@ def _inventory(
     try:
         inv = GpuInventory.model_validate_json(raw)
     except ValueError as e:
-        raise NodeDataError(f"{where} is not a GPU inventory: {_validation_line(e)}") from None
+        raise NodeDataError(f"{where} is not a GPU inventory: {one_line(e)}") from None
     if inv.schema_version > INVENTORY_SCHEMA_VERSION:
         warnings.append(f"{name}: inventory schema {inv.schema_version} is newer than {INVENTORY_SCHEMA_VERSION}; "
                         "reading the fields this vllmfit knows")
@@ -264,18 +260,6 @@ def _inventory(
         return None
     _check_inventory(where, inv, labels, gpu_lookup)
     return inv
-
-
-def _validation_line(e: ValueError) -> str:
-    errs = getattr(e, "errors", None)
-    if callable(errs):
-        try:
-            first = errs()[0]
-            loc = ".".join(str(x) for x in first.get("loc", ()))
-            return f"{loc}: {first.get('msg', '')}" if loc else str(first.get("msg", ""))
-        except (IndexError, TypeError, AttributeError):
-            pass
-    return _first_line(e)
 
 
 def _check_inventory(where: str, inv: GpuInventory, labels: Mapping[str, str], gpu_lookup: GpuLookup) -> None:
