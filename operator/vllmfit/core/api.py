@@ -8,7 +8,7 @@ cluster files with them. Field names are the camelCase names Kubernetes users wr
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
@@ -49,42 +49,39 @@ def _raise(problem: str | None) -> None:
         raise ValueError(problem)
 
 
-class SecretKeyRef(_Model):
+class _KeyRef(_Model):
+    """A key in an object of the deployment's namespace: the name and the key are checked the way
+    the API server checks them (`KIND` names the object in messages)."""
+
+    KIND: ClassVar[str]
+
+    @field_validator("name", check_fields=False)
+    @classmethod
+    def _name(cls, v: str) -> str:
+        _raise(names.dns_subdomain_problem(f"{cls.KIND} name", v))
+        return v
+
+    @field_validator("key", check_fields=False)
+    @classmethod
+    def _key(cls, v: str) -> str:
+        _raise(names.configmap_key_problem(f"{cls.KIND} key", v))
+        return v
+
+
+class SecretKeyRef(_KeyRef):
     """A key in a Secret of the deployment's namespace."""
 
+    KIND: ClassVar[str] = "Secret"
     name: str = Field(description="Name of the Secret.", min_length=1)
     key: str = Field(default="token", description="Key in the Secret that holds the value.")
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        _raise(names.dns_subdomain_problem("Secret name", v))
-        return v
 
-    @field_validator("key")
-    @classmethod
-    def _key(cls, v: str) -> str:
-        _raise(names.configmap_key_problem("Secret key", v))
-        return v
-
-
-class ConfigMapKeyRef(_Model):
+class ConfigMapKeyRef(_KeyRef):
     """A key in a ConfigMap of the deployment's namespace."""
 
+    KIND: ClassVar[str] = "ConfigMap"
     name: str = Field(description="Name of the ConfigMap.", min_length=1)
     key: str = Field(default="config.json", description="Key in the ConfigMap that holds a Hugging Face config.json.")
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        _raise(names.dns_subdomain_problem("ConfigMap name", v))
-        return v
-
-    @field_validator("key")
-    @classmethod
-    def _key(cls, v: str) -> str:
-        _raise(names.configmap_key_problem("ConfigMap key", v))
-        return v
 
 
 class PlacementSpec(_Model):
