@@ -48,6 +48,11 @@ DEFAULT_VLLM_VERSION = "0.33"
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.33.0"
 """The pinned vLLM image generated pods run when the spec names none."""
 
+LORA_MAX_LORAS = 1
+LORA_MAX_RANK = 16
+"""spec.lora defaults: vLLM's own `LoRAConfig` defaults (max_loras 1, max_lora_rank 16) in every version
+read (0.11 to 0.33); vllmfit injects them explicitly."""
+
 UTILIZATION_DECIMALS = 4
 """--gpu-memory-utilization is rounded up to this many decimals."""
 

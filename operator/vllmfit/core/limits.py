@@ -48,6 +48,10 @@ MAX_KV_TOKENS = 1 << 40
 """kvCache.tokens: a trillion tokens of KV (about 128 PiB for an 8B model) is past any cluster."""
 MAX_KV_BYTES = 1 << 50
 """kvCache.memory per GPU: 1 PiB, past any GPU (MAX_GPU_MEMORY_BYTES is 2 TiB)."""
+MAX_LORAS = 1024
+"""lora.maxLoras: adapter slots on the GPU at once (vLLM's default is 1; each slot costs memory)."""
+MAX_CPU_OFFLOAD_BYTES = 1 << 50
+"""cpuOffload per GPU: 1 PiB of host memory is past any node."""
 
 # --- A node -------------------------------------------------------------------------------------
 

@@ -18,8 +18,9 @@ One module per concern, in dependency order:
   types       Settings in; Footprint, Flags, Sizing, Estimate out
   budget      the GPU budget (ADR-0002) and vLLM's requested memory R
   validation  which settings can run a model at all
-  weights     weight bytes per GPU
+  weights     weight bytes per GPU; CPU offload (spec.cpuOffload)
   kv          KV pages, groups, blocks per request, KV tokens
+  lora        LoRA adapter slots (spec.lora): buffers per layer, punica metadata, profile extras
   overhead    activation peak, non-torch memory, CUDA graphs, CUDA context
   sizing      choose context, concurrency and utilization; check the fit
   fixes       changes that make a deployment fit, each re-checked
@@ -47,6 +48,7 @@ from vllmfit.core.memory.fixes import (
     largest_kv_tokens,
 )
 from vllmfit.core.memory.kv import KvLayout, adr_kv_bytes_per_token, kv_layout
+from vllmfit.core.memory.lora import lora_args, lora_bytes
 from vllmfit.core.memory.sizing import MIN_BATCHED_TOKENS, UNLIMITED, default_batch, size, vllm_startup
 from vllmfit.core.memory.types import (
     Estimate,
@@ -61,7 +63,7 @@ from vllmfit.core.memory.types import (
 )
 from vllmfit.core.memory.validation import can_run, gpu_errors, validate
 from vllmfit.core.memory.versions import VllmVersion, parse_version
-from vllmfit.core.memory.weights import adr_weights_bytes, weights_bytes
+from vllmfit.core.memory.weights import adr_weights_bytes, cpu_offload_arg, cpu_offloaded_bytes, weights_bytes
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -85,6 +87,8 @@ __all__ = [
     "adr_weights_bytes",
     "budget_bytes",
     "can_run",
+    "cpu_offload_arg",
+    "cpu_offloaded_bytes",
     "default_batch",
     "estimate",
     "fixes",
@@ -94,6 +98,8 @@ __all__ = [
     "kv_request_too_large",
     "larger_gpu",
     "largest_kv_tokens",
+    "lora_args",
+    "lora_bytes",
     "parse_version",
     "requested_bytes",
     "size",

@@ -41,8 +41,10 @@ def batch_defaults(gpu: GpuType, version: VllmVersion) -> tuple[int, int]:
     return 2048, 256
 
 
-def activation_bytes(model: ModelArch, s: Settings, batched: int, seqs: int, version: VllmVersion) -> int:
-    """Peak of the profile run: max(sampler logits, forward intermediates) + fused-MoE workspace."""
+def activation_bytes(model: ModelArch, s: Settings, batched: int, seqs: int, version: VllmVersion,
+                     lora: tuple[int, int] = (0, 0)) -> int:
+    """Peak of the profile run: max(sampler logits, forward intermediates) + fused-MoE workspace;
+    `lora`: what LoRA adds to (forward, logits) (memory.lora.lora_activation_bytes)."""
     act = activation_dtype_bytes(model, s)
     # a pooling model's profile run calls the pooler, not the sampler: no logits over the vocabulary
     rows = 0 if model.pooling else min(seqs, batched)
@@ -53,7 +55,7 @@ def activation_bytes(model: ModelArch, s: Settings, batched: int, seqs: int, ver
     if model.is_moe:
         moe = batched * model.num_experts_per_tok * (2 * model.moe_intermediate_size // s.tp + model.hidden_size) * act
     # with PP the logits live on the last stage only; the fuller stage is taken (conservative)
-    return int(max(logits, forward) + moe)
+    return int(max(logits + lora[1], forward + lora[0]) + moe)
 
 
 def graph_bytes(model: ModelArch, s: Settings) -> int:

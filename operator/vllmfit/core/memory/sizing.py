@@ -9,12 +9,13 @@ from dataclasses import dataclass, replace
 from vllmfit.core import defaults, limits
 from vllmfit.core.memory.budget import requested_bytes, utilization_for
 from vllmfit.core.memory.kv import KvLayout, adr_kv_bytes_per_token, kv_layout
+from vllmfit.core.memory.lora import LORA_GRAPH_CASES, lora_activation_bytes, lora_bytes, lora_errors
 from vllmfit.core.memory.margin import kv_band
 from vllmfit.core.memory.overhead import activation_bytes, batch_defaults, graph_bytes, runtime_overheads
 from vllmfit.core.memory.types import Flags, Footprint, Settings, Sizing, SpecError, VllmStartup, fmt_gib
-from vllmfit.core.memory.validation import gpu_errors, validate
+from vllmfit.core.memory.validation import cpu_offload_errors, gpu_errors, validate
 from vllmfit.core.memory.versions import VllmVersion, parse_version
-from vllmfit.core.memory.weights import adr_weights_bytes, weights_bytes
+from vllmfit.core.memory.weights import adr_weights_bytes, cpu_offloaded_bytes, weights_bytes
 from vllmfit.core.modelarch import GpuType, ModelArch
 
 # --- Sizing ------------------------------------------------------------------------------------
@@ -57,19 +58,30 @@ def resolve(model: ModelArch, s: Settings, gpu: GpuType) -> Resolved:
     warnings += model.warnings  # unknown layer types: never silent
     batched, seqs = default_batch(gpu, s, version)
     layout = kv_layout(model, s, version)
+    errors = lora_errors(model, s, version) + cpu_offload_errors(model, s, version, layout.groups)
+    if errors:
+        raise SpecError(errors[0])
     if s.policy == "adr":
         fixed = Footprint(adr_weights_bytes(model, s), 0, 0, 0, 0, 0)
         return Resolved(s, version, layout, fixed, batched, tuple(warnings), seqs)
     ctx, non_torch = runtime_overheads(s)
+    adapters = lora_bytes(model, s, version, batched, seqs)
+    offloaded = cpu_offloaded_bytes(model, s)
+    graphs = graph_bytes(model, s)
+    if s.lora_max_loras is not None:  # cudagraph_specialize_lora: every graph captured without and with LoRA
+        graphs *= LORA_GRAPH_CASES
     fixed = Footprint(
-        weights=weights_bytes(model, s),
+        weights=weights_bytes(model, s) - offloaded + adapters,  # vLLM counts the LoRA slots as model weights
         kv_cache=0,
-        activation=activation_bytes(model, s, batched, seqs, version),
+        activation=activation_bytes(model, s, batched, seqs, version,
+                                    lora_activation_bytes(model, s, version, batched, seqs)),
         cuda_context=ctx,
         non_torch=non_torch,
-        cuda_graphs=graph_bytes(model, s),
+        cuda_graphs=graphs,
         margin=kv_band(model, version, s.enforce_eager)[0],
         kv_band_under=kv_band(model, version, s.enforce_eager)[1],
+        lora=adapters,
+        cpu_offloaded=offloaded,
     )
     return Resolved(s, version, layout, fixed, batched, tuple(warnings), seqs)
 

@@ -39,6 +39,11 @@ class Settings:
     kv_concurrency: int | None = None  # requests of typical_len tokens (typical_len unset: maxModelLen)
     typical_len: int | None = None  # a typical request's length, for kv_concurrency and status
     kv_grow: bool = False  # the KV cache may grow into the room the GPU group offers at placement
+    # spec.lora: adapter slots (None: no LoRA), their rank and dtype (--max-loras, --max-lora-rank, --lora-dtype)
+    lora_max_loras: int | None = None
+    lora_max_rank: int = defaults.LORA_MAX_RANK
+    lora_dtype: str = "auto"
+    cpu_offload_bytes: int = 0  # spec.cpuOffload: weight bytes per GPU kept in CPU memory (--cpu-offload-gb)
 
     @property
     def gpus(self) -> int:
@@ -61,6 +66,8 @@ class Footprint:
     slack: int = 0  # rounding of --gpu-memory-utilization up to UTILIZATION_DECIMALS
     margin: int = 0  # the measured over-prediction band of the KV estimate (memory.margin), inside R
     kv_band_under: int = field(default=0, compare=False)  # how much more KV vLLM may find (range only)
+    lora: int = field(default=0, compare=False)  # LoRA slots + punica metadata, included in weights (memory.lora)
+    cpu_offloaded: int = field(default=0, compare=False)  # weight bytes in CPU memory, taken off weights
 
     @property
     def overhead(self) -> int:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from vllmfit.core import limits
 from vllmfit.core.memory.types import Settings
-from vllmfit.core.memory.versions import OLDEST_ACCEPTED, requested_version
+from vllmfit.core.memory.versions import OLDEST_ACCEPTED, VllmVersion, requested_version
 from vllmfit.core.modelarch import DTYPE_BYTES, GpuType, ModelArch, check_tp
 
 # --- Validation --------------------------------------------------------------------------------
@@ -68,6 +69,29 @@ def validate(model: ModelArch, s: Settings) -> list[str]:
     if s.dtype not in ("auto", *DTYPE_BYTES):
         errors.append(f"dtype {s.dtype!r} is not one of auto, bfloat16, float16, float32")
     return errors
+
+
+# --- CPU offload (spec.cpuOffload -> --cpu-offload-gb) -----------------------------------------
+
+MULTI_GROUP_OFFLOAD_FROM = 21
+"""vLLM 0.11-0.19 `GPUModelRunner.may_reinitialize_input_batch` asserts "Cannot re-initialize the input
+batch when CPU weight offloading is enabled" when the KV cache has more than one group (sliding-window
+or recurrent-state hybrids); 0.21 dropped the assert."""
+
+
+def cpu_offload_errors(model: ModelArch, s: Settings, version: VllmVersion, kv_groups: int) -> list[str]:
+    """Why spec.cpuOffload cannot run (or be sized) here; `kv_groups`: the KV cache groups of the layout."""
+    if not s.cpu_offload_bytes:
+        return []
+    if s.cpu_offload_bytes < 0 or s.cpu_offload_bytes > limits.MAX_CPU_OFFLOAD_BYTES:
+        return [f"cpuOffload {s.cpu_offload_bytes} bytes must be between 0 and {limits.MAX_CPU_OFFLOAD_BYTES >> 50} PiB"]
+    if s.policy != "vllm":
+        return ["cpuOffload is sized by the vllm memory policy only; remove it or use the vllm policy"]
+    if kv_groups > 1 and not version.at_least(MULTI_GROUP_OFFLOAD_FROM):
+        return [(f"cpuOffload with {model.name} on vLLM {version.label}: vLLM refuses CPU weight offloading "
+                 f"when the KV cache has several groups ({kv_groups}; fixed in 0.21); use a newer image or remove "
+                 "cpuOffload")]
+    return []
 
 
 # --- The KV request ---------------------------------------------------------------------------

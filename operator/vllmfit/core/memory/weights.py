@@ -63,6 +63,38 @@ def weights_bytes(model: ModelArch, s: Settings) -> int:
     return int(max(first, last) + rope)
 
 
+def cpu_offloaded_bytes(model: ModelArch, s: Settings) -> int:
+    """Weight bytes of the fullest rank that vLLM keeps in CPU memory with --cpu-offload-gb.
+
+    vllm/model_executor/models/utils.py `make_layers` passes each decoder layer of the rank's stage,
+    in order, through `maybe_offload_to_cpu` (0.11-0.15; from 0.17 `UVAOffloader._maybe_offload_to_cpu`,
+    vllm/model_executor/offloader/uva.py), which moves parameter after parameter to pinned CPU memory
+    (a UVA view stays on the GPU's address space, no GPU bytes) while the bytes moved so far are below
+    the limit. So at least min(limit, the decoder layers' bytes) leaves the GPU, and at most one
+    parameter more: booking weights - that is a slight over-reserve, never an under-reserve. The
+    embeddings, lm_head, final norm and a vision tower are not offloaded here (not built by
+    make_layers; counted as never offloaded)."""
+    if s.cpu_offload_bytes <= 0:
+        return 0
+    full = weights_bytes(model, s)
+    dt = activation_dtype_bytes(model, s)
+    emb = model.embedding_params
+    lm_head = 0 if model.tie_word_embeddings else emb
+    vocab = math.ceil(model.vocab_size / (64 * s.tp)) * 64 * model.hidden_size * dt
+    stage_vocab = vocab * ((2 if lm_head else 1) if s.pp == 1 else 1)
+    # what is not a decoder layer: the vocabulary on this stage, the RoPE cache, the final norm, a vision tower
+    layers = full - stage_vocab - model.rope_cache_elems * dt - model.hidden_size * dt - model.vision_params * dt
+    return max(min(s.cpu_offload_bytes, layers), 0)
+
+
+def cpu_offload_arg(nbytes: int) -> str:
+    """--cpu-offload-gb takes GiB as a float (vllm/config/offload.py `UVAOffloadConfig.cpu_offload_gb`;
+    `CacheConfig.cpu_offload_gb` before 0.17) and vLLM multiplies it back: int(gb * 1024**3). A byte
+    count divided by 2**30 is exact in a float (below 2**53), and repr gives the shortest text that
+    reads back as the same float, so vLLM gets exactly these bytes."""
+    return f"--cpu-offload-gb={nbytes / 2**30!r}"
+
+
 def adr_weights_bytes(model: ModelArch, s: Settings) -> int:
     """ADR-0002: params x bytesPerParam(weightDtype) / tp x (1 + replicationOverheadPct)."""
     return int(model.params * adr_bytes_per_param(model, s) / s.tp * (1 + defaults.REPLICATION_OVERHEAD))
