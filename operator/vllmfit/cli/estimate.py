@@ -46,6 +46,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     kv.add_argument("--kv-concurrency", type=int, metavar="N", help="requests of --typical-length held at once")
     kv.add_argument("--typical-length", type=int, metavar="N", help="a typical request's tokens (default: max-model-len)")
     kv.add_argument("--kv-grow", action="store_true", help="let the KV cache grow into the room the GPU offers")
+    lo = p.add_argument_group("LoRA adapters (spec.lora; any of these turns LoRA on)")
+    lo.add_argument("--lora-max-loras", type=int, metavar="N",
+                    help=f"adapter slots on the GPU (--max-loras; default {defaults.LORA_MAX_LORAS})")
+    lo.add_argument("--lora-max-rank", type=int, metavar="R",
+                    help=f"largest adapter rank (--max-lora-rank; default {defaults.LORA_MAX_RANK})")
+    lo.add_argument("--lora-dtype", choices=["auto", "float16", "bfloat16"], help="dtype of the slots (default auto)")
+    p.add_argument("--cpu-offload", metavar="QTY",
+                   help="weights per GPU kept in CPU memory (spec.cpuOffload, --cpu-offload-gb), e.g. 10Gi")
     add_budget_args(p)
     p.add_argument("--max-num-batched-tokens", type=int, help="tokens per step (default: vLLM's, by GPU size)")
     p.add_argument("--gpu-memory-utilization", type=float, help="use this u instead of computing it")
@@ -184,6 +192,17 @@ def settings_from_args(args: argparse.Namespace) -> memory.Settings:
     if args.kv_cache_tokens is not None and kv_bytes is not None:
         raise UserError("--kv-cache-tokens and --kv-cache-memory ask the same thing twice; keep --kv-cache-tokens "
                         "(it means the same on every GPU and TP size) and drop --kv-cache-memory")
+    lora = args.lora_max_loras is not None or args.lora_max_rank is not None \
+        or args.lora_dtype is not None
+    _positive("lora-max-loras", args.lora_max_loras, limits.MAX_LORAS)
+    offload = 0
+    if args.cpu_offload is not None:
+        from vllmfit.core.quantity import parse_bytes
+
+        try:
+            offload = parse_bytes(args.cpu_offload, "--cpu-offload")
+        except ValueError as e:
+            raise UserError(str(e)) from None
     u = args.gpu_memory_utilization
     if u is not None and not 0 < u <= 1:
         raise UserError(f"--gpu-memory-utilization {u} must be in (0, 1]; e.g. 0.45 for half of a shared GPU")
@@ -193,6 +212,9 @@ def settings_from_args(args: argparse.Namespace) -> memory.Settings:
         gpu_memory_utilization=u, enforce_eager=args.enforce_eager, vllm_version=args.vllm_version,
         policy=args.policy, strict=args.strict, kv_tokens=args.kv_cache_tokens, kv_bytes=kv_bytes,
         kv_concurrency=args.kv_concurrency, typical_len=args.typical_length, kv_grow=args.kv_grow,
+        lora_max_loras=(args.lora_max_loras or defaults.LORA_MAX_LORAS) if lora else None,
+        lora_max_rank=defaults.LORA_MAX_RANK if args.lora_max_rank is None else args.lora_max_rank,
+        lora_dtype=args.lora_dtype or "auto", cpu_offload_bytes=offload,
     )
 
 
@@ -262,6 +284,8 @@ def estimate_json(est: memory.Estimate) -> dict[str, Any]:
             "non_torch_bytes": fp.non_torch,
             "cuda_graph_bytes": fp.cuda_graphs,
             "margin_bytes": fp.margin,
+            **({"lora_bytes": fp.lora} if est.settings.lora_max_loras is not None else {}),
+            **({"cpu_offload_bytes": fp.cpu_offloaded} if est.settings.cpu_offload_bytes else {}),
             "reserve_bytes": est.reserve_bytes,
             "total_bytes": fp.total,
             "capacity_bytes": est.capacity_bytes,

@@ -314,6 +314,13 @@ def print_estimate(console: Console, est: Estimate, width: int = BAR_WIDTH) -> N
         Text("  ").join([Text(seg.char * 2 + " ", style=seg.style) + Text(seg.label) for seg in segments])
     )
     console.print(estimate_table(est))
+    fp = sizing.footprint
+    if s.lora_max_loras is not None or fp.cpu_offloaded:
+        parts = [f"{gib(fp.lora)} GiB of LoRA slots ({s.lora_max_loras} x rank {s.lora_max_rank})"] \
+            if s.lora_max_loras is not None else []
+        if fp.cpu_offloaded:
+            parts.append(f"{gib(fp.cpu_offloaded)} GiB offloaded to CPU memory")
+        console.print(f"weights include {' and exclude '.join(parts)}", highlight=False)
     if sizing.flags is not None:
         label = "flags: " if sizing.fits else "flags (if it fit): "
         console.print(Text(label, style="bold") + Text(" ".join(sizing.flags.args())))
@@ -328,7 +335,6 @@ def print_estimate(console: Console, est: Estimate, width: int = BAR_WIDTH) -> N
     hybrid = hybrid_text(est)
     if hybrid and sizing.fits:
         console.print(hybrid, highlight=False)
-    fp = sizing.footprint
     if sizing.fits and est.settings.policy == "vllm" and fp.margin:
         low, high = fp.kv_range
         console.print(
@@ -362,6 +368,7 @@ SPEC_FLAGS = {
     "maxNumSeqs": "--max-num-seqs",
     "maxNumBatchedTokens": "--max-num-batched-tokens",
     "gpuMemoryUtilization": "--gpu-memory-utilization",
+    "cpuOffload": "--cpu-offload",
 }
 """Spec field -> `vllmfit estimate` flag: a fix ("maxModelLen: 8192, kvCacheDtype: fp8", the spec's
 vocabulary, as the operator and `--output json` give it) printed in the CLI's own words."""

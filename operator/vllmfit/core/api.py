@@ -42,6 +42,8 @@ Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Quantization = Literal["fp8", "int8", "w8a8", "awq", "gptq", "w4a16", "mxfp4", "compressed-tensors", "bitsandbytes"]
 KvCacheDtype = Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 PlacementPolicy = Literal["bestFit", "spread"]
+MaxLoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]  # vllm/config/lora.py MaxLoRARanks (0.12-0.33)
+LoraDtype = Literal["auto", "float16", "bfloat16"]  # vllm/config/lora.py LoRADType
 
 
 def _raise(problem: str | None) -> None:
@@ -201,6 +203,18 @@ class KvCacheSpec(_Model):
         return None if self.memory is None else parse_bytes(self.memory, "kvCache.memory")
 
 
+class LoraSpec(_Model):
+    """LoRA adapters: vllmfit injects --enable-lora --max-loras --max-lora-rank (and --lora-dtype) and
+    books the adapter slots vLLM allocates on every GPU (docs/memory-model.md, "LoRA adapters")."""
+
+    max_loras: int = Field(default=defaults.LORA_MAX_LORAS, ge=1, le=limits.MAX_LORAS,
+                           description="Adapters served in one batch: GPU slots allocated at start-up (--max-loras).")
+    max_lora_rank: MaxLoraRank = Field(default=defaults.LORA_MAX_RANK, description="Largest adapter rank (--max-lora-rank); "
+                                       "every slot is allocated at this rank.")
+    lora_dtype: LoraDtype = Field(default="auto", description="dtype of the adapter slots (--lora-dtype); "
+                                  "auto: the model's dtype.")
+
+
 class VLLMDeploymentSpec(_Model):
     """What to serve, and the memory-relevant vLLM settings. Unset numbers are computed by vllmfit."""
 
@@ -270,6 +284,17 @@ class VLLMDeploymentSpec(_Model):
         description="Override of the computed --gpu-memory-utilization; the fit check uses it as given.",
     )
     enforce_eager: bool = Field(default=False, description="Disable CUDA graphs (saves their memory).")
+    lora: LoraSpec | None = Field(
+        default=None,
+        description="Serve LoRA adapters: the adapter slots vLLM allocates are booked on every GPU "
+        "(--enable-lora --max-loras --max-lora-rank). Load adapters with extraArgs --lora-modules.",
+    )
+    cpu_offload: Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v)] | None = Field(
+        default=None,
+        pattern=QUANTITY_PATTERN,
+        description="Weights per GPU vLLM keeps in pinned CPU memory instead (--cpu-offload-gb), as a Kubernetes "
+        "quantity (e.g. 10Gi); the GPU books that much less weight. The container's memory must hold it.",
+    )
     placement: PlacementSpec = Field(default_factory=PlacementSpec, description="Placement constraints.")
     hf_token_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret key holding the Hugging Face token (for gated models)."
@@ -308,6 +333,19 @@ class VLLMDeploymentSpec(_Model):
     def _extra_args(cls, v: list[str]) -> list[str]:
         _raise("; ".join(extraargs.messages(v)))
         return v
+
+    @field_validator("cpu_offload")
+    @classmethod
+    def _offload_quantity(cls, v: str | None) -> str | None:
+        if v is not None:
+            n = parse_bytes(v, "cpuOffload")
+            if not 0 <= n <= limits.MAX_CPU_OFFLOAD_BYTES:
+                raise ValueError(f"cpuOffload {v} must be between 0 and {limits.MAX_CPU_OFFLOAD_BYTES >> 50} PiB")
+        return v
+
+    @property
+    def cpu_offload_bytes(self) -> int:
+        return 0 if self.cpu_offload is None else parse_bytes(self.cpu_offload, "cpuOffload")
 
     @model_validator(mode="after")
     def _batch_holds_seqs(self) -> VLLMDeploymentSpec:
@@ -366,6 +404,7 @@ __all__ = [  # the status types are part of this API's surface
     "GpuMemory",
     "GpuRef",
     "KvCacheStatus",
+    "LoraSpec",
     "ObservedMemory",
     "Phase",
     "ReplicaPlacement",

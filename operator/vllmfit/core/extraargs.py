@@ -15,10 +15,12 @@ normalisation pass. So one flag has many spellings, and every one of them must b
   optimization level;
 - boolean options have `--no-X` forms (and `--enable-X` / `--disable-X` pairs in 0.33).
 
-A flag is refused when vllmfit sets it itself (use the spec field instead), when it would stop
-the pod from serving where vllmfit expects (port, host, a config file that can set anything),
-or when it changes GPU memory in a way vllmfit does not model (speculative decoding, LoRA, CPU
-offload, KV offload, CUDA-graph and compilation settings, hf-overrides...). The option table is
+A flag is refused when vllmfit sets it itself (use the spec field instead: LoRA is spec.lora, CPU
+weight offload spec.cpuOffload), when it would stop the pod from serving where vllmfit expects (port,
+host, a config file that can set anything), or when it changes GPU memory in a way vllmfit does not
+model (speculative decoding: a draft model is a second model to size; KV offload, CUDA-graph and
+compilation settings, hf-overrides...). `--lora-modules` and `--max-cpu-loras` (adapters to load,
+host memory) are allowed; `--swap-space` too: host memory only (vLLM 0.11-0.17; gone from 0.19). The option table is
 the union of vLLM 0.11 to 0.33, so a prefix refused in one version is refused in all.
 """
 
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 _SET = "is set by vllmfit; use {} instead"
 _FIXED = "is set by vllmfit; remove it"
 _MEMORY = "changes GPU memory ({}) in a way vllmfit does not model; remove it"
+_DRAFT = "a draft model's weights, KV cache and CUDA graphs: a second model vllmfit does not size"
 
 REFUSED: dict[str, str] = {
     "--model": _SET.format("spec.model"),
@@ -68,18 +71,28 @@ REFUSED: dict[str, str] = {
     "--nnodes": _MEMORY.format("a multi-node layout"),
     "--node-rank": _MEMORY.format("a multi-node layout"),
     # Memory vllmfit does not model.
-    "--speculative-config": _MEMORY.format("a draft model's weights and KV cache"),
-    "--spec-method": _MEMORY.format("a draft model's weights and KV cache"),
-    "--spec-model": _MEMORY.format("a draft model's weights and KV cache"),
-    "--spec-tokens": _MEMORY.format("a draft model's weights and KV cache"),
-    "--enable-lora": _MEMORY.format("LoRA buffers of max-loras x max-lora-rank"),
-    "--max-loras": _MEMORY.format("LoRA buffers of max-loras x max-lora-rank"),
-    "--max-lora-rank": _MEMORY.format("LoRA buffers of max-loras x max-lora-rank"),
-    "--lora-dtype": _MEMORY.format("LoRA buffers of max-loras x max-lora-rank"),
-    "--lora-extra-vocab-size": _MEMORY.format("LoRA buffers of max-loras x max-lora-rank"),
-    "--fully-sharded-loras": _MEMORY.format("LoRA buffers of max-loras x max-lora-rank"),
-    "--lora-modules": _MEMORY.format("LoRA buffers of max-loras x max-lora-rank"),
-    "--cpu-offload-gb": _MEMORY.format("weights moved to CPU"),
+    # Speculative decoding: a draft model is a second model (its own config, weights, KV cache and
+    # graphs) that vllmfit would have to resolve and size next to the target; not modelled.
+    "--speculative-config": _MEMORY.format(_DRAFT),
+    "--spec-method": _MEMORY.format(_DRAFT),
+    "--spec-model": _MEMORY.format(_DRAFT),
+    "--spec-tokens": _MEMORY.format(_DRAFT),
+    # LoRA and CPU offload are modelled: spec.lora and spec.cpuOffload set these flags.
+    "--enable-lora": _SET.format("spec.lora (maxLoras, maxLoraRank, loraDtype: the adapter slots are sized from it)"),
+    "--max-loras": _SET.format("spec.lora.maxLoras"),
+    "--max-lora-rank": _SET.format("spec.lora.maxLoraRank"),
+    "--lora-dtype": _SET.format("spec.lora.loraDtype"),
+    "--lora-extra-vocab-size": _MEMORY.format("extra vocabulary rows per LoRA slot (vLLM 0.11)"),
+    "--fully-sharded-loras": _MEMORY.format("LoRA slot shapes sharded by TP"),
+    "--enable-tower-connector-lora": _MEMORY.format("LoRA slots on the multimodal encoder"),
+    "--specialize-active-lora": _MEMORY.format("CUDA graphs per number of active LoRAs"),
+    "--cpu-offload-gb": _SET.format("spec.cpuOffload (a quantity per GPU, e.g. 10Gi)"),
+    "--cpu-offload-params": _MEMORY.format("which weights go to CPU; spec.cpuOffload offloads any"),
+    "--offload-backend": _MEMORY.format("the weight offloader; use spec.cpuOffload"),
+    "--offload-group-size": _MEMORY.format("prefetch offloading of weights; use spec.cpuOffload"),
+    "--offload-num-in-group": _MEMORY.format("prefetch offloading of weights; use spec.cpuOffload"),
+    "--offload-prefetch-step": _MEMORY.format("prefetch offloading of weights; use spec.cpuOffload"),
+    "--offload-params": _MEMORY.format("prefetch offloading of weights; use spec.cpuOffload"),
     "--kv-offloading-size": _MEMORY.format("KV offload staging buffers"),
     "--kv-offloading-backend": _MEMORY.format("KV offload staging buffers"),
     "--kv-transfer-config": _MEMORY.format("KV connector buffers"),

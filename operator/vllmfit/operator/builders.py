@@ -101,6 +101,10 @@ def vllm_args(spec: api.VLLMDeploymentSpec, model_name: str, flags: api.Flags) -
         out.append(f"--quantization={spec.quantization}")
     if spec.enforce_eager:
         out.append("--enforce-eager")
+    if spec.lora:
+        out += memory.lora_args(spec.lora.max_loras, spec.lora.max_lora_rank, spec.lora.lora_dtype)
+    if spec.cpu_offload_bytes:
+        out.append(memory.cpu_offload_arg(spec.cpu_offload_bytes))
     if spec.max_num_batched_tokens and not any(a.startswith("--max-num-batched-tokens") for a in out):
         out.append(f"--max-num-batched-tokens={spec.max_num_batched_tokens}")
     return out + list(spec.extra_args)

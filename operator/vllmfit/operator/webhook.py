@@ -157,15 +157,28 @@ def _node_terms(spec: api.VLLMDeploymentSpec) -> object:
 
 def is_shrink(old: api.VLLMDeploymentSpec, new: api.VLLMDeploymentSpec) -> bool:
     """True when `new` only lowers numbers that memory grows with (replicas, context, sequences,
-    batched tokens, utilization) or turns enforceEager on: it cannot need more on any GPU."""
+    batched tokens, utilization, LoRA slots and rank), offloads more weights to CPU or turns
+    enforceEager on: it cannot need more on any GPU."""
     changed = memory_changes(old, new)
     return bool(changed) and all(
         (n == "enforce_eager" and new.enforce_eager)
         or (n == "kv_cache" and _kv_shrink(old.kv_cache, new.kv_cache))
+        or (n == "lora" and _lora_shrink(old.lora, new.lora))
+        or (n == "cpu_offload" and new.cpu_offload_bytes > old.cpu_offload_bytes)
         or (n in SMALLER_NEEDS_LESS and getattr(old, n) is not None and getattr(new, n) is not None
             and getattr(new, n) < getattr(old, n))
         for n in changed
     )
+
+
+def _lora_shrink(old: api.LoraSpec | None, new: api.LoraSpec | None) -> bool:
+    """LoRA removed, or fewer slots / a lower rank in the same dtype."""
+    if old is None:
+        return False
+    if new is None:
+        return True
+    return (new.lora_dtype == old.lora_dtype and new.max_loras <= old.max_loras
+            and new.max_lora_rank <= old.max_lora_rank)
 
 
 def _kv_shrink(old: api.KvCacheSpec | None, new: api.KvCacheSpec | None) -> bool:

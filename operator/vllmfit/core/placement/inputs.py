@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from vllmfit.core import memory, observe
+from vllmfit.core import defaults, memory, observe
 from vllmfit.core.api import KvCacheSpec, VLLMDeployment, VLLMDeploymentSpec
 from vllmfit.core.memory import Settings
 from vllmfit.core.modelarch import GpuType, ModelArch
@@ -105,6 +105,10 @@ def settings_from_spec(spec: VLLMDeploymentSpec, policy: memory.Policy = "vllm")
         kv_concurrency=kv.concurrency,
         typical_len=kv.typical_length,
         kv_grow=kv.grow,
+        lora_max_loras=spec.lora.max_loras if spec.lora else None,
+        lora_max_rank=spec.lora.max_lora_rank if spec.lora else defaults.LORA_MAX_RANK,
+        lora_dtype=spec.lora.lora_dtype if spec.lora else "auto",
+        cpu_offload_bytes=spec.cpu_offload_bytes,
     )
 
 
