@@ -26,6 +26,12 @@ KV_FLAGS = {  # spec.kvCache field -> estimate flag
     "typicalLength": "--typical-length",
 }
 
+LORA_FLAGS = {  # spec.lora field -> estimate flag
+    "maxLoras": "--lora-max-loras",
+    "maxLoraRank": "--lora-max-rank",
+    "loraDtype": "--lora-dtype",
+}
+
 
 def cases() -> dict[str, list[str]]:
     out = {}
@@ -43,6 +49,9 @@ def cases() -> dict[str, list[str]]:
                     args += [flag, str(spec["kvCache"][field])]
             if (spec.get("kvCache") or {}).get("grow"):
                 args.append("--kv-grow")
+            for field, flag in LORA_FLAGS.items():
+                if (spec.get("lora") or {}).get(field) is not None:
+                    args += [flag, str(spec["lora"][field])]
             out[f"{path.stem}-{doc['metadata']['name']}"] = args
     return out
 

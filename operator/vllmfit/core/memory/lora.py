@@ -120,10 +120,10 @@ def lora_errors(model: ModelArch, s: Settings, version: VllmVersion) -> list[str
 def _not_derived(model: ModelArch) -> str | None:
     if model.pooling:
         return "pooling models are not modelled with LoRA"
-    if model.is_moe:
-        return "LoRA on MoE experts (FusedMoEWithLoRA) is not modelled"
     if model.is_mla:
         return "LoRA on MLA attention is not modelled"
+    if model.is_moe:
+        return "LoRA on MoE experts (FusedMoEWithLoRA) is not modelled"
     if model.is_hybrid_state:
         return "LoRA on recurrent-state layers is not modelled"
     if model.vision_params:
