@@ -104,6 +104,15 @@ def test_embedding_lora_follows_the_model_class_per_version():
     assert lora_bytes(qwen3, s, v21, 8192, 1024) - lora_bytes(qwen3, s, v15, 8192, 1024) == emb
 
 
+def test_tied_embeddings_book_a_second_embedding_lora(llama):
+    # qwen3.py 0.17-0.21 with tie_word_embeddings: lm_head = model.embed_tokens, so vLLM wraps that
+    # module twice (embedding LoRA under both names) and adds the logits LoRA: 3 vocab-sized units
+    v = parse_version("0.33")[0]
+    s = Settings(lora_max_loras=1, lora_max_rank=16)
+    tied = replace(llama, tie_word_embeddings=True)
+    assert lora_bytes(tied, s, v, 8192, 1024) - lora_bytes(llama, s, v, 8192, 1024) == (128256 * 16 + 4096 * 16) * 2
+
+
 def test_pipeline_stages_hold_half_the_layers_and_one_embedding(llama):
     v = parse_version("0.33")[0]
     s = Settings(pp=2, lora_max_loras=1, lora_max_rank=16)

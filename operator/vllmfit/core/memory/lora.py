@@ -178,7 +178,11 @@ def lora_bytes(model: ModelArch, s: Settings, version: VllmVersion, batched_toke
     layers = ceil_div(model.num_layers, s.pp)
     per_slot = layers * layer_elements(model, s.tp, r)
     if embedding_lora(model, version):  # embed_tokens on the first stage, lm_head on the last
-        per_slot += embedding_elements(model, r) * (2 if s.pp == 1 else 1)
+        # tied embeddings: where lm_head *is* embed_tokens (qwen2/qwen3.py before 0.33: lm_head =
+        # model.embed_tokens), named_modules(remove_duplicate=False) reaches it twice and vLLM wraps it
+        # in a second VocabParallelEmbeddingWithLoRA next to the logits LoRA; booked for every tied model
+        last = 2 if model.tie_word_embeddings else 1
+        per_slot += embedding_elements(model, r) * (1 + last if s.pp == 1 else last)
     return n * per_slot * lora_dtype_bytes(model, s) + punica_bytes(batched_tokens, max_num_seqs, n)
 
 
