@@ -2,7 +2,10 @@
 oversized body gets 413, a client that stops half way through its body is dropped with 408 after
 the read timeout, and connections beyond the concurrency limit get 429 at once, so a flood of
 half-sent requests neither stops a normal review for longer than the read timeout nor buffers
-memory without bound. Hang guards only; no timing assertions.
+memory without bound. Below HTTP: a client that never finishes its TLS handshake or its request
+headers is disconnected, and connections beyond the cap are closed at accept while those within
+it are served. Hang guards only (each below what aiohttp or asyncio would wait without the limit);
+no timing assertions.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import re
 import socket
 import ssl
 import time
+import tracemalloc
 from pathlib import Path
 
 import httpx
@@ -75,6 +79,13 @@ def test_the_limits_are_named_in_defaults_and_used_by_setup():
     assert (s.max_body, s.read_timeout, s.max_concurrent) == (1024 * 1024, 5.0, 32)
     assert (defaults.WEBHOOK_MAX_BODY_BYTES, defaults.WEBHOOK_READ_TIMEOUT_S, defaults.WEBHOOK_MAX_CONCURRENT) \
         == (s.max_body, s.read_timeout, s.max_concurrent)
+    assert (s.max_connections, s.handshake_timeout, s.header_timeout, s.idle_timeout) == (128, 5.0, 5.0, 120.0)
+    assert (defaults.WEBHOOK_MAX_CONNECTIONS, defaults.WEBHOOK_HANDSHAKE_TIMEOUT_S, defaults.WEBHOOK_HEADER_TIMEOUT_S,
+            defaults.WEBHOOK_IDLE_TIMEOUT_S) == (s.max_connections, s.handshake_timeout, s.header_timeout,
+                                                 s.idle_timeout)
+    # the idle timeout outlasts kube-apiserver's (Go's http.DefaultTransport: 90 s), so the client
+    # closes an idle connection first and never sends a review on one the server is closing
+    assert defaults.WEBHOOK_IDLE_TIMEOUT_S > 90
 
 
 def test_an_oversized_body_is_refused_with_413(server):
@@ -100,6 +111,7 @@ def test_a_client_that_stops_half_way_is_dropped_while_a_normal_review_succeeds(
 
 def test_200_half_sent_connections_get_429_or_408_and_a_normal_review_still_passes(server):
     n = 200
+    server.server.max_connections = 2 * n  # this test is about reviews in flight, not connections
     before = rss_bytes()
 
     conns = [half_sent(server) for _ in range(n)]
@@ -115,3 +127,123 @@ def test_200_half_sent_connections_get_429_or_408_and_a_normal_review_still_pass
     assert statuses.count(429) >= n - 2 * server.server.max_concurrent  # most refused at once
     assert max(peak, rss_bytes()) - before < 100 * 1024 * 1024
     assert server.server.in_flight == 0
+    server.server.max_connections = defaults.WEBHOOK_MAX_CONNECTIONS
+
+
+# --- connections --------------------------------------------------------------------------------
+
+SHORT_S = 0.5  # the test server's handshake and header timeouts
+CONN_GUARD_S = 30  # below asyncio's 60 s handshake timeout and aiohttp's 3,630 s keep-alive
+
+
+@pytest.fixture
+def tight(server):
+    """The module's server with short handshake/header timeouts and a small connection cap."""
+    s = server.server
+    saved = s.handshake_timeout, s.header_timeout, s.max_connections
+    s.handshake_timeout, s.header_timeout, s.max_connections = SHORT_S, SHORT_S, 8
+    yield server
+    s.handshake_timeout, s.header_timeout, s.max_connections = saved
+
+
+def closed_by_server(s: socket.socket) -> bytes:
+    """What the server sent before closing the connection (the socket's timeout is the hang guard:
+    socket.timeout means it was never closed)."""
+    data = b""
+    try:
+        while chunk := s.recv(65536):
+            data += chunk
+    except (ConnectionResetError, ssl.SSLEOFError):
+        pass
+    s.close()
+    return data
+
+
+def tls_connection(h) -> ssl.SSLSocket:
+    return h.ctx.wrap_socket(socket.create_connection(("127.0.0.1", h.port), timeout=CONN_GUARD_S),
+                             server_hostname="127.0.0.1")
+
+
+def keep_alive_review(s: ssl.SSLSocket) -> int:
+    """One review on an open keep-alive connection; the HTTP status."""
+    body = review_bytes()
+    s.sendall(f"POST /{webhook.VALIDATE_ID} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += s.recv(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head)[1])
+    while len(rest) < length:
+        rest += s.recv(65536)
+    return int(head.split(b" ", 2)[1])
+
+
+def test_a_client_that_never_finishes_its_headers_is_disconnected(tight):
+    before = tight.server.header_timeouts
+    s = tls_connection(tight)
+    s.sendall(f"POST /{webhook.VALIDATE_ID} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: appl".encode())
+    assert closed_by_server(s) == b""  # no answer: the request never reached the application
+    s = tls_connection(tight)  # the same after a first request on a keep-alive connection
+    assert keep_alive_review(s) == 200
+    s.sendall(b"POST / HTTP/1.1\r\nHo")
+    assert closed_by_server(s) == b""
+    s = tls_connection(tight)  # and when TLS is up and nothing is sent at all
+    assert closed_by_server(s) == b""
+    assert tight.server.header_timeouts == before + 3
+    assert normal_review(tight).json()["response"]["allowed"] is True
+
+
+@pytest.mark.parametrize("hello", [b"", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"])  # none, a partial ClientHello
+def test_a_client_that_never_finishes_the_tls_handshake_is_disconnected(tight, hello):
+    s = socket.create_connection(("127.0.0.1", tight.port), timeout=CONN_GUARD_S)
+    s.sendall(hello)
+    assert closed_by_server(s) == b""
+    assert normal_review(tight).json()["response"]["allowed"] is True
+
+
+def test_connections_beyond_the_cap_are_closed_at_once_while_those_within_it_are_served(tight):
+    cap = tight.server.max_connections
+    refused = tight.server.refused
+    within = [tls_connection(tight) for _ in range(cap)]
+    assert [keep_alive_review(s) for s in within] == [200] * cap
+    extra = socket.create_connection(("127.0.0.1", tight.port), timeout=CONN_GUARD_S)
+    assert closed_by_server(extra) == b""  # closed before TLS: not even a ServerHello
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        tls_connection(tight)
+    assert tight.server.refused == refused + 2
+    assert [keep_alive_review(s) for s in within] == [200] * cap  # still served, on the same connections
+    within.pop().close()
+    for _ in range(100):  # the slot is free once the server has seen the close
+        if len(tight.server.connections) < cap:
+            break
+        time.sleep(0.05)
+    late = tls_connection(tight)
+    assert keep_alive_review(late) == 200
+    for s in [*within, late]:
+        s.close()
+
+
+def test_memory_stays_bounded_under_a_flood_of_connections_that_never_speak(tight):
+    """asyncio allocates a 256 KiB TLS buffer per accepted connection, before the handshake: 1,000
+    such connections grew an uncapped server by 299 MiB. Capped, only `cap` are accepted."""
+    tight.server.max_connections, tight.server.handshake_timeout = 32, CONN_GUARD_S  # hold them open
+    n, refused = 400, tight.server.refused
+    tracemalloc.start()  # Python's allocations (the TLS buffers are bytearrays): RSS would show the
+    try:  # allocator reusing what earlier tests freed, not what this flood holds
+        flood = [socket.create_connection(("127.0.0.1", tight.port), timeout=CONN_GUARD_S) for _ in range(n)]
+        for _ in range(200):  # until the server has accepted or refused them all
+            if len(tight.server.connections) + tight.server.refused - refused >= n:
+                break
+            time.sleep(0.05)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    open_now = len(tight.server.connections)
+    for s in flood:
+        s.close()
+    print(f"{n} connections that never speak: {open_now} held, {tight.server.refused - refused} closed at accept, "
+          f"{held / 2**20:.1f} MiB allocated")
+    assert open_now == 32 and tight.server.refused - refused == n - 32
+    assert held < 40 * 1024 * 1024  # uncapped: 400 x 256 KiB = 100 MiB; capped: 32 x 256 KiB = 8 MiB
+    assert normal_review(tight).json()["response"]["allowed"] is True

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import datetime
 import functools
 import json
 import socket
@@ -17,10 +18,15 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, Self
 
 import kmock
 import kopf
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes_asyncio import client as kclient
 
 from vllmfit.core import api, placement
@@ -210,8 +216,47 @@ class Harness:
         """The CA as the apiserver would read it: from the injected caBundle."""
         return base64.b64decode(self.config("validating")["webhooks"][0]["clientConfig"]["caBundle"])
 
-    def ssl_context(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cadata=self.ca_pem().decode())
+    def ssl_context(self, cert: tuple[Path, Path] | None = None) -> ssl.SSLContext:
+        """A client context trusting the injected CA (and presenting `cert`: (certfile, keyfile))."""
+        ctx = ssl.create_default_context(cadata=self.ca_pem().decode())
+        if cert is not None:
+            ctx.load_cert_chain(*cert)
+        return ctx
+
+
+def client_ca(name: str = "test API server client CA") -> tuple[bytes, Any]:
+    """A CA for API server client certificates: (PEM, signer) for client_cert()."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .sign(key, hashes.SHA256()))
+    return cert.public_bytes(serialization.Encoding.PEM), (cert, key)
+
+
+def client_cert(signer: Any, directory: Path, cn: str, dns: Iterable[str] = ()) -> tuple[Path, Path]:
+    """A client certificate (extendedKeyUsage clientAuth, as kube-apiserver's would be) signed by
+    `signer` (client_ca()[1]); written as PEM files, returns (certfile, keyfile)."""
+    ca, ca_key = signer
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
+               .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+               .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False))
+    if dns:
+        builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(d) for d in dns]), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = directory / f"{cn}-{uuid.uuid4().hex[:8]}"
+    certfile, keyfile = stem.with_suffix(".crt"), stem.with_suffix(".key")
+    certfile.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    keyfile.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    return certfile, keyfile
 
 
 def admission_review(obj: Any, *, operation: str = "CREATE", old: Any = None, dry_run: bool = False,

@@ -110,3 +110,26 @@ DECIDE_WORKERS = 4
 WEBHOOK_MAX_BODY_BYTES = 1024 * 1024
 WEBHOOK_READ_TIMEOUT_S = 5.0
 WEBHOOK_MAX_CONCURRENT = 32
+
+# Connections to the admission webhook (operator/webhook.py Server, docs/webhook.md). asyncio gives
+# every accepted TLS connection a 256 KiB read buffer before the handshake starts: 1,000 idle TCP
+# connections grew the operator by 299 MiB, so without a cap a flood of connections that never
+# speak gets it OOM-killed. Beyond WEBHOOK_MAX_CONNECTIONS open connections (counted from accept,
+# before any TLS work) a new one is closed at once. kube-apiserver keeps up to 25 idle connections
+# per webhook host and opens one per review in flight (at most WEBHOOK_MAX_CONCURRENT are served).
+WEBHOOK_MAX_CONNECTIONS = 128
+WEBHOOK_HANDSHAKE_TIMEOUT_S = 5.0
+"""TLS must be up this long after accept (asyncio's default is 60 s; the API server's client
+gives up after 10 s, and on a cluster network a handshake takes milliseconds)."""
+WEBHOOK_HEADER_TIMEOUT_S = 5.0
+"""A request's line and headers must be complete this long after its first byte (for the first
+request of a connection: after TLS is up); else the connection is closed. aiohttp bounds their
+size, not their time."""
+WEBHOOK_IDLE_TIMEOUT_S = 120.0
+"""An idle keep-alive connection is closed after this long (aiohttp's default: 3,630 s). Longer
+than the API server's own 90 s idle timeout (Go's http.DefaultTransport, kept by
+k8s.io/apimachinery/pkg/util/net SetOldTransportDefaults), so the client closes first and never
+sends a review on a connection the server is closing."""
+WEBHOOK_MAX_HEADERS = 32
+"""Header fields per request (aiohttp's default 128, each up to 8,190 bytes): bounds what a
+half-sent request head can buffer. kube-apiserver sends under ten."""
