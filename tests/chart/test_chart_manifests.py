@@ -451,6 +451,82 @@ def test_cert_manager_mode(render):
     assert not any(group == "admissionregistration.k8s.io" for group, _, _ in rules)
 
 
+CLIENT_CA_FLAG = "--webhook-client-ca=/etc/vllmfit/client-ca/ca.crt"
+
+
+def _volume(docs, name):
+    volumes = one(docs, "Deployment", OPERATOR)["spec"]["template"]["spec"]["volumes"]
+    return next((v for v in volumes if v["name"] == name), None)
+
+
+def test_webhook_client_auth_is_off_by_default_and_renders_nothing(render):
+    docs = render()
+    c = _container(docs, "Deployment", OPERATOR, "operator")
+    assert not any(a.startswith(("--webhook-client-ca", "--webhook-client-name")) for a in c["args"])
+    assert all(m["name"] != "webhook-client-ca" for m in c["volumeMounts"])
+    assert _volume(docs, "webhook-client-ca") is None
+
+
+def test_webhook_client_auth_from_a_configmap(render):
+    docs = render("client-auth")
+    c = _container(docs, "Deployment", OPERATOR, "operator")
+    assert c["args"] == EXPECTED_OPERATOR_ARGS + [
+        CLIENT_CA_FLAG,
+        "--webhook-client-name=kube-apiserver",
+        "--webhook-client-name=kube-apiserver-kubelet-client",
+    ]
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "webhook-client-ca")
+    assert mount == {"name": "webhook-client-ca", "mountPath": "/etc/vllmfit/client-ca", "readOnly": True}
+    assert "subPath" not in mount  # a subPath mount would never see the CA change
+    assert _volume(docs, "webhook-client-ca") == {
+        "name": "webhook-client-ca",
+        "configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]},
+    }
+
+
+def test_webhook_client_auth_from_a_secret_without_names(render):
+    docs = render(
+        "default",
+        "--set",
+        "webhook.clientAuth.enabled=true",
+        "--set",
+        "webhook.clientAuth.caSecret.name=apiserver-client-ca",
+        "--set",
+        "webhook.clientAuth.caSecret.key=ca.pem",
+        "--set-json",
+        "webhook.clientAuth.allowedNames=[]",
+    )
+    c = _container(docs, "Deployment", OPERATOR, "operator")
+    assert c["args"] == EXPECTED_OPERATOR_ARGS + [CLIENT_CA_FLAG]  # no names: any certificate the CA signed
+    assert _volume(docs, "webhook-client-ca") == {
+        "name": "webhook-client-ca",
+        "secret": {"secretName": "apiserver-client-ca", "items": [{"key": "ca.pem", "path": "ca.crt"}],
+                   "defaultMode": 0o440},
+    }
+    # cert-manager mode and client authentication together
+    c = _container(render("cert-manager", "--set", "webhook.clientAuth.enabled=true", "--set",
+                          "webhook.clientAuth.caConfigMap.name=ca"), "Deployment", OPERATOR, "operator")
+    assert c["args"][-3:] == ["--cert-dir=/etc/vllmfit/certs", CLIENT_CA_FLAG, "--webhook-client-name=kube-apiserver"]
+
+
+@pytest.mark.parametrize("sources", [[], ["caConfigMap", "caSecret"]])
+def test_webhook_client_auth_needs_exactly_one_ca_source(helm, sources):
+    args = ["--set", "webhook.clientAuth.enabled=true"]
+    for source in sources:
+        args += ["--set", f"webhook.clientAuth.{source}.name=ca"]
+    proc = helm("template", "vllmfit", str(CHART), *args, check=False)
+    assert proc.returncode != 0
+    assert "webhook.clientAuth.enabled needs exactly one of webhook.clientAuth.caConfigMap.name" in proc.stderr
+
+
+@pytest.mark.parametrize("names", ['["kube apiserver"]', '[""]', '["a", "a"]'])
+def test_webhook_client_auth_names_are_checked_by_the_schema(helm, names):
+    proc = helm("template", "vllmfit", str(CHART), "--set", "webhook.clientAuth.enabled=true", "--set",
+                "webhook.clientAuth.caConfigMap.name=ca", "--set-json", f"webhook.clientAuth.allowedNames={names}",
+                check=False)
+    assert proc.returncode != 0 and "allowedNames" in proc.stderr
+
+
 def test_cert_manager_with_existing_cluster_issuer(render):
     docs = render("cert-manager-clusterissuer")
     assert not find(docs, "Issuer")

@@ -39,6 +39,8 @@
 {{- define "vllmfit.validatingWebhook" -}}vllmfit-validate{{- end -}}
 {{- define "vllmfit.mutatingWebhook" -}}vllmfit-default{{- end -}}
 {{- define "vllmfit.certDir" -}}/etc/vllmfit/certs{{- end -}}
+{{/* Where the API server's client CA is mounted (webhook.clientAuth), as ca.crt. */}}
+{{- define "vllmfit.clientCaDir" -}}/etc/vllmfit/client-ca{{- end -}}
 
 {{/* Labels of every object (without the component). */}}
 {{- define "vllmfit.labels" -}}
