@@ -1,5 +1,5 @@
-"""The VLLMDeployment API (group vllmfit.dev, version v1alpha1): the spec here, the status in
-`vllmfit.core.status` (re-exported), the node inventory annotation in `vllmfit.core.inventory`.
+"""The VLLMDeployment API (group vllmfit.dev, version v1alpha1): the spec here (its parts in `vllmfit.core.specparts`),
+the status in `vllmfit.core.status` (both re-exported), the node inventory annotation in `vllmfit.core.inventory`.
 
 These pydantic models are the one source of truth: `vllmfit crd` generates crds/*.yaml from
 them, the operator and webhook parse objects with them, and `vllmfit plan` reads exported
@@ -8,7 +8,7 @@ cluster files with them. Field names are the camelCase names Kubernetes users wr
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
@@ -16,6 +16,22 @@ from vllmfit.core import defaults, extraargs, limits, names
 from vllmfit.core.apimodel import ApiModel as _Model
 from vllmfit.core.apimodel import Phase
 from vllmfit.core.quantity import QUANTITY_PATTERN, parse_bytes
+from vllmfit.core.specparts import (
+    ConfigMapKeyRef,
+    Dtype,
+    KvCacheDtype,
+    KvCacheSpec,
+    LoraDtype,
+    LoraSpec,
+    MaxLoraRank,
+    PlacementPolicy,
+    PlacementSpec,
+    PodTemplate,
+    PodTemplateMetadata,
+    Quantization,
+    SecretKeyRef,
+    _raise,
+)
 from vllmfit.core.status import (
     Condition,
     Flags,
@@ -37,183 +53,6 @@ SHORT_NAMES = ["vllmd"]
 CATEGORIES = ["vllmfit"]
 """Not "all": `kubectl get all` lists the built-in workloads, and a VLLMDeployment's pods and
 Deployments already show there (the convention the Kubernetes API docs give for CRDs)."""
-
-Dtype = Literal["auto", "bfloat16", "float16", "float32"]
-Quantization = Literal["fp8", "int8", "w8a8", "awq", "gptq", "w4a16", "mxfp4", "compressed-tensors", "bitsandbytes"]
-KvCacheDtype = Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
-PlacementPolicy = Literal["bestFit", "spread"]
-MaxLoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]  # vllm/config/lora.py MaxLoRARanks (0.12-0.33)
-LoraDtype = Literal["auto", "float16", "bfloat16"]  # vllm/config/lora.py LoRADType
-
-
-def _raise(problem: str | None) -> None:
-    if problem:
-        raise ValueError(problem)
-
-
-class _KeyRef(_Model):
-    """A key in an object of the deployment's namespace: the name and the key are checked the way
-    the API server checks them (`KIND` names the object in messages)."""
-
-    KIND: ClassVar[str]
-
-    @field_validator("name", check_fields=False)
-    @classmethod
-    def _name(cls, v: str) -> str:
-        _raise(names.dns_subdomain_problem(f"{cls.KIND} name", v))
-        return v
-
-    @field_validator("key", check_fields=False)
-    @classmethod
-    def _key(cls, v: str) -> str:
-        _raise(names.configmap_key_problem(f"{cls.KIND} key", v))
-        return v
-
-
-class SecretKeyRef(_KeyRef):
-    """A key in a Secret of the deployment's namespace."""
-
-    KIND: ClassVar[str] = "Secret"
-    name: str = Field(description="Name of the Secret.", min_length=1)
-    key: str = Field(default="token", description="Key in the Secret that holds the value.")
-
-
-class ConfigMapKeyRef(_KeyRef):
-    """A key in a ConfigMap of the deployment's namespace."""
-
-    KIND: ClassVar[str] = "ConfigMap"
-    name: str = Field(description="Name of the ConfigMap.", min_length=1)
-    key: str = Field(default="config.json", description="Key in the ConfigMap that holds a Hugging Face config.json.")
-
-
-class PlacementSpec(_Model):
-    """Where the deployment may run. Everything is optional: vllmfit places it by itself."""
-
-    node_name: str | None = Field(default=None, description="Pin every replica to this node.")
-    gpu_indices: list[Annotated[int, Field(ge=0)]] | None = Field(
-        default=None,
-        max_length=64,
-        description="Pin to these GPU indices (as NVML numbers them) on nodeName; "
-        "length must be tensorParallelSize x pipelineParallelSize.",
-    )
-    node_selector: dict[str, str] | None = Field(
-        default=None, description="Only nodes whose labels match all of these are considered."
-    )
-    allow_reschedule: bool = Field(
-        default=True,
-        description="When the pinned node or GPUs overfit but others fit, place the deployment there "
-        "(with a warning) instead of rejecting it.",
-    )
-    @field_validator("gpu_indices")
-    @classmethod
-    def _distinct(cls, v: list[int] | None) -> list[int] | None:
-        if v is not None and len(set(v)) != len(v):
-            raise ValueError("gpuIndices must not repeat a GPU")
-        return v
-
-    @field_validator("node_name")
-    @classmethod
-    def _node(cls, v: str | None) -> str | None:
-        if v is not None:
-            _raise(names.dns_subdomain_problem("nodeName", v))
-        return v
-
-    policy: PlacementPolicy = Field(
-        default="bestFit",
-        description="bestFit packs onto the GPUs with the least headroom left that still fit; "
-        "spread prefers the GPUs with the most headroom.",
-    )
-
-
-class PodTemplateMetadata(_Model):
-    """Labels and annotations added to the generated pods (keys vllmfit sets are refused)."""
-
-    labels: dict[str, str] | None = Field(default=None, description="Extra pod labels.")
-    annotations: dict[str, str] | None = Field(default=None, description="Extra pod annotations.")
-
-
-class PodTemplate(_Model):
-    """What the generated pods get on top of what vllmfit writes (docs/operator.md, "Pod template").
-
-    `spec` is a v1 PodSpec fragment merged into each replica's pod: tolerations, volumes,
-    imagePullSecrets, init and extra containers are appended; serviceAccountName,
-    priorityClassName, securityContext, affinity and any other field are set; a container named
-    `vllm` is merged into vLLM's own container (volumeMounts appended; securityContext,
-    imagePullPolicy, probe timings set). Fields vllmfit owns (the vLLM arguments, the GPU
-    binding, its labels) are refused with the spec field to use instead.
-    """
-
-    metadata: PodTemplateMetadata | None = Field(default=None, description="Pod labels and annotations.")
-    spec: dict[str, Any] | None = Field(
-        default=None,
-        description="A v1 PodSpec fragment merged into the generated pods.",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
-    )
-
-
-class KvCacheSpec(_Model):
-    """The KV capacity a server asks for: at most one of tokens, memory and concurrency.
-    Unset: one request of the full maxModelLen (vLLM refuses to start with less)."""
-
-    tokens: int | None = Field(default=None, ge=1, le=limits.MAX_KV_TOKENS,
-                               description="KV capacity in tokens (over all requests in flight).")
-    memory: Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v)] | None = Field(
-        default=None,
-        pattern=QUANTITY_PATTERN,
-        description="KV capacity per GPU as a Kubernetes quantity (e.g. 20Gi), passed as --kv-cache-memory-bytes.",
-    )
-    concurrency: int | None = Field(
-        default=None, ge=1, le=limits.MAX_NUM_SEQS, description="Requests of typicalLength tokens the KV cache holds at once."
-    )
-    typical_length: int | None = Field(
-        default=None,
-        ge=1,
-        le=limits.MAX_CONTEXT,
-        description="A typical request's tokens (prompt + output): with concurrency it sizes the KV cache; "
-        "status reports the concurrency at this length. Unset: maxModelLen.",
-    )
-    grow: bool = Field(
-        default=False,
-        description="Let the KV cache grow into the room its GPUs have left when it is placed "
-        "(never below the request; later deployments cannot use that room).",
-    )
-
-    @field_validator("memory")
-    @classmethod
-    def _quantity(cls, v: str | None) -> str | None:
-        if v is not None:
-            n = parse_bytes(v, "kvCache.memory")
-            if not 1 <= n <= limits.MAX_KV_BYTES:
-                raise ValueError(f"kvCache.memory {v} must be between 1 byte and {limits.MAX_KV_BYTES >> 50} PiB")
-        return v
-
-    @model_validator(mode="after")
-    def _one_request(self) -> KvCacheSpec:
-        if self.tokens is not None and self.memory is not None:
-            raise ValueError(
-                f"kvCache gives both tokens ({self.tokens}) and memory ({self.memory}); keep tokens (it means the "
-                "same on every GPU type and tensor-parallel size) and remove memory"
-            )
-        if self.concurrency is not None and (self.tokens is not None or self.memory is not None):
-            raise ValueError("kvCache gives both concurrency and tokens/memory; keep one")
-        return self
-
-    @property
-    def memory_bytes(self) -> int | None:
-        return None if self.memory is None else parse_bytes(self.memory, "kvCache.memory")
-
-
-class LoraSpec(_Model):
-    """LoRA adapters: vllmfit injects --enable-lora --max-loras --max-lora-rank (and --lora-dtype) and
-    books the adapter slots vLLM allocates on every GPU (docs/memory-model.md, "LoRA adapters")."""
-
-    max_loras: int = Field(default=defaults.LORA_MAX_LORAS, ge=1, le=limits.MAX_LORAS,
-                           description="Adapters served in one batch: GPU slots allocated at start-up (--max-loras).")
-    max_lora_rank: MaxLoraRank = Field(default=defaults.LORA_MAX_RANK, description="Largest adapter rank (--max-lora-rank); "
-                                       "every slot is allocated at this rank.")
-    lora_dtype: LoraDtype = Field(default="auto", description="dtype of the adapter slots (--lora-dtype); "
-                                  "auto: the model's dtype.")
-
 
 class VLLMDeploymentSpec(_Model):
     """What to serve, and the memory-relevant vLLM settings. Unset numbers are computed by vllmfit."""
@@ -397,17 +236,29 @@ class VLLMDeployment(BaseModel):
 # reads every GPU. The values are checked against physical limits in core.placement.nodes.
 
 
-__all__ = [  # the status types are part of this API's surface
+__all__ = [  # the status types and the spec's parts are part of this API's surface
     "Condition",
+    "ConfigMapKeyRef",
+    "Dtype",
     "Flags",
     "GpuHeadroom",
     "GpuMemory",
     "GpuRef",
+    "KvCacheDtype",
+    "KvCacheSpec",
     "KvCacheStatus",
+    "LoraDtype",
     "LoraSpec",
+    "MaxLoraRank",
     "ObservedMemory",
     "Phase",
+    "PlacementPolicy",
+    "PlacementSpec",
+    "PodTemplate",
+    "PodTemplateMetadata",
+    "Quantization",
     "ReplicaPlacement",
+    "SecretKeyRef",
     "VLLMDeployment",
     "VLLMDeploymentSpec",
     "VLLMDeploymentStatus",
