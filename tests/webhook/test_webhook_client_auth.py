@@ -28,7 +28,7 @@ from webhook_harness import (
 )
 
 from vllmfit.core.errors import UserError
-from vllmfit.operator import certs, webhook
+from vllmfit.operator import certs, webhook, webhookserver
 
 MODEL_8B = "meta-llama/Llama-3.1-8B-Instruct"
 NAMES = ("kube-apiserver", "apiserver.example.internal")
@@ -139,14 +139,14 @@ def test_a_name_not_allowed_gets_403_with_one_line_before_anything_is_read(serve
 def test_client_name_problem():
     cert = {"subject": ((("organizationName", "system:masters"),), (("commonName", "kube-apiserver"),)),
             "subjectAltName": (("DNS", "apiserver.local"), ("IP Address", "10.0.0.1"))}
-    assert webhook.client_name_problem(cert, ()) is None  # no names: any certificate the CA signed
-    assert webhook.client_name_problem(cert, ["kube-apiserver"]) is None
-    assert webhook.client_name_problem(cert, ["apiserver.local"]) is None
-    assert webhook.client_name_problem(cert, ["10.0.0.1"]).startswith(
+    assert webhookserver.client_name_problem(cert, ()) is None  # no names: any certificate the CA signed
+    assert webhookserver.client_name_problem(cert, ["kube-apiserver"]) is None
+    assert webhookserver.client_name_problem(cert, ["apiserver.local"]) is None
+    assert webhookserver.client_name_problem(cert, ["10.0.0.1"]).startswith(
         "client certificate (CN=kube-apiserver, DNS:apiserver.local) is not")
-    assert webhook.client_name_problem({}, ["x"]).startswith("no client certificate")
+    assert webhookserver.client_name_problem({}, ["x"]).startswith("no client certificate")
     long = {"subject": ((("commonName", "a\n" * 500),),)}
-    message = webhook.client_name_problem(long, ["x"])
+    message = webhookserver.client_name_problem(long, ["x"])
     assert "\n" not in message and len(message) < 300
 
 
