@@ -75,6 +75,7 @@ class Emulator(kmock.KubernetesEmulator):
     create handler on later events; the operator's handlers are idempotent and take a light path."""
 
     journal: list[Any] = attrs.field(factory=list, init=False)
+    operated: bool = attrs.field(default=False, init=False)  # an Operator runs on it (Operator.start/stop)
     _serving: list[Any] = attrs.field(factory=list, init=False)
 
     def __iter__(self) -> Any:
@@ -174,12 +175,27 @@ class Cluster:
         posted = [r.data for r in self.km.sent("post", EVENTS)]
         return [e for e in posted if isinstance(e, dict) and (e.get("involvedObject") or {}).get("name") == name]
 
+    async def event(self, name: str, reason: str, timeout: float = 10.0) -> dict[str, Any]:
+        """The first Event about `name` with `reason`, once posted. Kopf posts Events from a queue
+        of its own, so an Event can reach the API after the status written in the same step:
+        wait for it, never read it right after the status."""
+        return await self.until(lambda: next((e for e in self.events(name) if e.get("reason") == reason), None),
+                                timeout, f"a {reason} Event about {name}")
+
     async def create(self, obj: dict[str, Any]) -> None:
         if obj["kind"] == api.KIND:
             await self.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, obj["metadata"]["namespace"],
                                                               api.PLURAL, obj)
         elif obj["kind"] == "Node":
             await self.core.create_node(obj)
+            if self.km.operated:
+                # Nodes and VLLMDeployments come on two watch streams, in no guaranteed order
+                # (as from a real API server): a spec created next could reach the operator
+                # first and be Unschedulable for a moment. Tests that mean "the node is there"
+                # wait until the operator has it (test_a_spec_created_before_its_node_... covers
+                # the other order).
+                name = obj["metadata"]["name"]
+                await self.until(lambda: name in get_store().node_infos, what=f"the operator to see node {name}")
         elif obj["kind"] == "Pod":
             await self.core.create_namespaced_pod(obj["metadata"]["namespace"], obj)
         else:
@@ -248,8 +264,10 @@ class Operator:
             if self.task.done():
                 self.task.result()
             await asyncio.sleep(0.01)
+        self.km.operated = True
 
     async def stop(self) -> None:
+        self.km.operated = False
         if self.task is not None:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -176,7 +176,7 @@ async def test_a_foreign_claim_after_admission_moves_the_replica(cluster: Cluste
     await allocate(cluster, "big-job", "gpu-d", f"gpu-{i}", "60Gi", ns="research")
     await cluster.until(lambda: [j for j, _ in booked(cluster, "a")] == [1 - i], what="a to move")
     await one_template(cluster, "a", U[1 - i])  # the old template is gone, the new one pins the other GPU
-    assert any(e["reason"] == "Moved" for e in cluster.events("a"))
+    await cluster.event("a", "Moved")
     await cluster.until(lambda: pod_spec(cluster, "a-0")["resourceClaims"][0]["resourceClaimTemplateName"]
                         == templates(cluster, "a")[0]["metadata"]["name"])
 

@@ -79,6 +79,7 @@ async def test_create_admits_and_writes_deployment_service_and_status(cluster: C
         assert child["metadata"]["labels"]["vllmfit.dev/deployment"] == "llama"
     container = dep["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in container["env"]
+    await cluster.event("llama", "Admitted")
     assert [e["reason"] for e in cluster.events("llama")] == ["Admitted"]
 
 
@@ -228,6 +229,21 @@ async def test_unschedulable_explains_and_is_admitted_when_room_frees_up(cluster
     st = await cluster.phase("c", "Admitted")
     assert "room freed up" not in st["conditions"][0]["message"]  # admitted, not moved
     await cluster.until(lambda: cluster.get(DEPLOYMENTS, "c-0"))
+
+
+async def test_a_spec_created_before_its_node_waits_and_is_admitted_when_the_node_appears(
+        cluster: Cluster, operator: Operator) -> None:
+    """Nodes and VLLMDeployments reach the operator on two watch streams in no set order: a spec
+    seen before any GPU node is Unschedulable, and the node's arrival gives it another chance."""
+    await cluster.create(vd("early", QWEN7))
+    st = await cluster.phase("early", "Unschedulable")
+    assert condition(st, "Admitted")["reason"] == "Unschedulable"
+    await cluster.create(node("gpu-a", gpus=1))
+    st = await cluster.phase("early", "Admitted")
+    assert st["node"] == "gpu-a"
+    await cluster.until(lambda: cluster.get(DEPLOYMENTS, "early-0"))
+    await cluster.event("early", "Unschedulable")
+    await cluster.event("early", "Admitted")
 
 
 async def test_node_deleted_moves_its_deployment(cluster: Cluster, operator: Operator) -> None:

@@ -93,7 +93,7 @@ async def test_hpa_grows_while_it_fits_never_past_and_shrinks_always(cluster: Cl
     assert st["placement"][0] == first  # the replica that was there stays
     assert st["ready"] == "0/2" and st["phase"] == "Admitted"
     await cluster.until(lambda: cluster.get(DEPLOYMENTS, "s-1"), what="s-1 written")
-    assert any(e["reason"] == "Scaled" for e in cluster.events("s"))
+    await cluster.event("s", "Scaled")
 
     # ceil(2 x 15 / 10) = 3: a third Qwen 7B does not fit on the GPU; the two keep serving
     assert await hpa_sync(cluster, h, 15) == 3
