@@ -246,6 +246,24 @@ async def test_a_spec_created_before_its_node_waits_and_is_admitted_when_the_nod
     await cluster.event("early", "Admitted")
 
 
+async def test_a_waiting_spec_retried_in_vain_says_why_it_waits_now(cluster: Cluster, operator: Operator) -> None:
+    """Two specs seen before any GPU node (0/0 nodes): the node has room for one; the other is
+    retried, still does not fit, and its status names the GPU that is full now, not the old
+    reason."""
+    await asyncio.gather(*(cluster.create(vd(n, QWEN7, gpuMemoryUtilization=0.5)) for n in ("x", "y")))
+    for n in "xy":
+        st = await cluster.phase(n, "Unschedulable")
+        assert st["reasons"][0].startswith("0/0 nodes") or "no GPU" in st["reasons"][0], st["reasons"]
+    await cluster.create(node("gpu-a", gpus=1))
+    await cluster.until(lambda: {cluster.status(n).get("phase") for n in "xy"} == {"Admitted", "Unschedulable"})
+    loser = next(n for n in "xy" if cluster.status(n)["phase"] == "Unschedulable")
+    await cluster.until(lambda: "GPU 0" in cluster.status(loser)["reasons"][0],
+                        what=f"{loser}'s reason to name GPU 0, is {cluster.status(loser)['reasons']}")
+    await get_store().flush()
+    st = cluster.status(loser)
+    assert "gpu-a" in condition(st, "Admitted")["message"]
+
+
 async def test_node_deleted_moves_its_deployment(cluster: Cluster, operator: Operator) -> None:
     await cluster.create(node("gpu-a", gpus=1))
     await cluster.create(node("gpu-b", gpus=1))

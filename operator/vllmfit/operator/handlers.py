@@ -191,12 +191,15 @@ def apply_decision(store: Store, rec: Record, req: Request, d: Decision, fx: Eff
 
 async def retry_waiting(store: Store, fx: Effects) -> None:
     """After room freed up: decide again, in creation order, every spec waiting for room (each
-    decision bounded in time, off the event loop; the caller holds the lock)."""
+    decision bounded in time, off the event loop; the caller holds the lock). One that still
+    does not fit keeps waiting, with the reasons of now (its old ones may name no node at all)."""
     for rec in sorted((r for r in store.records.values() if r.waiting and r.request), key=lambda r: r.order):
         assert rec.request is not None
         d = await bounded.decide(store.ledger, rec.request)
         if d.admitted:
             apply_decision(store, rec, rec.request, d, fx, cause="room freed up")
+        elif d.phase == "Unschedulable" and list(d.reasons or (d.message,)) != rec.reasons:
+            apply_decision(store, rec, rec.request, d, fx)
 
 
 async def replan(store: Store, node: str, fx: Effects, cause: str) -> None:
