@@ -48,7 +48,7 @@ from pathlib import Path
 import yaml
 
 from vllmfit.core import defaults, placement
-from vllmfit.core.api import KvCacheSpec, VLLMDeploymentSpec
+from vllmfit.core.spec.api import KvCacheSpec, VLLMDeploymentSpec
 from vllmfit.sources import catalog
 
 PRODUCTS = (

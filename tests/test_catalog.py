@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from vllmfit.core.defaults import MIB
-from vllmfit.core.modelarch import count_params
+from vllmfit.core.model.facts import count_params
 from vllmfit.sources import catalog
 
 RAW_MODELS = catalog._load_yaml("models.yaml")

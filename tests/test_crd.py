@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from vllmfit.cli import crdgen
-from vllmfit.core import api
+from vllmfit.core.spec import api
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = crdgen.render_crd()

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from vllmfit.core import memory
-from vllmfit.core.hfconfig import derive_max_len, text_config
-from vllmfit.core.modelconfig import parse_hf_config
+from vllmfit.core.model.config import parse_hf_config
+from vllmfit.core.model.hfconfig import derive_max_len, text_config
 from vllmfit.sources import catalog
 
 DATA = Path(__file__).parent / "data" / "hf-configs"

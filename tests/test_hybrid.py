@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from vllmfit.core import memory
-from vllmfit.core.api import VLLMDeploymentSpec
 from vllmfit.core.memory.kv import kv_layout, state_page_bytes
-from vllmfit.core.modelconfig import parse_hf_config
+from vllmfit.core.model.config import parse_hf_config
 from vllmfit.core.placement.inputs import settings_from_spec
+from vllmfit.core.spec.api import VLLMDeploymentSpec
 from vllmfit.sources import catalog
 
 DATA = Path(__file__).parent / "data" / "hf-configs"
@@ -104,7 +104,7 @@ def test_hybrid_tp2_splits_state_and_pads_groups():
 
 
 def test_mamba2_groups_replicated_when_tp_exceeds_groups():
-    from vllmfit.core.statespace import StateSpec
+    from vllmfit.core.model.hybrid import StateSpec
 
     spec = StateSpec("mamba2", conv_kernel=4, conv_channels=8192, groups=1, heads=128, head_dim=64, state_size=128)
     # G=1, TP=4: extra_groups_for_head_shards gives 4 - 1 = 3 more groups -> conv channels (8192 + 2*4*128) / 4

@@ -88,7 +88,7 @@ def test_an_explicit_request_smaller_than_one_request_does_not_fit() -> None:
 def test_tokens_and_memory_together_are_refused_naming_the_one_to_keep() -> None:
     with pytest.raises(memory.SpecError, match="keep tokens"):
         size(kv_tokens=1000, kv_bytes=GIB)
-    from vllmfit.core import api
+    from vllmfit.core.spec import api
 
     with pytest.raises(ValueError, match="keep tokens"):
         api.VLLMDeploymentSpec.model_validate({"model": "m", "kvCache": {"tokens": 1, "memory": "1Gi"}})

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from vllmfit import main as cli
-from vllmfit.core import api, extraargs, memory
+from vllmfit.core import memory
 from vllmfit.core.memory import Settings, SpecError
 from vllmfit.core.memory.lora import lora_activation_bytes, lora_bytes
 from vllmfit.core.memory.versions import parse_version
-from vllmfit.core.modelconfig import parse_hf_config
+from vllmfit.core.model.config import parse_hf_config
+from vllmfit.core.spec import api, extraargs
 from vllmfit.operator import builders, webhook
 from vllmfit.sources import catalog
 

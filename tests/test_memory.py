@@ -252,7 +252,7 @@ def test_fp8_kv_halves_kv_bytes_per_token(name, tp):
 @given(st.sampled_from(MODELS), st.sampled_from([1024, 8192, 32768]), st.integers(1, 64),
        st.floats(16, 200), st.floats(1, 100))
 def test_a_larger_gpu_never_turns_a_fit_into_a_misfit(name, length, seqs, gib, extra_gib):
-    from vllmfit.core.modelarch import GpuType
+    from vllmfit.core.model.facts import GpuType
 
     m = catalog.model(name)
     s = Settings(max_model_len=min(length, m.max_model_len), kv_concurrency=seqs)

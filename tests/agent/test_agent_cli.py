@@ -15,7 +15,7 @@ from agent_fakes import FakeCoreV1Api, scenario
 from vllmfit import main as cli
 from vllmfit.agent import main as agent_main
 from vllmfit.agent import nvml as agent_nvml
-from vllmfit.core.inventory import GpuInventory
+from vllmfit.core.observe.inventory import GpuInventory
 
 REPO = Path(__file__).resolve().parents[2]
 

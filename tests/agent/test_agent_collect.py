@@ -36,7 +36,7 @@ from agent_fakes import (
 from vllmfit.agent import cgroups as agent_cgroups
 from vllmfit.agent import nvml as agent_nvml
 from vllmfit.agent import publish as agent_publish
-from vllmfit.core.inventory import GpuInventory
+from vllmfit.core.observe.inventory import GpuInventory
 
 NOW = datetime(2025, 3, 4, 5, 6, 7, 891000, tzinfo=UTC)
 

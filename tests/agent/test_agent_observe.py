@@ -1,4 +1,4 @@
-"""vllmfit.core.observe: attribution arithmetic against hand-computed numbers, unit indices, staleness, drift."""
+"""vllmfit.core.observe.attribution: attribution arithmetic against hand-computed numbers, unit indices, staleness, drift."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from agent_fakes import GIB, MIB, MIG0, POD_A, POD_B, POD_C, POD_D, UUID0, VLLMFIT_PODS, scenario
 
 from vllmfit.agent import nvml as agent_nvml
-from vllmfit.core import observe
-from vllmfit.core.inventory import GpuInventory, InventoryGpu, InventoryMigDevice, InventoryProcess
+from vllmfit.core.observe import attribution
+from vllmfit.core.observe.inventory import GpuInventory, InventoryGpu, InventoryMigDevice, InventoryProcess
 
 NOW = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
 
@@ -50,7 +50,7 @@ def test_attribute_hand_built_inventory():
             InventoryGpu(index=2, uuid="GPU-2", product="P", total_bytes=80 * GIB, used_bytes=700 * MIB),
         ],
     )
-    a = observe.attribute(inv, {"pod-a": "ns/a", "pod-b": "ns/b"})
+    a = attribution.attribute(inv, {"pod-a": "ns/a", "pod-b": "ns/b"})
     u0, u1, u2 = a.units[0], a.units[1], a.units[2]
     # GPU 0: vllmfit = 12 + 6 + 1 = 19; foreign processes = 4 + 3 = 7; listed = 26; unexplained = 30 - 26 = 4
     assert (u0.vllmfit_bytes, u0.foreign_process_bytes, u0.unexplained_bytes) == (19 * GIB, 7 * GIB, 4 * GIB)
@@ -69,7 +69,7 @@ def test_attribute_hand_built_inventory():
 
 def test_attribute_collected_scenario(tmp_path):
     inv = agent_nvml.collect(scenario(tmp_path), tmp_path, NOW)
-    a = observe.attribute(inv, VLLMFIT_PODS)
+    a = attribution.attribute(inv, VLLMFIT_PODS)
     # GPU 0 (H100): used 52.25 GiB; ns/llama = 40 GiB (pid 1001) + 0 (pid 1004, unknown bytes);
     # foreign processes = 10 (POD_B) + 1 (host) + 0.5 (exited pid) = 11.5 GiB;
     # unexplained = 52.25 - 51.5 = 0.75 GiB; foreign = 12.25 GiB
@@ -123,7 +123,7 @@ def test_attribute_mig_process_error_only_affects_its_slice():
             InventoryMigDevice(index=1, uuid="MIG-1", total_bytes=10 * GIB, used_bytes=2 * GIB),
         ],
     )
-    a = observe.attribute(GpuInventory(sampled_at="x", gpus=[gpu]), {"u": "ns/d"})
+    a = attribution.attribute(GpuInventory(sampled_at="x", gpus=[gpu]), {"u": "ns/d"})
     assert a.units[1000].attributable and a.units[1000].vllmfit_bytes == 3 * GIB
     assert not a.units[1001].attributable and a.units[1001].foreign_bytes == 2 * GIB
     assert a.units[1001].product == "NVIDIA-H100-80GB-HBM3-MIG"
@@ -131,7 +131,7 @@ def test_attribute_mig_process_error_only_affects_its_slice():
 
 def test_attribute_no_nvml_and_duplicates():
     none = GpuInventory(sampled_at="x", nvml=False, error="NVML not available: NVML Shared Library Not Found")
-    a = observe.attribute(none, {})
+    a = attribution.attribute(none, {})
     assert (a.units, a.by_deployment, a.nvml, a.error) == ({}, {}, False, none.error)
     dup = GpuInventory(
         sampled_at="x",
@@ -146,7 +146,7 @@ def test_attribute_no_nvml_and_duplicates():
             )
         ],
     )
-    assert observe.attribute(dup, {"u": "ns/d"}).observed("ns/d", 0) == 100
+    assert attribution.attribute(dup, {"u": "ns/d"}).observed("ns/d", 0) == 100
 
 
 @pytest.mark.parametrize(
@@ -154,35 +154,35 @@ def test_attribute_no_nvml_and_duplicates():
     [(0, None, 0), (7, None, 7), (0, 0, 1000), (0, 6, 1006), (1, 0, 2000), (12, 3, 13003)],
 )
 def test_unit_index(gpu, mig, idx):
-    assert observe.unit_index(gpu, mig) == idx
-    assert observe.split_unit_index(idx) == (gpu, mig)
+    assert attribution.unit_index(gpu, mig) == idx
+    assert attribution.split_unit_index(idx) == (gpu, mig)
 
 
 def test_unit_index_bounds():
     for bad in ((-1, None), (999, None), (0, 1000), (0, -1)):
         with pytest.raises(ValueError):
-            observe.unit_index(*bad)
+            attribution.unit_index(*bad)
     with pytest.raises(ValueError):
-        observe.split_unit_index(-5)
+        attribution.split_unit_index(-5)
 
 
 def test_is_stale():
     inv = GpuInventory(sampled_at="2025-03-04T05:06:07Z")
-    assert not observe.is_stale(inv, NOW + timedelta(seconds=300), 300)
-    assert observe.is_stale(inv, NOW + timedelta(seconds=301), 300)
-    assert not observe.is_stale(inv, NOW - timedelta(seconds=60), 300)  # clock skew: from the future
-    assert not observe.is_stale(inv, datetime(2025, 3, 4, 5, 7, 0), 300)  # naive now = UTC
-    assert observe.is_stale(GpuInventory(sampled_at="2025-03-04T05:06:07+00:00"), NOW + timedelta(hours=1))
-    assert observe.is_stale(GpuInventory(sampled_at="garbage"), NOW, 300)
-    assert observe.age_seconds(inv, NOW + timedelta(seconds=42)) == 42.0
+    assert not attribution.is_stale(inv, NOW + timedelta(seconds=300), 300)
+    assert attribution.is_stale(inv, NOW + timedelta(seconds=301), 300)
+    assert not attribution.is_stale(inv, NOW - timedelta(seconds=60), 300)  # clock skew: from the future
+    assert not attribution.is_stale(inv, datetime(2025, 3, 4, 5, 7, 0), 300)  # naive now = UTC
+    assert attribution.is_stale(GpuInventory(sampled_at="2025-03-04T05:06:07+00:00"), NOW + timedelta(hours=1))
+    assert attribution.is_stale(GpuInventory(sampled_at="garbage"), NOW, 300)
+    assert attribution.age_seconds(inv, NOW + timedelta(seconds=42)) == 42.0
 
 
 def test_drift():
-    assert observe.drift(10 * GIB, 11 * GIB, 0.10) == (1 * GIB, False)  # exactly +10%: not above
-    assert observe.drift(10 * GIB, 11 * GIB + 1, 0.10) == (1 * GIB + 1, True)
-    assert observe.drift(10 * GIB, 8 * GIB, 0.10) == (-2 * GIB, False)
-    assert observe.drift(0, 1, 0.10) == (1, True)
-    assert observe.drift(0, 0, 0.10) == (0, False)
-    assert observe.drift(100, 105) == (5, False)  # default margin 10%
+    assert attribution.drift(10 * GIB, 11 * GIB, 0.10) == (1 * GIB, False)  # exactly +10%: not above
+    assert attribution.drift(10 * GIB, 11 * GIB + 1, 0.10) == (1 * GIB + 1, True)
+    assert attribution.drift(10 * GIB, 8 * GIB, 0.10) == (-2 * GIB, False)
+    assert attribution.drift(0, 1, 0.10) == (1, True)
+    assert attribution.drift(0, 0, 0.10) == (0, False)
+    assert attribution.drift(100, 105) == (5, False)  # default margin 10%
     with pytest.raises(ValueError):
-        observe.drift(1, 1, -0.1)
+        attribution.drift(1, 1, -0.1)

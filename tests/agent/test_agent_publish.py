@@ -14,7 +14,7 @@ from agent_fakes import GIB, MIB, FakeCoreV1Api, FakeGpu, FakeNVML, FakeProc, sc
 
 from vllmfit.agent import main as agent_main
 from vllmfit.agent import publish as agent_publish
-from vllmfit.core.inventory import GpuInventory, InventoryGpu
+from vllmfit.core.observe.inventory import GpuInventory, InventoryGpu
 
 ANNOTATION = "vllmfit.dev/gpu-inventory"  # written out: the test must not take it from the code under test
 

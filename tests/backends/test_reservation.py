@@ -8,9 +8,9 @@ import pytest
 
 from vllmfit.backends import binding
 from vllmfit.backends import reservation as rsv
-from vllmfit.core import api
 from vllmfit.core.memory import Footprint
 from vllmfit.core.placement import Booking
+from vllmfit.core.spec import api
 
 KUBE = ["1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0", "1.36.0"]
 U = ["GPU-aaaaaaaa-0000-0000-0000-000000000000", "GPU-bbbbbbbb-0000-0000-0000-000000000000",

@@ -17,9 +17,10 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllmfit.core import api, limits, memory, names
-from vllmfit.core.modelarch import ModelConfigError, check_tp
-from vllmfit.core.modelconfig import parse_hf_config
+from vllmfit.core import limits, memory
+from vllmfit.core.model.config import parse_hf_config
+from vllmfit.core.model.facts import ModelConfigError, check_tp
+from vllmfit.core.spec import api, names
 from vllmfit.sources import catalog
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,

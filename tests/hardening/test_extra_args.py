@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from vllmfit.core import api, extraargs
+from vllmfit.core.spec import api, extraargs
 
 
 @pytest.mark.parametrize("args,option", [

@@ -9,7 +9,7 @@ import kmock
 import pytest
 from opkit import VD, Cluster, Emulator, Operator
 
-from vllmfit.core import api
+from vllmfit.core.spec import api
 
 
 @pytest.fixture

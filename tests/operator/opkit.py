@@ -22,7 +22,8 @@ import kopf
 import pytest
 from kubernetes_asyncio import client
 
-from vllmfit.core import api, placement
+from vllmfit.core import placement
+from vllmfit.core.spec import api
 from vllmfit.operator import handlers  # registers the handlers in Kopf's default registry
 from vllmfit.operator.state import get_store
 

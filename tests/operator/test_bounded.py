@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from opkit import Cluster, Operator, node, vd
 
-from vllmfit.core import api, defaults, placement
+from vllmfit.core import defaults, placement
+from vllmfit.core.spec import api
 from vllmfit.operator import bounded, webhook
 from vllmfit.sources import catalog
 

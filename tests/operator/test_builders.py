@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from vllmfit.core import api, defaults, placement
+from vllmfit.core import defaults, placement
 from vllmfit.core.memory import Footprint
+from vllmfit.core.spec import api
 from vllmfit.operator import builders, report
 from vllmfit.operator.record import Record
 from vllmfit.sources import catalog

@@ -32,7 +32,7 @@ from opkit import (
     vd,
 )
 
-from vllmfit.core import api
+from vllmfit.core.spec import api
 from vllmfit.operator import builders
 from vllmfit.operator.state import get_store
 

@@ -11,7 +11,8 @@ import pytest
 from hubserver import HubServer
 from huggingface_hub import constants
 
-from vllmfit.core import api, modelconfig
+from vllmfit.core.model import config as modelconfig
+from vllmfit.core.spec import api
 from vllmfit.operator.record import ModelResolutionError
 from vllmfit.operator.state import Store
 from vllmfit.sources import hub

@@ -102,7 +102,7 @@ def test_kopf_run_module_serves_the_operator() -> None:
     from kubernetes_asyncio import client
     from opkit import VD, Emulator
 
-    from vllmfit.core import api
+    from vllmfit.core.spec import api
 
     loop = asyncio.new_event_loop()
     started, stop = threading.Event(), asyncio.Event()

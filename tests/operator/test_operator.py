@@ -9,7 +9,8 @@ from typing import Any
 import kmock
 from opkit import DEPLOYMENTS, H100, SERVICES, VD, Cluster, Operator, node, used_from_statuses, vd
 
-from vllmfit.core import api, defaults
+from vllmfit.core import defaults
+from vllmfit.core.spec import api
 from vllmfit.operator import handlers, report
 from vllmfit.operator.state import get_store
 from vllmfit.sources import catalog

@@ -9,7 +9,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from opkit import DEPLOYMENTS, VD, Cluster, Operator, node, vd
 
-from vllmfit.core import api
+from vllmfit.core.spec import api
 from vllmfit.operator import handlers
 from vllmfit.operator.state import get_store
 

@@ -17,7 +17,7 @@ import kubernetes_validate
 from opkit import DEPLOYMENTS, Cluster, Operator, node, vd
 
 from vllmfit.cli import crdgen
-from vllmfit.core import api
+from vllmfit.core.spec import api
 from vllmfit.operator.state import get_store
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"  # two fit on one H100 next to each other, not three

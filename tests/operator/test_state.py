@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from vllmfit.core import api, defaults, inventory, placement
+from vllmfit.core import defaults, placement
+from vllmfit.core.observe import inventory
+from vllmfit.core.spec import api
 from vllmfit.operator import handlers, report
 from vllmfit.operator.record import ModelResolutionError, pruned, record_from_object
 from vllmfit.operator.state import Store

@@ -6,9 +6,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vllmfit.core import memory, placement
-from vllmfit.core.api import VLLMDeploymentSpec
 from vllmfit.core.defaults import GIB
-from vllmfit.core.modelarch import GpuType
+from vllmfit.core.model.facts import GpuType
+from vllmfit.core.spec.api import VLLMDeploymentSpec
 from vllmfit.sources import catalog
 
 H100 = catalog.gpu("NVIDIA-H100-80GB-HBM3")

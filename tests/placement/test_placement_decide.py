@@ -10,7 +10,7 @@ import yaml
 from placement_fakes import A100_40, H100, L4, LLAMA_8B, QWEN_05B, check_invariant, node, request
 
 from vllmfit.core import defaults, memory, placement
-from vllmfit.core.inventory import GpuInventory, InventoryGpu, InventoryMigDevice, InventoryProcess
+from vllmfit.core.observe.inventory import GpuInventory, InventoryGpu, InventoryMigDevice, InventoryProcess
 from vllmfit.sources import catalog
 
 SMALL = {"maxModelLen": 8192, "kvCache": {"concurrency": 8}}

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from vllmfit.core import placement
-from vllmfit.core.api import VLLMDeploymentSpec
+from vllmfit.core.spec.api import VLLMDeploymentSpec
 from vllmfit.sources import catalog
 
 ROOT = Path(__file__).resolve().parents[2]

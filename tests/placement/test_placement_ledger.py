@@ -6,7 +6,7 @@ import pytest
 from placement_fakes import H100, H100_BUDGET, H100_T, LLAMA_8B, check_invariant, node, request
 
 from vllmfit.core import memory, placement
-from vllmfit.core.api import GpuMemory, VLLMDeploymentStatus
+from vllmfit.core.spec.api import GpuMemory, VLLMDeploymentStatus
 
 # Llama-3.1-8B-Instruct, ADR-0002, maxModelLen 8192, maxNumSeqs 4, on an H100 (T = 85031714816):
 #   weights = int(8030261248 params x 2 bytes x 1.02)                 = 16381732945

@@ -16,7 +16,7 @@ from kubernetes.client import V1Node, V1NodeList, V1ObjectMeta
 from vllmfit import main as cli
 from vllmfit.cli import plan as plancmd
 from vllmfit.core import defaults
-from vllmfit.core.inventory import GpuInventory, InventoryGpu, InventoryProcess
+from vllmfit.core.observe.inventory import GpuInventory, InventoryGpu, InventoryProcess
 
 H100_LABELS = {defaults.GFD_PRODUCT_LABEL: "NVIDIA-H100-80GB-HBM3", defaults.GFD_COUNT_LABEL: "2"}
 

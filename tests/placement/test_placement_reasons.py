@@ -90,7 +90,7 @@ def test_a_pinned_node_keeps_its_own_line() -> None:
 
 
 def _mig_type():
-    from vllmfit.core.inventory import GpuInventory, InventoryGpu, InventoryMigDevice
+    from vllmfit.core.observe.inventory import GpuInventory, InventoryGpu, InventoryMigDevice
     from vllmfit.sources import catalog
 
     inv = GpuInventory(sampled_at="2025-01-01T00:00:00Z", gpus=[InventoryGpu(

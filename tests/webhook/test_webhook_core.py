@@ -16,9 +16,10 @@ import pytest
 import yaml
 from webhook_harness import H100, gfd_node
 
-from vllmfit.core import api, memory, placement
+from vllmfit.core import memory, placement
 from vllmfit.core.defaults import GIB
 from vllmfit.core.memory import fmt_gib
+from vllmfit.core.spec import api
 from vllmfit.operator import webhook
 from vllmfit.sources import catalog
 

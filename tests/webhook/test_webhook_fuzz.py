@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from webhook_harness import FUZZ_COUNTS, FakeStore, Harness, admission_review, gfd_node
 
-from vllmfit.core import api
+from vllmfit.core.spec import api
 from vllmfit.operator import webhook
 from vllmfit.sources import catalog
 

@@ -29,7 +29,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes_asyncio import client as kclient
 
-from vllmfit.core import api, placement
+from vllmfit.core import placement
+from vllmfit.core.spec import api
 from vllmfit.operator import certs, webhook
 from vllmfit.sources import catalog
 

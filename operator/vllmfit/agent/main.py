@@ -18,7 +18,7 @@ from vllmfit.agent.nvml import NO_NVML_HINT, collect, no_nvml_reason
 from vllmfit.agent.publish import PUBLISH_EVERY_S, Publisher, publish, to_json
 from vllmfit.core import defaults
 from vllmfit.core.errors import UserError
-from vllmfit.core.inventory import GpuInventory, InventoryProcess
+from vllmfit.core.observe.inventory import GpuInventory, InventoryProcess
 
 log = logging.getLogger("vllmfit.agent")
 

@@ -3,7 +3,7 @@ devices, and the processes on each, mapped to pods.
 
 Error strings on a GPU (`InventoryGpu.error`) are `<what>: <NVML message>` parts joined by
 "; ", e.g. "processes: Not Supported" or "mig 1 memory: Insufficient Permissions";
-`vllmfit.core.observe` reads the "processes:" parts."""
+`vllmfit.core.observe.attribution` reads the "processes:" parts."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from vllmfit import __version__
 from vllmfit.agent.cgroups import pod_of_pid
-from vllmfit.core.inventory import GpuInventory, InventoryGpu, InventoryMigDevice, InventoryProcess
+from vllmfit.core.observe.inventory import GpuInventory, InventoryGpu, InventoryMigDevice, InventoryProcess
 
 NO_NVML_HINT = "is the NVIDIA driver installed and the container run with runtimeClassName: nvidia?"
 def rfc3339(t: datetime) -> str:

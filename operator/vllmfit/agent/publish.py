@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vllmfit.core import defaults
-from vllmfit.core.inventory import GpuInventory
+from vllmfit.core.observe.inventory import GpuInventory
 
 log = logging.getLogger("vllmfit.agent")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllmfit.backends import dra, reservation
-from vllmfit.core import api
+from vllmfit.core.spec import api
 
 GPU_RESOURCE = "nvidia.com/gpu"
 RUNTIME_CLASS = "nvidia"

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from vllmfit.core import api
-from vllmfit.core.modelarch import GpuType
+from vllmfit.core.model.facts import GpuType
 from vllmfit.core.placement import GpuSlot, NodeInfo
 from vllmfit.core.placement.inputs import GpuLookup
+from vllmfit.core.spec import api
 
 API_VERSION = "resource.k8s.io/v1"
 NVIDIA_DRIVER = "gpu.nvidia.com"

@@ -33,8 +33,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vllmfit import __version__
-from vllmfit.core import api
 from vllmfit.core.placement import Booking
+from vllmfit.core.spec import api
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MANAGED_BY = "app.kubernetes.io/managed-by"

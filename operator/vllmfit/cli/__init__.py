@@ -3,5 +3,5 @@
   estimate  `vllmfit estimate`, `models`, `gpus`: one deployment on empty GPUs; the catalog
   plan      `vllmfit plan` (from files) and `vllmfit status` (from a cluster)
   render    tables, bars, HTML and SVG pictures of estimates and plans
-  crdgen    `vllmfit crd`: the CRD YAML generated from vllmfit.core.api
+  crdgen    `vllmfit crd`: the CRD YAML generated from vllmfit.core.spec.api
 """

@@ -1,6 +1,6 @@
 """`vllmfit crd`: generate the VLLMDeployment CustomResourceDefinition from the pydantic models.
 
-The models in `vllmfit.core.api` are the one source of truth. This module turns their JSON Schema
+The models in `vllmfit.core.spec.api` are the one source of truth. This module turns their JSON Schema
 (`model_json_schema(by_alias=True)`) into a *structural* OpenAPI v3 schema, the subset the
 Kubernetes API server accepts for apiextensions.k8s.io/v1:
 
@@ -41,7 +41,7 @@ from typing import Any
 
 import yaml
 
-from vllmfit.core import api
+from vllmfit.core.spec import api
 
 CRD_NAME = f"{api.PLURAL}.{api.GROUP}"
 CRD_FILE = f"{CRD_NAME}.yaml"
@@ -444,7 +444,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "crd",
         help="print or write the VLLMDeployment CRD generated from the API models",
-        description="Print the VLLMDeployment CRD (YAML) generated from vllmfit.core.api; --write updates "
+        description="Print the VLLMDeployment CRD (YAML) generated from vllmfit.core.spec.api; --write updates "
         "crds/ and charts/vllmfit/crds/, --check fails when they are out of date.",
     )
     mode = p.add_mutually_exclusive_group()

@@ -13,8 +13,8 @@ from typing import Any
 
 from vllmfit.core import defaults, limits, memory
 from vllmfit.core.errors import UserError
-from vllmfit.core.modelarch import GpuType, ModelArch, ModelConfigError
-from vllmfit.core.modelconfig import params_from_index, parse_hf_config
+from vllmfit.core.model.config import params_from_index, parse_hf_config
+from vllmfit.core.model.facts import GpuType, ModelArch, ModelConfigError
 from vllmfit.sources import catalog
 
 

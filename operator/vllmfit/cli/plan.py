@@ -24,10 +24,12 @@ import yaml
 from rich.console import Console
 
 from vllmfit.cli import render
-from vllmfit.core import limits, memory, modelconfig, names, placement
-from vllmfit.core.api import GROUP, KIND, PLURAL, VERSION, VLLMDeployment, VLLMDeploymentSpec
+from vllmfit.core import limits, memory, placement
 from vllmfit.core.errors import UserError, one_line
-from vllmfit.core.modelarch import ModelArch
+from vllmfit.core.model import config as modelconfig
+from vllmfit.core.model.facts import ModelArch
+from vllmfit.core.spec import names
+from vllmfit.core.spec.api import GROUP, KIND, PLURAL, VERSION, VLLMDeployment, VLLMDeploymentSpec
 from vllmfit.sources import catalog
 
 OUTPUTS = ("table", "json", "html", "svg")

@@ -60,7 +60,7 @@ DRIFT_WARNING_FRACTION = 0.10
 """Observed memory above prediction by more than this fraction raises a MemoryDrift condition."""
 
 INVENTORY_ANNOTATION = "vllmfit.dev/gpu-inventory"
-"""Node annotation the node agent writes (schema: vllmfit.core.inventory.GpuInventory)."""
+"""Node annotation the node agent writes (schema: vllmfit.core.observe.inventory.GpuInventory)."""
 INVENTORY_STALE_SECONDS = 300
 """An inventory older than this is reported as stale (the agent publishes every 30 s)."""
 

@@ -17,8 +17,9 @@ from typing import Any
 
 from vllmfit.backends import binding
 from vllmfit.backends.binding import GPU_RESOURCE
-from vllmfit.core import api, defaults, extraargs, limits, memory, names
+from vllmfit.core import defaults, limits, memory
 from vllmfit.core.placement import Ledger
+from vllmfit.core.spec import api, extraargs, names
 from vllmfit.operator import podtemplate
 
 PORT = 8000
@@ -30,7 +31,7 @@ ANNOTATION_PINNING = f"{api.GROUP}/pinning"
 MAX_NAME = limits.MAX_DEPLOYMENT_NAME  # <name>-<replica> must stay a DNS label (63) with room for 6 digits
 
 # `vllm serve` flags vllmfit computes or fixes, and those that change memory it does not model:
-# vllmfit.core.extraargs (checked with vLLM's own parsing rules: prefixes, --flag=value, aliases).
+# vllmfit.core.spec.extraargs (checked with vLLM's own parsing rules: prefixes, --flag=value, aliases).
 COMPUTED_FLAGS = extraargs.REFUSED
 
 
@@ -57,7 +58,7 @@ RESTRICTED_ENV: tuple[dict[str, str], ...] = ({"name": "HOME", "value": defaults
 
 def extra_args_problems(args: Sequence[str]) -> list[str]:
     """One message per extraArgs entry that sets a flag vllmfit computes or fixes, or one that
-    changes memory vllmfit does not model (vllmfit.core.extraargs)."""
+    changes memory vllmfit does not model (vllmfit.core.spec.extraargs)."""
     return extraargs.messages(args)
 
 

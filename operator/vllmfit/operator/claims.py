@@ -20,7 +20,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
 
 from vllmfit.backends import dra
-from vllmfit.core import api
+from vllmfit.core.spec import api
 from vllmfit.operator.state import Store
 
 logger = logging.getLogger(__name__)

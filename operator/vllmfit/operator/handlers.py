@@ -26,8 +26,10 @@ from kubernetes_asyncio.client import ApiException
 
 from vllmfit.backends import binding, dra
 from vllmfit.backends import reservation as rsv
-from vllmfit.core import api, defaults, errors, inventory, memory, observe, placement
+from vllmfit.core import defaults, errors, memory, placement
+from vllmfit.core.observe import attribution, inventory
 from vllmfit.core.placement import Decision, Request
+from vllmfit.core.spec import api
 from vllmfit.operator import bounded, builders, claims, metrics, pods, report, reservations, webhook
 from vllmfit.operator.record import ModelResolutionError, Record, key_of
 from vllmfit.operator.state import Store, get_store
@@ -730,7 +732,7 @@ def attribute(store: Store, node: str, body: Mapping[str, Any], t: str) -> None:
     except pydantic.ValidationError:
         return
     uids = {uid: rec.key for rec in store.records.values() for uid in rec.pod_uids.values()}
-    att = observe.attribute(inv, uids)
+    att = attribution.attribute(inv, uids)
     store.attributions[node] = att
     for key in store.ledger.deployments():
         rec = store.records.get(key)
@@ -743,7 +745,7 @@ def attribute(store: Store, node: str, body: Mapping[str, Any], t: str) -> None:
             if unit is None or not unit.attributable or b.index not in att.by_deployment.get(key, {}):
                 continue  # nothing measured for it there (not running yet, or processes not listed)
             seen = att.observed(key, b.index)
-            drift, bad = observe.drift(b.footprint.total, seen)
+            drift, bad = attribution.drift(b.footprint.total, seen)
             entries.append(api.ObservedMemory(node=node, index=b.index, used_bytes=seen,
                                               predicted_bytes=b.footprint.total, drift_bytes=drift,
                                               sampled_at=att.sampled_at))

@@ -32,7 +32,7 @@ RECONCILE = Histogram("vllmfit_reconcile_seconds", "Time to handle one VLLMDeplo
 
 class LedgerCollector(Collector):
     def collect(self) -> Iterator[Any]:
-        from vllmfit.core.observe import split_unit_index
+        from vllmfit.core.observe.attribution import split_unit_index
         from vllmfit.operator.state import get_store
 
         store = get_store()

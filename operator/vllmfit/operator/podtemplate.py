@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllmfit.backends.binding import GPU_RESOURCE
-from vllmfit.core import api, defaults
+from vllmfit.core import defaults
+from vllmfit.core.spec import api
 
 CONTAINER = "vllm"
 SHM_VOLUME = "dshm"

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllmfit.core import api
 from vllmfit.core.placement import Request
+from vllmfit.core.spec import api
 from vllmfit.operator.pods import PodHealth
 
 logger = logging.getLogger("vllmfit.operator.state")

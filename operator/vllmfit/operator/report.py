@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from vllmfit.core import api, defaults, memory
+from vllmfit.core import defaults, memory
 from vllmfit.core.memory import fmt_gib
 from vllmfit.core.placement import Booking, Decision, Ledger
+from vllmfit.core.spec import api
 from vllmfit.operator.record import Record
 
 

@@ -20,7 +20,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
 
 from vllmfit.backends import reservation as rsv
-from vllmfit.core import api
+from vllmfit.core.spec import api
 from vllmfit.operator import builders
 from vllmfit.operator.state import Store
 

@@ -26,10 +26,11 @@ from typing import Any
 
 from vllmfit.backends import dra
 from vllmfit.backends import reservation as rsv
-from vllmfit.core import api, defaults, memory, placement
-from vllmfit.core.modelarch import ModelArch, ModelConfigError
-from vllmfit.core.modelconfig import parse_hf_config
+from vllmfit.core import defaults, memory, placement
+from vllmfit.core.model.config import parse_hf_config
+from vllmfit.core.model.facts import ModelArch, ModelConfigError
 from vllmfit.core.placement import Ledger, Request
+from vllmfit.core.spec import api
 from vllmfit.operator import report
 from vllmfit.operator.pods import PodHealth
 from vllmfit.operator.record import ModelResolutionError, Record, key_of, pruned, record_from_object
@@ -72,7 +73,7 @@ class Store:
         self.lock = asyncio.Lock()
         self.ready = asyncio.Event()
         self.records: dict[str, Record] = {}
-        self.attributions: dict[str, Any] = {}  # node -> vllmfit.core.observe.Attribution
+        self.attributions: dict[str, Any] = {}  # node -> vllmfit.core.observe.attribution.Attribution
         self.log_cache: dict[tuple[str, int], PodHealth] = {}  # (pod uid, restarts) -> health read from its log
         self.child_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.write_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)  # one status write per key
@@ -228,7 +229,7 @@ class Store:
 
     def managed_pods(self) -> dict[str, str]:
         """UIDs of vllmfit's vLLM pods -> their deployment. Their GPU memory is booked in the
-        ledger; the node inventory's other memory in use is foreign (vllmfit.core.observe's rule)."""
+        ledger; the node inventory's other memory in use is foreign (vllmfit.core.observe.attribution's rule)."""
         out: dict[str, str] = {}
         for rec in self.records.values():
             for uid in [*((rec.written or {}).get("podUids") or []), *rec.pod_uids.values()]:

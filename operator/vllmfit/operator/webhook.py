@@ -31,9 +31,10 @@ from typing import Any, Literal, Protocol, Union, get_args, get_origin
 import kopf
 from pydantic import BaseModel, ValidationError
 
-from vllmfit.core import api, defaults, placement
+from vllmfit.core import defaults, placement
 from vllmfit.core.errors import UserError
 from vllmfit.core.placement import affinity
+from vllmfit.core.spec import api
 from vllmfit.operator import bounded, builders, certs
 from vllmfit.operator.webhookserver import MUTATE_ID, VALIDATE_ID, Server, clip
 

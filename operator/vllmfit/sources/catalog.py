@@ -20,8 +20,8 @@ from typing import Any
 import yaml
 
 from vllmfit.core.defaults import DRIVER_RESERVED_BYTES, MIB
-from vllmfit.core.modelarch import GpuType, ModelArch, ModelConfigError
-from vllmfit.core.modelconfig import parse_hf_config
+from vllmfit.core.model.config import parse_hf_config
+from vllmfit.core.model.facts import GpuType, ModelArch, ModelConfigError
 
 
 class CatalogError(LookupError):

@@ -28,8 +28,8 @@ from huggingface_hub.errors import (
 )
 
 from vllmfit.core.errors import one_line
-from vllmfit.core.modelarch import ModelArch, ModelConfigError
-from vllmfit.core.modelconfig import params_from_index, parse_hf_config
+from vllmfit.core.model.config import params_from_index, parse_hf_config
+from vllmfit.core.model.facts import ModelArch, ModelConfigError
 
 DEFAULT_TIMEOUT_S = 10.0
 _cache: dict[tuple[str, str], ModelArch] = {}

@@ -9,7 +9,7 @@ from vllmfit.core.memory.fixes import fixes, larger_gpu
 from vllmfit.core.memory.sizing import size, vllm_startup
 from vllmfit.core.memory.types import Estimate, Settings, SpecError
 from vllmfit.core.memory.versions import parse_version
-from vllmfit.core.modelarch import GpuType, ModelArch
+from vllmfit.core.model.facts import GpuType, ModelArch
 
 # --- estimate: one deployment, empty GPUs, with checked fixes -----------------------------------
 

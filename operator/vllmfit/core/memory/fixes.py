@@ -14,7 +14,7 @@ from vllmfit.core.memory.budget import DEFAULT_POLICY, BudgetPolicy, utilization
 from vllmfit.core.memory.sizing import explicit_request, resolve, size
 from vllmfit.core.memory.types import Settings, Sizing, SpecError, fmt_gib
 from vllmfit.core.memory.validation import can_run
-from vllmfit.core.modelarch import GpuType, ModelArch, check_tp
+from vllmfit.core.model.facts import GpuType, ModelArch, check_tp
 
 SPEC_NAMES = {
     "max_model_len": "maxModelLen",

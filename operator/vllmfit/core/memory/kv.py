@@ -23,7 +23,7 @@ from vllmfit.core import defaults
 from vllmfit.core.memory.types import Settings
 from vllmfit.core.memory.versions import VllmVersion
 from vllmfit.core.memory.weights import activation_dtype_bytes
-from vllmfit.core.modelarch import DTYPE_BYTES, ModelArch, ceil_div
+from vllmfit.core.model.facts import DTYPE_BYTES, ModelArch, ceil_div
 
 # --- KV cache ----------------------------------------------------------------------------------
 

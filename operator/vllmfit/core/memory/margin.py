@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from vllmfit.core.defaults import GIB
 from vllmfit.core.memory.versions import VllmVersion
-from vllmfit.core.modelarch import ModelArch
+from vllmfit.core.model.facts import ModelArch
 
 LOG_ROUNDING_GIB = 0.005
 """vLLM logs GiB with two decimals."""

@@ -7,7 +7,7 @@ from vllmfit.core.defaults import GIB
 from vllmfit.core.memory.types import Settings
 from vllmfit.core.memory.versions import VllmVersion
 from vllmfit.core.memory.weights import activation_dtype_bytes
-from vllmfit.core.modelarch import GpuType, ModelArch, ceil_div
+from vllmfit.core.model.facts import GpuType, ModelArch, ceil_div
 
 # --- Runtime memory vLLM measures (calibrated on shared/calibration, as functions of shape) ---
 

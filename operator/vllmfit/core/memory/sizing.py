@@ -16,7 +16,7 @@ from vllmfit.core.memory.types import Flags, Footprint, Settings, Sizing, SpecEr
 from vllmfit.core.memory.validation import cpu_offload_errors, gpu_errors, validate
 from vllmfit.core.memory.versions import VllmVersion, parse_version
 from vllmfit.core.memory.weights import adr_weights_bytes, cpu_offloaded_bytes, weights_bytes
-from vllmfit.core.modelarch import GpuType, ModelArch
+from vllmfit.core.model.facts import GpuType, ModelArch
 
 # --- Sizing ------------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ from typing import Literal
 from vllmfit.core import defaults
 from vllmfit.core.defaults import GIB
 from vllmfit.core.memory.versions import VllmVersion
-from vllmfit.core.modelarch import GpuType, ModelArch
+from vllmfit.core.model.facts import GpuType, ModelArch
 
 Policy = Literal["vllm", "adr"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from vllmfit.core import limits
 from vllmfit.core.memory.types import Settings
 from vllmfit.core.memory.versions import OLDEST_ACCEPTED, VllmVersion, requested_version
-from vllmfit.core.modelarch import DTYPE_BYTES, GpuType, ModelArch, check_tp
+from vllmfit.core.model.facts import DTYPE_BYTES, GpuType, ModelArch, check_tp
 
 # --- Validation --------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import math
 
 from vllmfit.core import defaults
 from vllmfit.core.memory.types import Settings
-from vllmfit.core.modelarch import DTYPE_BYTES, ModelArch, ceil_div
+from vllmfit.core.model.facts import DTYPE_BYTES, ModelArch, ceil_div
 
 # --- Weights -----------------------------------------------------------------------------------
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vllmfit.core.api import VLLMDeploymentSpec
 from vllmfit.core.memory import SpecError
+from vllmfit.core.spec.api import VLLMDeploymentSpec
 
 Requirement = tuple[str, str, tuple[str, ...]]  # (key, operator, values)
 Term = tuple[tuple[Requirement, ...], tuple[Requirement, ...]]  # (matchExpressions, matchFields)

@@ -7,14 +7,14 @@ from dataclasses import replace
 from typing import Any
 
 from vllmfit.core import memory
-from vllmfit.core.api import KvCacheSpec, VLLMDeploymentSpec
 from vllmfit.core.memory import Settings, SpecError
-from vllmfit.core.modelarch import GpuType, ModelArch
+from vllmfit.core.model.facts import GpuType, ModelArch
 from vllmfit.core.placement import affinity
 from vllmfit.core.placement.inputs import Request, settings_from_spec
 from vllmfit.core.placement.ledger import Decision, Ledger, NodeSet
 from vllmfit.core.placement.place import _decide
 from vllmfit.core.placement.search import _UNLIMITED, _is_mig_type, _pick
+from vllmfit.core.spec.api import KvCacheSpec, VLLMDeploymentSpec
 
 # --- Suggestions (each re-checked against the ledger) --------------------------------------------
 

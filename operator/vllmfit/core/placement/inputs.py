@@ -8,10 +8,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from vllmfit.core import defaults, memory, observe
-from vllmfit.core.api import KvCacheSpec, VLLMDeployment, VLLMDeploymentSpec
+from vllmfit.core import defaults, memory
 from vllmfit.core.memory import Settings
-from vllmfit.core.modelarch import GpuType, ModelArch
+from vllmfit.core.model.facts import GpuType, ModelArch
+from vllmfit.core.observe import attribution
+from vllmfit.core.spec.api import KvCacheSpec, VLLMDeployment, VLLMDeploymentSpec
 
 DecisionPhase = Literal["Admitted", "Rejected", "Unschedulable"]
 GpuLookup = Callable[[str, "int | None"], GpuType]
@@ -47,7 +48,7 @@ class GpuSlot:
 
 def gpu_label(index: int) -> str:
     """'GPU 3', or 'GPU 2 MIG 1' for MIG slice 1 of GPU 2 (unit index 3001)."""
-    g, m = observe.split_unit_index(index)
+    g, m = attribution.split_unit_index(index)
     return f"GPU {g}" if m is None else f"GPU {g} MIG {m}"
 
 

@@ -23,11 +23,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from vllmfit.core import defaults, limits, observe
+from vllmfit.core import defaults, limits
 from vllmfit.core.errors import one_line
-from vllmfit.core.inventory import INVENTORY_SCHEMA_VERSION, GpuInventory
 from vllmfit.core.memory import DEFAULT_POLICY, BudgetPolicy
-from vllmfit.core.modelarch import GpuType
+from vllmfit.core.model.facts import GpuType
+from vllmfit.core.observe import attribution
+from vllmfit.core.observe.inventory import INVENTORY_SCHEMA_VERSION, GpuInventory
 from vllmfit.core.placement.inputs import GpuLookup, GpuSlot, NodeInfo
 from vllmfit.core.quantity import parse_bytes
 
@@ -137,7 +138,7 @@ def _read_node(
     `gpu_lookup(product, memory_mib)` resolves a product name to catalog facts (the caller passes
     vllmfit.sources.catalog.gpu_for_label); it raises LookupError for an unknown product without memory.
     `pods` maps the UIDs of vllmfit's pods to their deployment: their memory is booked in the
-    ledger, everything else in use is foreign (vllmfit.core.observe's rule; without `pods`, all
+    ledger, everything else in use is foreign (vllmfit.core.observe.attribution's rule; without `pods`, all
     memory in use is foreign). A MIG-enabled GPU is replaced by its slices (unit index
     1000 x (gpu + 1) + slice). `now` turns on the staleness check (the operator passes the clock;
     `vllmfit plan` reads an export of unknown age and passes None). `previous` is the node's last
@@ -248,7 +249,7 @@ def _inventory(
         warnings.append(f"{name}: inventory schema {inv.schema_version} is newer than {INVENTORY_SCHEMA_VERSION}; "
                         "reading the fields this vllmfit knows")
     if now is not None:
-        age = observe.age_seconds(inv, now)
+        age = attribution.age_seconds(inv, now)
         if age is None:
             raise NodeDataError(f"{where}: sampledAt {inv.sampled_at[:40]!r} is not an RFC 3339 time")
         if age > defaults.INVENTORY_STALE_SECONDS:  # a date in the future is clock skew: fresh
@@ -322,7 +323,7 @@ def _reference_bytes(product: str, gfd_mib: str, gpu_lookup: GpuLookup) -> tuple
 def _slots_from_inventory(
     name: str, inv: GpuInventory, gpu_lookup: GpuLookup, pods: Mapping[str, str], warnings: list[str]
 ) -> tuple[GpuSlot, ...]:
-    usage = observe.attribute(inv, pods)
+    usage = attribution.attribute(inv, pods)
     gpus = {g.index: g for g in inv.gpus}
     slots = []
     for idx, u in usage.units.items():

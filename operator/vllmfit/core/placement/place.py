@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from vllmfit.core import memory
 from vllmfit.core.memory import Footprint, Settings, Sizing, SpecError, fmt_gib
-from vllmfit.core.modelarch import GpuType
+from vllmfit.core.model.facts import GpuType
 from vllmfit.core.placement import affinity
 from vllmfit.core.placement.inputs import (
     GpuSlot,

@@ -9,12 +9,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vllmfit.core import defaults, memory
-from vllmfit.core.api import VLLMDeploymentSpec
 from vllmfit.core.memory import Footprint, Settings, Sizing, SpecError
-from vllmfit.core.modelarch import GpuType, ModelArch
+from vllmfit.core.model.facts import GpuType, ModelArch
 from vllmfit.core.placement import affinity
 from vllmfit.core.placement.inputs import NodeInfo, Request
 from vllmfit.core.placement.ledger import Ledger, NodeSet
+from vllmfit.core.spec.api import VLLMDeploymentSpec
 
 # --- Sizing (cached: the result depends only on model, settings, GPU type and `available`) ------
 

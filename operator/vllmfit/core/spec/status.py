@@ -1,5 +1,5 @@
 """The VLLMDeployment status: what the operator reports (phase, conditions, placement, flags,
-per-GPU memory and headroom, what the agent observed). Re-exported by `vllmfit.core.api`."""
+per-GPU memory and headroom, what the agent observed). Re-exported by `vllmfit.core.spec.api`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Literal
 from pydantic import Field
 
 from vllmfit.core import limits
-from vllmfit.core.apimodel import ApiModel as _Model
-from vllmfit.core.apimodel import Phase
+from vllmfit.core.spec.base import ApiModel as _Model
+from vllmfit.core.spec.base import Phase
 
 
 class Condition(_Model):

@@ -12,8 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from vllmfit.core import limits
-from vllmfit.core.hfconfig import derive_max_len, text_config
-from vllmfit.core.modelarch import (
+from vllmfit.core.model.facts import (
     DTYPE_BYTES,
     MLA_MODEL_TYPES,
     ModelArch,
@@ -21,7 +20,8 @@ from vllmfit.core.modelarch import (
     Quant,
     count_params,
 )
-from vllmfit.core.statespace import LayerPlan, layer_plan
+from vllmfit.core.model.hfconfig import derive_max_len, text_config
+from vllmfit.core.model.hybrid import LayerPlan, layer_plan
 
 _KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", "num_attention_groups")
 

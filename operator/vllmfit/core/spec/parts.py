@@ -1,5 +1,5 @@
 """The parts of a VLLMDeployment's spec: the value types, the references to Secrets and
-ConfigMaps, placement, the pod template, the KV cache request and LoRA adapters. `vllmfit.core.api`
+ConfigMaps, placement, the pod template, the KV cache request and LoRA adapters. `vllmfit.core.spec.api`
 puts them together into the spec (and re-exports them); `vllmfit crd` generates the CRD from there."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from vllmfit.core import defaults, limits, names
-from vllmfit.core.apimodel import ApiModel as _Model
+from vllmfit.core import defaults, limits
 from vllmfit.core.quantity import QUANTITY_PATTERN, parse_bytes
+from vllmfit.core.spec import names
+from vllmfit.core.spec.base import ApiModel as _Model
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 Quantization = Literal["fp8", "int8", "w8a8", "awq", "gptq", "w4a16", "mxfp4", "compressed-tensors", "bitsandbytes"]

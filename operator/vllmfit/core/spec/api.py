@@ -1,5 +1,5 @@
-"""The VLLMDeployment API (group vllmfit.dev, version v1alpha1): the spec here (its parts in `vllmfit.core.specparts`),
-the status in `vllmfit.core.status` (both re-exported), the node inventory annotation in `vllmfit.core.inventory`.
+"""The VLLMDeployment API (group vllmfit.dev, version v1alpha1): the spec here (its parts in `vllmfit.core.spec.parts`),
+the status in `vllmfit.core.spec.status` (both re-exported), the node inventory annotation in `vllmfit.core.observe.inventory`.
 
 These pydantic models are the one source of truth: `vllmfit crd` generates crds/*.yaml from
 them, the operator and webhook parse objects with them, and `vllmfit plan` reads exported
@@ -12,11 +12,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from vllmfit.core import defaults, extraargs, limits, names
-from vllmfit.core.apimodel import ApiModel as _Model
-from vllmfit.core.apimodel import Phase
+from vllmfit.core import defaults, limits
 from vllmfit.core.quantity import QUANTITY_PATTERN, parse_bytes
-from vllmfit.core.specparts import (
+from vllmfit.core.spec import extraargs, names
+from vllmfit.core.spec.base import ApiModel as _Model
+from vllmfit.core.spec.base import Phase
+from vllmfit.core.spec.parts import (
     ConfigMapKeyRef,
     Dtype,
     KvCacheDtype,
@@ -32,7 +33,7 @@ from vllmfit.core.specparts import (
     SecretKeyRef,
     _raise,
 )
-from vllmfit.core.status import (
+from vllmfit.core.spec.status import (
     Condition,
     Flags,
     GpuHeadroom,

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from vllmfit.core import defaults
-from vllmfit.core.inventory import GpuInventory, InventoryGpu, InventoryMigDevice, InventoryProcess
+from vllmfit.core.observe.inventory import GpuInventory, InventoryGpu, InventoryMigDevice, InventoryProcess
 
 MIG_UNIT_BASE = 1000
 """Unit index of MIG device m on GPU g: MIG_UNIT_BASE * (g + 1) + m."""

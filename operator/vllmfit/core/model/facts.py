@@ -1,13 +1,13 @@
 """Model architecture and GPU facts as frozen types: `ModelArch` (what the memory model needs of a
 model), `Quant`, `GpuType`; the parameter count from the architecture and the TP check.
-A Hugging Face config.json becomes a `ModelArch` in `vllmfit.core.modelconfig`."""
+A Hugging Face config.json becomes a `ModelArch` in `vllmfit.core.model.config`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from vllmfit.core import limits
-from vllmfit.core.statespace import StateSpec
+from vllmfit.core.model.hybrid import StateSpec
 
 
 class ModelConfigError(ValueError):
