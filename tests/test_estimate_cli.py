@@ -123,12 +123,12 @@ def test_fixes_in_the_table_are_cli_flags_that_the_parser_accepts(capsys):
 
 
 def test_every_spec_field_a_fix_names_maps_to_an_estimate_flag():
-    from vllmfit.cli import render
+    from vllmfit.cli.render import layout
 
     parser = cli.build_parser("estimate")
     estimate = parser._subparsers._group_actions[0].choices["estimate"]
     flags = {opt for a in estimate._actions for opt in a.option_strings}
-    assert set(render.SPEC_FLAGS.values()) <= flags
+    assert set(layout.SPEC_FLAGS.values()) <= flags
 
 
 @pytest.mark.parametrize("command", [["models"], ["models", "-o", "wide"], ["gpus"], ["gpus", "-o", "wide"]])

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllmfit.cli.render import SPEC_FLAGS
+from vllmfit.cli.render.layout import SPEC_FLAGS
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "estimate"

@@ -166,7 +166,7 @@ def test_versions_before_v1_engine_are_refused_and_spec_version_overrides_the_ta
 
 def test_estimate_json_and_table_describe_the_recurrent_state():
     from vllmfit.cli.estimate import estimate_json
-    from vllmfit.cli.render import hybrid_text
+    from vllmfit.cli.render.layout import hybrid_text
 
     a = arch("nvidia__Nemotron-H-56B-Base-8K")
     gpu = catalog.gpu("NVIDIA-H100-80GB-HBM3")

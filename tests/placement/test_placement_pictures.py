@@ -13,6 +13,7 @@ from placement_fakes import H100, L4, LLAMA_8B, QWEN_05B, node, request
 from test_placement_reasons import MIG
 
 from vllmfit.cli import render
+from vllmfit.cli.render import layout
 from vllmfit.core import placement
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -45,7 +46,7 @@ def test_svg_has_a_title_with_the_summary_a_legend_whole_labels_and_the_refused(
     assert re.fullmatch(r"3 nodes, 5 GPUs \(\d in use\): used [\d.]+ GiB, free [\d.]+ GiB of [\d.]+ GiB budget; "
                         r"3 admitted, 1 refused", summary), summary
     budget = sum(sl.budget_bytes for sl in p.ledger.slots())
-    assert f"of {render.gib(budget)} GiB budget" in summary
+    assert f"of {layout.gib(budget)} GiB budget" in summary
     # legend: the components, then every deployment that holds GPUs, with its colour
     legend = root.find(f".//{SVG}g[@class='legend']")
     names = texts(legend)
@@ -111,12 +112,12 @@ def test_html_has_the_summary_legend_labels_and_refused_list() -> None:
 
 def test_colours_stay_distinct_for_any_count_in_hue_families_per_namespace() -> None:
     keys = [f"ns{i % 7}/d{i:03d}" for i in range(300)]
-    colours = render.family_colors(keys)
+    colours = layout.family_colors(keys)
     assert len(set(colours.values())) == len(keys)  # 300 deployments, 300 colours
     for ns in range(7):  # one hue family per namespace: within FAMILY_SPREAD/2 of its hue
-        base = (ns * render.GOLDEN_ANGLE) % 360
+        base = (ns * layout.GOLDEN_ANGLE) % 360
         for key in (k for k in keys if k.startswith(f"ns{ns}/")):
             r, g, b = (int(colours[key][i:i + 2], 16) / 255 for i in (1, 3, 5))
             hue = colorsys.rgb_to_hls(r, g, b)[0] * 360
-            assert min(abs(hue - base), 360 - abs(hue - base)) <= render.FAMILY_SPREAD / 2 + 1.5, key
-    assert render.family_colors(keys) == colours  # deterministic
+            assert min(abs(hue - base), 360 - abs(hue - base)) <= layout.FAMILY_SPREAD / 2 + 1.5, key
+    assert layout.family_colors(keys) == colours  # deterministic

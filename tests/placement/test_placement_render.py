@@ -8,12 +8,13 @@ from placement_fakes import H100, L4, LLAMA_8B, QWEN_05B, node, request
 from rich.console import Console
 
 from vllmfit.cli import render
+from vllmfit.cli.render import layout
 from vllmfit.core import memory, placement
 
 
 @given(st.lists(st.integers(0, 10**12), min_size=1, max_size=12), st.integers(1, 200))
 def test_cells_add_up_to_the_width(values: list[int], width: int) -> None:
-    out = render.cells(values, width)
+    out = layout.cells(values, width)
     assert sum(out) == (width if sum(values) else 0)
     assert all(abs(c - v * width / sum(values)) < 1 for c, v in zip(out, values)) if sum(values) else True
 
@@ -27,7 +28,7 @@ def test_a_gpu_bar_is_its_capacity_split_into_bookings_foreign_free_and_reserve(
         ],
     )
     sl = p.ledger.slots()[0]
-    segs = render.gpu_segments(p, sl, render.colors(p))
+    segs = layout.gpu_segments(p, sl, layout.colors(p))
     assert sum(s.bytes for s in segs) == H100.cuda_total_bytes
     by = {s.label: s.bytes for s in segs}
     assert by["foreign use"] == 5 << 30
@@ -48,7 +49,7 @@ def test_print_estimate_fits() -> None:
     est = memory.estimate(LLAMA_8B, memory.Settings(max_model_len=8192, kv_concurrency=8), H100)
     out = _text(render.print_estimate, est)
     assert "fits: " in out and "--max-model-len=8192" in out and "vLLM start-up (predicted log)" in out
-    assert f"{render.gib(est.sizing.footprint.total)} of {render.gib(H100.cuda_total_bytes)} GiB" in out
+    assert f"{layout.gib(est.sizing.footprint.total)} of {layout.gib(H100.cuda_total_bytes)} GiB" in out
 
 
 def test_print_estimate_does_not_fit() -> None:

@@ -1,0 +1,291 @@
+"""The terminal: rich tables and character bars of plans and estimates, drawn from `layout`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from vllmfit.cli.render.layout import (
+    BAR_WIDTH,
+    COMPONENTS,
+    FOREIGN,
+    FREE,
+    NODES_AVAILABLE,
+    RESERVE,
+    Segment,
+    as_flags,
+    cells,
+    colors,
+    estimate_segments,
+    gib,
+    gpu_row_label,
+    gpu_segments,
+    hybrid_text,
+    node_title,
+    placement_text,
+)
+from vllmfit.core.memory import Estimate
+from vllmfit.core.placement import Plan
+
+PHASE_STYLE = {
+    "Admitted": "green",
+    "Running": "green",
+    "Unschedulable": "yellow",
+    "Rejected": "red",
+    "Pending": "blue",
+    "Failed": "red",
+}
+
+
+
+def bar(segments: Sequence[Segment], width: int = BAR_WIDTH) -> Text:
+    text = Text()
+    for seg, n in zip(segments, cells([s.bytes for s in segments], width)):
+        text.append(seg.char * n, style=seg.style)
+    return text
+
+
+# --- Terminal: plan --------------------------------------------------------------------------------
+
+
+def print_plan(console: Console, p: Plan, width: int | None = None) -> None:
+    palette = colors(p)
+    wide = console.width >= 120
+    label_width = max((len(gpu_row_label(p, s)) for s in p.ledger.slots()), default=5)
+    room = console.width - label_width - 30 - (28 if wide else 0)  # used/free text, deployments
+    bar_width = width or max(16, min(60, room))
+    console.print(summary_line(p))
+    console.print(legend(palette))
+    for node in sorted(p.ledger.nodes):
+        console.print(node_table(p, node, palette, bar_width, wide, label_width))
+    if p.decisions:
+        console.print(Text("\nDeployments", style="bold"))
+    for key in sorted(p.decisions):
+        print_deployment(console, p, key, palette)
+    for line in p.warnings:
+        console.print(Text(f"warning: {line}", style="yellow"))
+    for line in p.errors:
+        console.print(Text(f"error: {line}", style="red"))
+
+
+def summary_line(p: Plan) -> Text:
+    phases = [d.phase for d in p.decisions.values()]
+    gpus = p.ledger.slots()
+    used = sum(1 for s in gpus if p.ledger.bookings_on(s.node, s.index))
+    t = Text(
+        f"{len(p.ledger.nodes)} nodes, {len(gpus)} GPUs ({used} in use), {len(phases)} deployments: ",
+        style="bold",
+    )
+    parts = [(ph, phases.count(ph)) for ph in sorted(set(phases), key=lambda x: (x != "Admitted", x))]
+    for i, (ph, n) in enumerate(parts):
+        t.append(f"{n} {ph.lower()}" + (", " if i < len(parts) - 1 else ""), style=PHASE_STYLE.get(ph, ""))
+    if p.errors:
+        t.append(f"; {len(p.errors)} input errors", style="red")
+    return t
+
+
+def legend(palette: dict[str, tuple[str, str]]) -> Text:
+    t = Text()
+    for _, label, char, _ in COMPONENTS:
+        t.append(f"{char * 2} {label}  ")
+    for (style, _, char), label in ((FOREIGN, "foreign"), (FREE, "free"), (RESERVE, "reserve")):
+        t.append(char * 2, style=style)
+        t.append(f" {label}  ")
+    if palette:
+        t.append("\n")
+    for name, (style, _) in palette.items():
+        t.append("■ ", style=style)
+        t.append(f"{name}  ")
+    return t
+
+
+def node_table(
+    p: Plan, node: str, palette: dict[str, tuple[str, str]], width: int, wide: bool, label_width: int = 5
+) -> Table:
+    info = p.ledger.nodes[node]
+    table = Table(
+        title=node_title(p, node),
+        title_justify="left",
+        title_style="bold",
+        box=None,
+        pad_edge=False,
+        show_header=False,
+    )
+    table.add_column("GPU", no_wrap=True, min_width=label_width)
+    table.add_column("bar", no_wrap=True)
+    table.add_column("used", justify="right", no_wrap=True)
+    if wide:
+        table.add_column("deployments")
+    for sl in sorted(info.gpus, key=lambda s: s.index):
+        head = p.ledger.headroom_bytes(sl.node, sl.index)
+        label = gpu_row_label(p, sl)
+        used = Text(f"{gib(p.ledger.used_bytes(sl.node, sl.index))}/{gib(sl.budget_bytes)} GiB, ")
+        used.append(f"{gib(head)} free", style="red" if head < 0 else "")
+        row: list[Text | str] = [label, bar(gpu_segments(p, sl, palette), width), used]
+        if wide:
+            deps = sorted({b.deployment for b in p.ledger.bookings_on(sl.node, sl.index)})
+            row.append(Text(", ").join([Text(d, style=palette.get(d, ("", ""))[0]) for d in deps]))
+        table.add_row(*row)
+    return table
+
+
+
+def print_deployment(console: Console, p: Plan, key: str, palette: dict[str, tuple[str, str]]) -> None:
+    """Two to four lines: phase, name, model; where and how much; flags; then why not and fixes."""
+    d = p.decisions[key]
+    req = p.requests.get(key)
+    head = Text(f"{d.phase:<13} ", style=PHASE_STYLE.get(d.phase, ""))
+    head.append("■ ", style=palette.get(key, ("", ""))[0])
+    head.append(key, style="bold")
+    if req is not None:
+        head.append(f"  {req.model.name}")
+    if d.restored:
+        head.append("  (kept: from status)", style="dim")
+    console.print(head)
+    if d.replicas:
+        sizing = d.replicas[0].sizing
+        fp = sizing.footprint
+        line = f"  on {placement_text(d)}: {gib(fp.total)} GiB per GPU, KV cache {gib(fp.kv_cache)} GiB"
+        if sizing.kv_cache_tokens:
+            line += f" = {sizing.kv_cache_tokens} tokens (max concurrency {sizing.max_concurrency:.1f})"
+        console.print(line, highlight=False)
+    if d.flags is not None and d.admitted:
+        console.print(Text("  " + " ".join(d.flags.args()), style="cyan"))
+    if not d.admitted:
+        at = d.message.find(NODES_AVAILABLE)
+        if d.reasons and at >= 0:  # the kube-scheduler's headline, then its groups
+            console.print(f"  {d.message[: at + len(NODES_AVAILABLE)]}:", highlight=False)
+        for r in d.reasons:
+            console.print(f"  - {r}", highlight=False)
+        if not d.reasons and d.message:
+            console.print(f"  {d.message}", highlight=False)
+        if d.suggestions:
+            console.print("  fits with (each checked):", highlight=False)
+            for s in d.suggestions:
+                console.print(Text(f"    {s}", style="green"))
+    for w in d.warnings:
+        console.print(Text(f"  warning: {w}", style="yellow"))
+
+
+# --- Terminal: estimate (one deployment, one GPU) ------------------------------------------------
+
+
+def print_estimate(console: Console, est: Estimate, width: int = BAR_WIDTH) -> None:
+    s = est.settings
+    sizing = est.sizing
+    gpus = f"{s.gpus}x" + (f" (tp={s.tp}, pp={s.pp})" if s.gpus > 1 else "")
+    console.print(
+        Text(
+            f"{est.model.name} on {gpus} {est.gpu.name} ({gib(est.capacity_bytes)} GiB), "
+            f"vLLM {est.version.label}, policy {s.policy}",
+            style="bold",
+        )
+    )
+    segments = estimate_segments(est)
+    scale = Text(f"  {gib(sizing.footprint.total)} of {gib(est.capacity_bytes)} GiB")
+    if sizing.footprint.total > est.capacity_bytes:
+        scale = Text(
+            f"  {gib(sizing.footprint.total)} GiB: {sizing.footprint.total / est.capacity_bytes:.1f}x "
+            "the GPU's memory",
+            style="red",
+        )
+    console.print(bar(segments, width) + scale)
+    console.print(
+        Text("  ").join([Text(seg.char * 2 + " ", style=seg.style) + Text(seg.label) for seg in segments])
+    )
+    console.print(estimate_table(est))
+    fp = sizing.footprint
+    if s.lora_max_loras is not None or fp.cpu_offloaded:
+        parts = [f"{gib(fp.lora)} GiB of LoRA slots ({s.lora_max_loras} x rank {s.lora_max_rank})"] \
+            if s.lora_max_loras is not None else []
+        if fp.cpu_offloaded:
+            parts.append(f"{gib(fp.cpu_offloaded)} GiB offloaded to CPU memory")
+        console.print(f"weights include {' and exclude '.join(parts)}", highlight=False)
+    if sizing.flags is not None:
+        label = "flags: " if sizing.fits else "flags (if it fit): "
+        console.print(Text(label, style="bold") + Text(" ".join(sizing.flags.args())))
+    if sizing.kv_cache_tokens and sizing.fits:
+        console.print(
+            f"KV cache: {sizing.kv_cache_tokens} tokens, max concurrency {sizing.max_concurrency:.2f} "
+            f"({sizing.kv_bytes_per_token} bytes per token)"
+            + (f"; {sizing.concurrency_typical:.1f} requests of the typical {sizing.typical_len} tokens"
+               if sizing.concurrency_typical is not None else ""),
+            highlight=False,
+        )
+    hybrid = hybrid_text(est)
+    if hybrid and sizing.fits:
+        console.print(hybrid, highlight=False)
+    if sizing.fits and est.settings.policy == "vllm" and fp.margin:
+        low, high = fp.kv_range
+        console.print(
+            f"KV cache vLLM will find: {gib(low)} to {gib(high)} GiB (margin {fp.margin / 2**30:.2f} GiB, "
+            "measured for this architecture class, booked in overhead)",
+            highlight=False,
+        )
+    if est.vllm is not None and sizing.fits:
+        console.print(vllm_table(est))
+    if sizing.fits:
+        console.print(Text(f"fits: {gib(est.headroom_bytes)} GiB of budget left per GPU", style="bold green"))
+    else:
+        console.print(Text("does not fit", style="bold red"))
+    for r in sizing.reasons:
+        console.print(f"  - {r}", highlight=False)
+    if est.suggestions:
+        console.print("fits with (each checked):")
+        for sug in est.suggestions:
+            console.print(Text(f"  {as_flags(sug)}", style="green"))
+    for w in est.warnings:
+        console.print(Text(f"warning: {w}", style="yellow"))
+
+
+
+def estimate_table(est: Estimate) -> Table:
+    fp = est.sizing.footprint
+    table = Table(show_edge=False, pad_edge=False)
+    table.add_column("per GPU")
+    table.add_column("GiB", justify="right")
+    table.add_column("of capacity", justify="right")
+    rows = [
+        ("weights", fp.weights),
+        ("KV cache", fp.kv_cache),
+        ("activation", fp.activation),
+        ("overhead", fp.overhead),
+        ("= footprint", fp.total),
+        ("budget", est.budget_bytes),
+        (
+            "free (budget - footprint)" if fp.total <= est.budget_bytes else "over budget by",
+            abs(est.budget_bytes - fp.total),
+        ),
+        ("reserve (capacity - budget)", est.capacity_bytes - est.budget_bytes),
+        ("capacity", est.capacity_bytes),
+    ]
+    for label, val in rows:
+        table.add_row(label, gib(val), f"{100 * val / est.capacity_bytes:.1f}%" if est.capacity_bytes else "")
+    return table
+
+
+def vllm_table(est: Estimate) -> Table:
+    v = est.vllm
+    assert v is not None
+    table = Table(
+        title="vLLM start-up (predicted log)", title_justify="left", show_edge=False, pad_edge=False
+    )
+    table.add_column("")
+    table.add_column("value", justify="right")
+    for label, val in (
+        ("requested memory ceil(T x u)", f"{gib(v.requested_bytes)} GiB"),
+        ("model weights", f"{gib(v.weights_bytes)} GiB"),
+        ("activation peak", f"{gib(v.activation_peak_bytes)} GiB"),
+        ("non-torch memory", f"{gib(v.non_torch_bytes)} GiB"),
+        ("CUDA graphs", f"{gib(v.cuda_graph_bytes)} GiB"),
+        ("available KV cache memory", f"{gib(v.kv_cache_bytes)} GiB"),
+        ("GPU KV cache size", f"{v.kv_cache_tokens} tokens"),
+        ("GPU blocks", str(v.num_gpu_blocks)),
+        ("maximum concurrency", f"{v.max_concurrency:.2f}x"),
+    ):
+        table.add_row(label, val)
+    return table
+
