@@ -80,12 +80,15 @@ async def test_metrics_follow_the_ledger(cluster: Cluster, operator: Operator) -
     await cluster.until(lambda: samples().get(("vllmfit_reconcile_seconds_count", ())), what="a reconcile timed")
     used = st["memory"][0]["totalBytes"]
     m = samples()
-    gpu0, gpu1 = (("gpu", "0"), ("node", "gpu-a")), (("gpu", "1"), ("node", "gpu-a"))
+    gpu0, gpu1 = ((("gpu", str(i)), ("node", "gpu-a"), ("product", H100), ("uuid", "")) for i in (0, 1))
     assert m[("vllmfit_gpu_budget_bytes", gpu0)] == BUDGET
     assert m[("vllmfit_gpu_used_bytes", gpu0)] == used and m[("vllmfit_gpu_used_bytes", gpu1)] == 0
     assert m[("vllmfit_gpu_headroom_bytes", gpu0)] == BUDGET - used
-    assert m[("vllmfit_deployment_predicted_bytes", (("deployment", "default/llama"), ("gpu", "0"),
+    assert m[("vllmfit_gpu_booked_bytes", gpu0)] == used and m[("vllmfit_gpu_foreign_bytes", gpu0)] == 0
+    assert m[("vllmfit_gpu_capacity_bytes", gpu0)] == catalog.gpu(H100).cuda_total_bytes
+    assert m[("vllmfit_deployment_predicted_bytes", (("gpu", "0"), ("name", "llama"), ("namespace", "default"),
                                                       ("node", "gpu-a"), ("replica", "0")))] == used
+    assert m[("vllmfit_deployment_phase", (("name", "llama"), ("namespace", "default"), ("phase", "Admitted")))] == 1
     assert m[("vllmfit_admissions_total", (("result", "Admitted"),))] == before + 1
     assert m[("vllmfit_reconcile_seconds_count", ())] >= 1
 

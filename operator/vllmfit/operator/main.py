@@ -136,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
     handlers.configure(settings)
     hook = _webhook()
     if hook is not None:
+        hook.observer = metrics.observe_review
         hook.setup(settings, args, store)
     if args.metrics_port:
         metrics.serve(args.metrics_port)

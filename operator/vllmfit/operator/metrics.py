@@ -1,77 +1,189 @@
-"""Prometheus metrics of the operator (served on --metrics-port, path /metrics).
+"""Prometheus metrics of the operator (served on --metrics-port, path /metrics; docs/metrics.md).
 
-The GPU gauges are read from the live ledger at scrape time (a custom collector), so they can
-never disagree with what the operator decides on:
+One registry: prometheus_client's default REGISTRY. Two kinds of metric:
 
-  vllmfit_gpu_budget_bytes{node,gpu}            utilization x capacity - reserve
-  vllmfit_gpu_used_bytes{node,gpu}              bookings + foreign use
-  vllmfit_gpu_headroom_bytes{node,gpu}          budget - used
-  vllmfit_gpu_foreign_bytes{node,gpu}           memory used by processes vllmfit does not manage
-  vllmfit_deployment_predicted_bytes{deployment,replica,node,gpu}
-  vllmfit_deployment_observed_bytes{deployment,node,gpu}   from the node agent, when it attributes
-  vllmfit_admissions_total{result}              Admitted, Rejected, Unschedulable, Pending
-  vllmfit_reconcile_seconds                     one create/update/resume, model resolution included
-  vllmfit_node_data_refused_total{node}         node GPU labels/inventory refused (the node kept its last good state)
+- read from the live Store at scrape time by `StoreCollector` (the ledger, the records, the agent's
+  attributions, the reservation pods and DRA claims), so a gauge can never disagree with what the
+  operator decides on, and the handlers need no call to keep them current;
+- events counted where they happen: ADMISSIONS (each decision), RECONCILE / RECONCILE_ERRORS
+  (handlers), NODE_DATA_REFUSED (node data refused), WEBHOOK (each admission review, by outcome;
+  observed through `observe_review`, which the webhook calls through its `observer` hook).
+
+Cardinality is bounded by what the cluster holds: per-GPU series by the GPU slots in the ledger
+(core.limits bounds nodes and GPUs per node), per-deployment series by the VLLMDeployments and
+their bookings; label values of counters come from fixed sets (results, outcomes, handlers,
+states) except NODE_DATA_REFUSED's node. docs/metrics.md gives the bound of each.
 """
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from vllmfit import __version__
+
+PHASES = ("Pending", "Admitted", "Running", "Rejected", "Unschedulable", "Failed")
+OUTCOMES = ("allowed", "warned", "denied", "invalid", "error")  # of one admission review
+RESERVATION_STATES = ("held", "pending", "unschedulable", "terminating")
+CLAIM_STATES = ("allocated", "pending")
+
 ADMISSIONS = Counter("vllmfit_admissions", "Decisions on VLLMDeployment specs, by result.", ["result"])
 NODE_DATA_REFUSED = Counter("vllmfit_node_data_refused", "Node GPU labels or inventories refused (malformed, out of "
                             "range, not believable); the node kept its last good state.", ["node"])
 RECONCILE = Histogram("vllmfit_reconcile_seconds", "Time to handle one VLLMDeployment create/update/resume.",
                       buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+RECONCILE_ERRORS = Counter("vllmfit_reconcile_errors", "Handler runs that ended in an exception (Kopf retries "
+                           "them), by handler.", ["handler"])
+WEBHOOK = Histogram("vllmfit_webhook_duration_seconds", "Time to answer one admission review, by webhook "
+                    "(validate, default) and outcome (allowed, warned, denied, invalid, error).",
+                    ["webhook", "outcome"],
+                    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+
+GPU_LABELS = ["node", "gpu", "uuid", "product"]
 
 
-class LedgerCollector(Collector):
+def observe_review(webhook: str, outcome: str, seconds: float) -> None:
+    """One admission review answered (the webhook's `observer` hook)."""
+    WEBHOOK.labels(webhook, outcome if outcome in OUTCOMES else "error").observe(seconds)
+
+
+def _split(key: str) -> tuple[str, str]:
+    ns, _, name = key.partition("/")
+    return ns, name
+
+
+def _timestamp(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+class StoreCollector(Collector):
+    """The ledger, the records and what the agents and the backends report, read at scrape time."""
+
     def collect(self) -> Iterator[Any]:
         from vllmfit.core.observe.attribution import split_unit_index
+        from vllmfit.operator import report
         from vllmfit.operator.state import get_store
 
         store = get_store()
         ledger = store.ledger
-        gl = ["node", "gpu"]
-        budget = GaugeMetricFamily("vllmfit_gpu_budget_bytes", "GPU memory vllmfit may hand out.", labels=gl)
-        used = GaugeMetricFamily("vllmfit_gpu_used_bytes", "GPU memory booked plus foreign use.", labels=gl)
-        head = GaugeMetricFamily("vllmfit_gpu_headroom_bytes", "Budget minus used.", labels=gl)
-        foreign = GaugeMetricFamily("vllmfit_gpu_foreign_bytes", "GPU memory of processes vllmfit does not manage.",
-                                    labels=gl)
-        pred = GaugeMetricFamily("vllmfit_deployment_predicted_bytes", "Predicted GPU memory of one replica.",
-                                 labels=["deployment", "replica", "node", "gpu"])
-        obs = GaugeMetricFamily("vllmfit_deployment_observed_bytes", "GPU memory the node agent attributes.",
-                                labels=["deployment", "node", "gpu"])
+
+        def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=labels)
+
+        capacity = gauge("vllmfit_gpu_capacity_bytes", "Total memory of the GPU as CUDA reports it (vLLM's total).",
+                         GPU_LABELS)
+        budget = gauge("vllmfit_gpu_budget_bytes", "GPU memory vllmfit may hand out: utilization x capacity - "
+                       "reserve.", GPU_LABELS)
+        booked = gauge("vllmfit_gpu_booked_bytes", "GPU memory booked for vllmfit's replicas (predicted).", GPU_LABELS)
+        foreign = gauge("vllmfit_gpu_foreign_bytes", "GPU memory of processes vllmfit does not manage.", GPU_LABELS)
+        used = gauge("vllmfit_gpu_used_bytes", "Booked plus foreign GPU memory.", GPU_LABELS)
+        head = gauge("vllmfit_gpu_headroom_bytes", "Budget minus used (negative: over budget).", GPU_LABELS)
+        observed = gauge("vllmfit_gpu_observed_bytes", "GPU memory in use as the node agent last measured it (NVML).",
+                         GPU_LABELS)
+        pred = gauge("vllmfit_deployment_predicted_bytes", "Predicted GPU memory of one replica on one GPU (its "
+                     "booking).", ["namespace", "name", "replica", "node", "gpu"])
+        obs = gauge("vllmfit_deployment_observed_bytes", "GPU memory the node agent attributes to a deployment's "
+                    "processes on one GPU.", ["namespace", "name", "node", "gpu"])
+        drift = gauge("vllmfit_deployment_drift_bytes", "Observed minus predicted bytes of a deployment on one GPU "
+                      "(positive: uses more than booked).", ["namespace", "name", "node", "gpu"])
+        ratio = gauge("vllmfit_deployment_drift_ratio", "Observed minus predicted, over predicted.",
+                      ["namespace", "name", "node", "gpu"])
+        phase = gauge("vllmfit_deployment_phase", "1 for the phase a VLLMDeployment is in.",
+                      ["namespace", "name", "phase"])
+        sampled = gauge("vllmfit_node_inventory_timestamp_seconds", "When the node agent last sampled the node's "
+                        "GPUs (Unix time), as its inventory says.", ["node"])
+        reservations = gauge("vllmfit_reservations", "GPU reservation pods (device-plugin backend), by state.",
+                             ["state"])
+        claims = gauge("vllmfit_resource_claims", "DRA ResourceClaims the operator watches, by state "
+                       "(allocated or pending).", ["state"])
+        ready = gauge("vllmfit_ledger_ready", "1 once the ledger was rebuilt from the API at start-up.", [])
+        leading = gauge("vllmfit_leading", "1 on the replica that handles events (standalone or the active peer).",
+                        [])
+        info = gauge("vllmfit_build_info", "Always 1; the labels say which build runs.",
+                     ["version", "python_version"])
+
+        units: dict[tuple[str, int], Any] = {}
+        for node, att in sorted(store.attributions.items()):
+            for index, u in att.units.items():
+                units[(node, index)] = u
+            ts = _timestamp(getattr(att, "sampled_at", None))
+            if ts is not None:
+                sampled.add_metric([node], ts)
         for slot in ledger.slots():
-            labels = [slot.node, str(slot.index)]
+            gpu = str(slot.index)
+            labels = [slot.node, gpu, slot.uuid or "", slot.gpu.product]
+            total = ledger.used_bytes(slot.node, slot.index)
+            capacity.add_metric(labels, slot.capacity_bytes)
             budget.add_metric(labels, slot.budget_bytes)
-            used.add_metric(labels, ledger.used_bytes(slot.node, slot.index))
-            head.add_metric(labels, ledger.headroom_bytes(slot.node, slot.index))
+            booked.add_metric(labels, total - slot.foreign_bytes)
             foreign.add_metric(labels, slot.foreign_bytes)
+            used.add_metric(labels, total)
+            head.add_metric(labels, ledger.headroom_bytes(slot.node, slot.index))
+            u = units.get((slot.node, slot.index))
+            if u is not None:
+                observed.add_metric(labels, u.used_bytes)
             for b in ledger.bookings_on(slot.node, slot.index):
-                pred.add_metric([b.deployment, str(b.replica), b.node, str(b.index)], b.footprint.total)
-        for node, attribution in sorted(store.attributions.items()):
-            for deployment, units in attribution.by_deployment.items():
-                for unit, n in units.items():
-                    gpu, mig = split_unit_index(unit)
-                    obs.add_metric([deployment, node, str(unit) if mig is not None else str(gpu)], n)
-        yield from (budget, used, head, foreign, pred, obs)
+                pred.add_metric([*_split(b.deployment), str(b.replica), b.node, gpu], b.footprint.total)
+        for node, att in sorted(store.attributions.items()):
+            for deployment, by_unit in sorted(att.by_deployment.items()):
+                for unit, n in sorted(by_unit.items()):
+                    g, mig = split_unit_index(unit)
+                    obs.add_metric([*_split(deployment), node, str(unit if mig is not None else g)], n)
+        for key, rec in sorted(store.records.items()):
+            ns, name = _split(key)
+            phase.add_metric([ns, name, report.phase(rec)], 1)
+            for o in rec.observed:
+                labels = [ns, name, o.node, str(o.index)]
+                drift.add_metric(labels, o.drift_bytes)
+                if o.predicted_bytes > 0:
+                    ratio.add_metric(labels, o.drift_bytes / o.predicted_bytes)
+        states = dict.fromkeys(RESERVATION_STATES, 0)
+        for r in store.reservations.values():
+            if r.terminating:
+                states["terminating"] += 1
+            elif r.reported:
+                states["held"] += 1
+            elif r.name in store.reservation_waits:
+                states["unschedulable"] += 1
+            else:
+                states["pending"] += 1
+        for state, n in states.items():
+            reservations.add_metric([state], n)
+        cs = dict.fromkeys(CLAIM_STATES, 0)
+        for c in store.claims.values():
+            cs["allocated" if (c.get("status") or {}).get("allocation") else "pending"] += 1
+        for state, n in cs.items():
+            claims.add_metric([state], n)
+        ready.add_metric([], 1 if store.ready.is_set() else 0)
+        leading.add_metric([], 1 if store.leading else 0)
+        info.add_metric([__version__, platform.python_version()], 1)
+        yield from (capacity, budget, booked, foreign, used, head, observed, pred, obs, drift, ratio, phase,
+                    sampled, reservations, claims, ready, leading, info)
 
 
-_collector: LedgerCollector | None = None
+_collector: StoreCollector | None = None
 _served: set[int] = set()
 
 
 def register() -> None:
+    """Add the Store collector to the registry (once per process)."""
     global _collector
     if _collector is None:
-        _collector = LedgerCollector()
+        _collector = StoreCollector()
         REGISTRY.register(_collector)
+        for outcome in ("allowed", "denied"):  # the series alerts divide by exist from the start
+            WEBHOOK.labels("validate", outcome)
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:

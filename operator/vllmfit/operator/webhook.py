@@ -23,7 +23,8 @@ import json
 import logging
 import os
 import ssl
-from collections.abc import Awaitable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol, Union, get_args, get_origin
@@ -313,6 +314,16 @@ async def review_scale(store: Store, scale: Mapping[str, Any], dry_run: bool) ->
     return await review(store, new, current, "UPDATE", dry_run)
 
 
+# Told of every review answered: (webhook, outcome, seconds). The operator sets it to
+# vllmfit.operator.metrics.observe_review (the metrics module sits beside this one, not below).
+observer: Callable[[str, str, float], None] | None = None
+
+
+def _observe(webhook: str, outcome: str, t0: float) -> None:
+    if observer is not None:
+        observer(webhook, outcome, time.monotonic() - t0)
+
+
 def _default_store() -> Store:
     from vllmfit.operator import state
 
@@ -330,6 +341,7 @@ def register(registry: kopf.OperatorRegistry | None = None, store: Store | None 
                       subresource="*", registry=registry)
     async def validate_vllmdeployment(body: kopf.Body, dryrun: bool, warnings: list[str], old: kopf.Body | None = None,
                                       operation: str = "CREATE", subresource: str | None = None, **_: Any) -> None:
+        t0 = time.monotonic()
         try:
             if subresource == "scale":
                 v = await review_scale(store or _default_store(), dict(body), dryrun)
@@ -339,20 +351,25 @@ def register(registry: kopf.OperatorRegistry | None = None, store: Store | None 
                 v = await review(store or _default_store(), dict(body), dict(old) if old is not None else None,
                                  operation, dryrun)
         except Invalid as e:
+            _observe("validate", "invalid", t0)
             raise kopf.AdmissionError(clip(str(e)), code=422) from None
         except Exception as e:
             logger.exception("validating webhook failed")
+            _observe("validate", "error", t0)
             raise kopf.AdmissionError(clip(f"vllmfit webhook error: {type(e).__name__}: {e}"), code=400) from None
+        _observe("validate", "denied" if not v.allowed else "warned" if v.warnings else "allowed", t0)
         warnings.extend(clip(w) for w in v.warnings)
         if not v.allowed:
             raise kopf.AdmissionError(clip(v.message), code=v.code)
 
     @kopf.on.mutate(api.GROUP, api.VERSION, api.PLURAL, id=MUTATE_ID, operations=OPERATIONS, registry=registry)
     async def default_vllmdeployment(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        t0 = time.monotonic()
         spec = body.get("spec")
         if isinstance(spec, Mapping):  # anything else is for the validating webhook to deny
             for key, value in defaults_patch(spec, overrides=overrides).items():
                 patch.spec[key] = value
+        _observe("default", "allowed", t0)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
