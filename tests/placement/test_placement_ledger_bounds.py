@@ -1,0 +1,141 @@
+"""`Ledger.book` is the last line of defence when two reviews race for the last room on a GPU: it
+must refuse a booking that is over a GPU's headroom by a single byte, and change nothing when it
+refuses (issue 22 item 6: a mutant that let `book` accept up to 1 GiB over survived the suite).
+
+Every expected number is computed here by hand from ADR-0002 (budget = int(0.90 x T) - 2 GiB);
+the footprints are synthetic bytes, so nothing depends on the memory model."""
+
+from __future__ import annotations
+
+import pytest
+from placement_fakes import H100, H100_BUDGET, check_invariant, node
+
+from vllmfit.core import memory, placement
+from vllmfit.core.placement.ledger import Decision, ReplicaAllocation
+
+# H100: T = 85031714816; int(0.9 x T) = 76528543334; minus 2 GiB = 74381059686 (placement_fakes).
+BUDGET = 74381059686
+assert BUDGET == H100_BUDGET
+FOREIGN = 3 * 1024**3  # 3221225472 bytes used by a process vllmfit does not manage
+
+
+def _fp(total: int) -> memory.Footprint:
+    return memory.Footprint(weights=total, kv_cache=0, activation=0, cuda_context=0, non_torch=0, cuda_graphs=0)
+
+
+def _decision(key: str, *replicas: tuple[str, tuple[int, ...], int]) -> Decision:
+    """An admitted decision: per replica (node, GPUs, bytes booked on each GPU)."""
+    allocs = []
+    for r, (nd, gpus, total) in enumerate(replicas):
+        sizing = memory.Sizing(fits=True, footprint=_fp(total), flags=None, kv_bytes_per_token=0,
+                               kv_cache_tokens=0, max_concurrency=0.0)
+        allocs.append(ReplicaAllocation(r, nd, gpus, sizing))
+    return Decision(f"default/{key}", "Admitted", tuple(allocs))
+
+
+def _state(ledger: placement.Ledger) -> tuple[object, ...]:
+    return (
+        [(s.node, s.index, ledger.used_bytes(s.node, s.index)) for s in ledger.slots()],
+        {k: ledger.bookings_of(k) for k in ledger.deployments()},
+    )
+
+
+def test_a_booking_of_exactly_the_headroom_is_taken_and_leaves_zero() -> None:
+    ledger = placement.Ledger([node("n", H100, 1)])
+    ledger.book(_decision("a", ("n", (0,), BUDGET)))
+    assert ledger.headroom_bytes("n", 0) == 0
+    assert ledger.used_bytes("n", 0) == 74381059686
+    check_invariant(ledger)
+
+
+def test_one_byte_over_the_headroom_of_an_empty_gpu_is_refused() -> None:
+    ledger = placement.Ledger([node("n", H100, 1)])
+    with pytest.raises(placement.OverBudget, match="default/a no longer fits on n GPU 0"):
+        ledger.book(_decision("a", ("n", (0,), BUDGET + 1)))
+    assert ledger.deployments() == []
+    assert ledger.headroom_bytes("n", 0) == 74381059686
+
+
+def test_one_byte_over_after_foreign_use_is_refused() -> None:
+    # headroom = 74381059686 - 3221225472 = 71159834214
+    ledger = placement.Ledger([node("n", H100, 1, foreign={0: FOREIGN})])
+    assert ledger.headroom_bytes("n", 0) == 71159834214
+    with pytest.raises(placement.OverBudget):
+        ledger.book(_decision("a", ("n", (0,), 71159834214 + 1)))
+    ledger.book(_decision("a", ("n", (0,), 71159834214)))
+    assert ledger.headroom_bytes("n", 0) == 0
+
+
+def test_two_reviews_racing_for_the_last_room_the_second_is_refused_by_one_byte() -> None:
+    """Both decisions were taken against the same empty ledger; once the first is booked, the
+    second is one byte more than what is left."""
+    ledger = placement.Ledger([node("n", H100, 1)])
+    first = 40 * 1024**3  # 42949672960
+    second = BUDGET - first + 1  # 74381059686 - 42949672960 + 1 = 31431386727
+    assert second == 31431386727
+    a = _decision("a", ("n", (0,), first))
+    b = _decision("b", ("n", (0,), second))
+    ledger.book(a)
+    before = _state(ledger)
+    with pytest.raises(placement.OverBudget):
+        ledger.book(b)
+    assert _state(ledger) == before
+    ledger.book(_decision("b", ("n", (0,), second - 1)))
+    assert ledger.headroom_bytes("n", 0) == 0
+    check_invariant(ledger)
+
+
+def test_a_tensor_parallel_group_one_byte_over_on_one_gpu_books_nothing() -> None:
+    # GPU 1 carries 1 GiB of foreign use: its headroom is 74381059686 - 1073741824 = 73307317862
+    ledger = placement.Ledger([node("n", H100, 2, foreign={1: 1024**3})])
+    with pytest.raises(placement.OverBudget, match="on n GPU 1"):
+        ledger.book(_decision("tp", ("n", (0, 1), 73307317862 + 1)))
+    assert ledger.used_bytes("n", 0) == 0 and ledger.used_bytes("n", 1) == 1073741824
+    assert ledger.deployments() == []
+    ledger.book(_decision("tp", ("n", (0, 1), 73307317862)))
+    assert (ledger.headroom_bytes("n", 0), ledger.headroom_bytes("n", 1)) == (74381059686 - 73307317862, 0)
+
+
+def test_two_replicas_on_one_gpu_are_summed_before_the_check() -> None:
+    # Two replicas of one decision on GPU 0: each half of the budget, one of them + 1 byte.
+    half = BUDGET // 2  # 37190529843
+    ledger = placement.Ledger([node("n", H100, 1)])
+    with pytest.raises(placement.OverBudget):
+        ledger.book(_decision("r", ("n", (0,), half), ("n", (0,), half + 1)))
+    assert ledger.used_bytes("n", 0) == 0
+    ledger.book(_decision("r", ("n", (0,), half), ("n", (0,), half)))
+    assert ledger.used_bytes("n", 0) == 74381059686
+
+
+def test_an_update_refused_by_one_byte_keeps_the_old_booking_exactly() -> None:
+    """The update is checked without its own old booking (released first), and a refusal puts the
+    old one back byte for byte."""
+    ledger = placement.Ledger([node("n", H100, 1, foreign={0: FOREIGN})])
+    ledger.book(_decision("other", ("n", (0,), 10 * 1024**3)))  # 10737418240
+    ledger.book(_decision("u", ("n", (0,), 20 * 1024**3)))  # 21474836480
+    # room for u's update: 74381059686 - 3221225472 - 10737418240 = 60422415974
+    before = _state(ledger)
+    with pytest.raises(placement.OverBudget):
+        ledger.book(_decision("u", ("n", (0,), 60422415974 + 1)))
+    assert _state(ledger) == before
+    assert ledger.headroom_bytes("n", 0) == 60422415974 - 21474836480
+    ledger.book(_decision("u", ("n", (0,), 60422415974)))
+    assert ledger.headroom_bytes("n", 0) == 0
+    check_invariant(ledger)
+
+
+def test_a_booking_on_a_gpu_the_ledger_does_not_know_is_refused() -> None:
+    ledger = placement.Ledger([node("n", H100, 1)])
+    with pytest.raises(placement.OverBudget, match="on n GPU 1"):
+        ledger.book(_decision("x", ("n", (1,), 1)))
+    with pytest.raises(placement.OverBudget, match="on gone GPU 0"):
+        ledger.book(_decision("x", ("gone", (0,), 1)))
+    assert ledger.deployments() == []
+
+
+def test_a_refused_decision_releases_nothing_else() -> None:
+    """`book` of a non-admitted decision is a no-op: it does not release the deployment's booking."""
+    ledger = placement.Ledger([node("n", H100, 1)])
+    ledger.book(_decision("a", ("n", (0,), 1000)))
+    ledger.book(Decision("default/a", "Pending"))
+    assert ledger.used_bytes("n", 0) == 1000

@@ -1,0 +1,178 @@
+"""The core's own safety arithmetic, against numbers computed here from vLLM's code (issue 22
+item 6: mutants of these two rules survived the whole suite).
+
+1. `utilization_within(T, room)`: the --gpu-memory-utilization a vLLM that must start in `room`
+   free bytes may be given. vLLM refuses to start when free memory < requested memory, where
+   requested memory is `math.ceil(total_memory * gpu_memory_utilization)` (vllm/v1/worker/utils.py
+   request_memory, 0.15+; before, the float `total * u` itself, which is never more). So the rule is
+   ceil(T x u) <= room, not one byte more, and u is the largest 4-decimal value that keeps it.
+2. The blocks one request holds in a sliding-window group: vLLM's
+   SlidingWindowSpec.max_memory_usage_bytes (vllm/v1/kv_cache_interface.py) is
+   (cdiv(min(sliding_window - 1 + max_num_batched_tokens, max_model_len), block_size) + 1) pages;
+   0.33 keeps F = (PP + 1) x B tokens in flight instead of B (vllm-memory-accounting.md section 11).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllmfit.core.defaults import GIB
+from vllmfit.core.limits import MAX_GPU_MEMORY_BYTES
+from vllmfit.core.memory import KvLayout, VllmVersion, utilization_within
+
+H100_T = 85031714816  # catalog/gpus.yaml cuda_total_bytes
+
+# --- utilization_within -------------------------------------------------------------------------
+# By hand (exact decimal products):
+#   T x 0.2432 = 85031714816 x 2432 / 10^4 = 20679713043.2512 -> requested 20679713044
+#   T x 0.2431 = 85031714816 x 2431 / 10^4 = 20671209871.7696 -> requested 20671209872
+#   T x 0.5    = 42515857408 exactly                         -> requested 42515857408
+#   T x 0.9999 = 85023211644.5184                            -> requested 85023211645
+
+
+@pytest.mark.parametrize(
+    ("room", "u"),
+    [
+        (20679713044, 0.2432),  # exactly vLLM's request at 0.2432
+        (20679713043, 0.2431),  # one byte less: 0.2432 would not start
+        (20679713043 - (1 << 20), 0.2431),  # a MiB less: still above 0.2431's 20671209872
+        (20671209872, 0.2431),
+        (20671209871, 0.2430),  # one byte under 0.2431's request
+        (42515857408, 0.5),
+        (42515857407, 0.4999),
+        (H100_T, 1.0),
+        (H100_T - 1, 0.9999),
+        (85023211645, 0.9999),
+        (85023211644, 0.9998),
+        (0, 0.0),
+        (-GIB, 0.0),
+        (2 * H100_T, 1.0),
+    ],
+)
+def test_utilization_within_an_h100_by_hand(room: int, u: float) -> None:
+    assert utilization_within(H100_T, room) == u
+
+
+def test_utilization_within_where_float_division_rounds_up_to_the_next_step() -> None:
+    """A 2 TiB GPU (limits.MAX_GPU_MEMORY_BYTES accepts it) where room x 10^4 / T is 9999 in floats
+    although it is 9999 - 1/T exactly: 0.9999 would ask for one byte more than the room.
+      T x 9999 = 21988031576930001 -> T x 0.9999 = 2198803157693.0001 -> requested 2198803157694
+      T x 9998 = 21985832553870002 -> T x 0.9998 = 2198583255387.0002 -> requested 2198583255388"""
+    capacity, room = 2199023059999, 2198803157693
+    assert room * 10**4 / capacity == 9999.0  # the float quotient a floor alone would trust
+    assert utilization_within(capacity, room) == 0.9998
+    assert utilization_within(capacity, room + 1) == 0.9999
+
+
+def _requested(total: int, u: float) -> int:
+    """vLLM's request_memory: math.ceil(total_memory * gpu_memory_utilization) (float product)."""
+    return math.ceil(total * u)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    capacity=st.integers(1 * GIB, MAX_GPU_MEMORY_BYTES),
+    fraction=st.floats(0, 1.2, allow_nan=False),
+    jitter=st.integers(-(1 << 21), 1 << 21),
+)
+def test_utilization_within_never_requests_one_byte_more_than_the_room(
+    capacity: int, fraction: float, jitter: int
+) -> None:
+    room = int(capacity * fraction) + jitter
+    u = utilization_within(capacity, room)
+    assert 0.0 <= u <= 1.0
+    assert round(u, 4) == u
+    if u > 0:
+        assert _requested(capacity, u) <= room  # vLLM starts in that room
+        assert int(capacity * u) <= room  # vLLM before 0.15 (no ceil) too
+    # and it is the largest such u: one step more asks for more than the room
+    if u < 1.0:
+        assert _requested(capacity, round(u + 0.0001, 4)) > room
+
+
+# --- sliding-window blocks per request ------------------------------------------------------------
+
+
+def _vllm_sliding_blocks(window: int, in_flight: int, max_model_len: int, block_size: int) -> int:
+    """SlidingWindowSpec.max_memory_usage_bytes / page_size_bytes."""
+    num_tokens = min(window - 1 + in_flight, max_model_len)
+    return -(-num_tokens // block_size) + 1
+
+
+def _layout(version: VllmVersion, full: int = 0, sliding: int = 1, window: int = 4096) -> KvLayout:
+    return KvLayout(block_size=16, block_bytes=1 << 20, full_groups=full, sliding_groups=sliding, window=window,
+                    version=version)
+
+
+PRE_33 = [VllmVersion(0, m) for m in (11, 15, 17, 19, 21)]
+
+
+@pytest.mark.parametrize("version", PRE_33, ids=lambda v: v.label)
+@pytest.mark.parametrize(
+    ("batched", "length", "blocks"),
+    [
+        # W - 1 + B = 4095 + 2049 = 6144 = 384 x 16: 384 blocks + 1 (the window may start mid-block)
+        (2049, 131072, 385),
+        # 4095 + 2050 = 6145: ceil(6145 / 16) = 385, + 1 = 386
+        (2050, 131072, 386),
+        # 4095 + 2048 = 6143: ceil = 384, + 1 = 385
+        (2048, 131072, 385),
+        # 4095 + 1 = 4096 = 256 x 16: 257
+        (1, 131072, 257),
+        # max_model_len below the window: ceil(4000 / 16) + 1 = 250 + 1 = 251
+        (2048, 4000, 251),
+        # max_model_len 6144 = W - 1 + 2049 exactly: 384 + 1
+        (2049, 6144, 385),
+        # max_model_len 6143 < 6144: ceil(6143 / 16) + 1 = 384 + 1
+        (2049, 6143, 385),
+        # max_model_len 6145 > 6144 = W - 1 + B: the window bounds it, 384 + 1
+        (2049, 6145, 385),
+    ],
+)
+def test_sliding_window_blocks_per_request_match_vllm(version: VllmVersion, batched: int, length: int,
+                                                      blocks: int) -> None:
+    assert _vllm_sliding_blocks(4096, batched, length, 16) == blocks
+    assert _layout(version).blocks_per_request(length, batched) == blocks
+
+
+@pytest.mark.parametrize(("pp", "batched", "blocks"), [
+    # F = (PP + 1) x B. PP 1, B 1025: 4095 + 2050 = 6145 -> ceil 385 + 1 = 386
+    (1, 1025, 386),
+    # PP 1, B 1024: 4095 + 2048 = 6143 -> 384 + 1 = 385
+    (1, 1024, 385),
+    # PP 2, B 683: 4095 + 2049 = 6144 -> 384 + 1 = 385
+    (2, 683, 385),
+    # PP 2, B 684: 4095 + 2052 = 6147 -> 385 + 1 = 386
+    (2, 684, 386),
+])
+def test_sliding_window_blocks_per_request_in_0_33_count_the_pipeline_in_flight(pp: int, batched: int,
+                                                                                blocks: int) -> None:
+    assert _vllm_sliding_blocks(4096, (pp + 1) * batched, 131072, 16) == blocks
+    assert _layout(VllmVersion(0, 33)).blocks_per_request(131072, batched, pp) == blocks
+
+
+def test_a_hybrid_request_holds_full_and_sliding_blocks_and_its_bytes_add_the_null_block() -> None:
+    # 1 full group + 5 sliding groups (Gemma 3 style 5:1), W = 1024, bs 16, B = 2048, L = 32768:
+    #   full: ceil(32768 / 16) = 2048; sliding: ceil(min(1023 + 2048, 32768) / 16) + 1 = 192 + 1 = 193
+    #   per request = 2048 + 5 x 193 = 3013 blocks; 7 requests + the null block = 21092 blocks
+    layout = _layout(VllmVersion(0, 21), full=1, sliding=5, window=1024)
+    assert layout.blocks_per_request(32768, 2048) == 2048 + 5 * 193 == 3013
+    assert layout.bytes_for(32768, 7, 2048) == (7 * 3013 + 1) * (1 << 20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    window=st.integers(1, 1 << 17),
+    batched=st.integers(1, 1 << 16),
+    length=st.integers(1, 1 << 20),
+    block_size=st.sampled_from([1, 16, 32, 64, 128, 256, 528]),
+    minor=st.sampled_from([11, 15, 17, 19, 21]),
+)
+def test_sliding_window_blocks_per_request_equal_vllms_formula(window: int, batched: int, length: int,
+                                                               block_size: int, minor: int) -> None:
+    layout = KvLayout(block_size, 4096, 0, 1, window, VllmVersion(0, minor))
+    assert layout.blocks_per_request(length, batched) == _vllm_sliding_blocks(window, batched, length, block_size)
