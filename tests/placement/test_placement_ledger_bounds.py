@@ -2,20 +2,29 @@
 must refuse a booking that is over a GPU's headroom by a single byte, and change nothing when it
 refuses (issue 22 item 6: a mutant that let `book` accept up to 1 GiB over survived the suite).
 
-Every expected number is computed here by hand from ADR-0002 (budget = int(0.90 x T) - 2 GiB);
-the footprints are synthetic bytes, so nothing depends on the memory model."""
+Every expected number is computed here by hand from ADR-0002's budget policy, set explicitly on
+every GPU (budget = int(0.90 x T) - 2 GiB, whatever the default policy is); the footprints are
+synthetic bytes, so nothing depends on the memory model."""
 
 from __future__ import annotations
 
 import pytest
-from placement_fakes import H100, H100_BUDGET, check_invariant, node
+from placement_fakes import H100, check_invariant
+from placement_fakes import node as _node
 
 from vllmfit.core import memory, placement
+from vllmfit.core.defaults import GIB
 from vllmfit.core.placement.ledger import Decision, ReplicaAllocation
 
-# H100: T = 85031714816; int(0.9 x T) = 76528543334; minus 2 GiB = 74381059686 (placement_fakes).
+# H100: T = 85031714816 (catalog); int(0.9 x T) = int(76528543334.4) = 76528543334; minus 2 GiB
+# (2147483648) = 74381059686.
+ADR_0002 = memory.BudgetPolicy(0.90, 2 * GIB, "test")
 BUDGET = 74381059686
-assert BUDGET == H100_BUDGET
+assert H100.cuda_total_bytes == 85031714816
+
+
+def node(name: str, gpu: object, count: int, foreign: dict[int, int] | None = None) -> placement.NodeInfo:
+    return _node(name, gpu, count, foreign=foreign, policy=ADR_0002)  # type: ignore[arg-type]
 FOREIGN = 3 * 1024**3  # 3221225472 bytes used by a process vllmfit does not manage
 
 
