@@ -131,7 +131,7 @@ async def test_a_replica_on_a_dra_node_claims_its_booked_memory_on_its_gpu(clust
     assert c["resources"]["claims"] == [{"name": "gpus"}]
     assert "nvidia.com/gpu" not in c["resources"].get("limits", {})
     assert "runtimeClassName" not in spec and "schedulingGates" not in spec
-    assert "NVIDIA_VISIBLE_DEVICES" not in {e["name"] for e in c["env"]}
+    assert {e["name"]: e.get("value") for e in c["env"]}["NVIDIA_VISIBLE_DEVICES"] == "void"  # the claim brings the GPU (issue 21)
     pod = await replica_pod(cluster, "a-0")
     for version in ("1.34.0", "1.35.0", "1.36.0"):
         assert kubernetes_validate.validate(cluster.get(PODS, pod), version, strict=True)

@@ -5,6 +5,7 @@ by placement; the Deployment with a full template passes the Kubernetes schema."
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import kubernetes_validate
@@ -91,9 +92,18 @@ REFUSED = [
      "select by it); remove it")),
     ({"metadata": {"annotations": {"vllmfit.dev/placement": "x"}}},
      "podTemplate.metadata.annotations[vllmfit.dev/placement] is set by vllmfit (it records the placement); remove it"),
-    ({"spec": {"tolerations": {"key": "x"}}}, "podTemplate.spec.tolerations must be a list"),
-    ({"spec": {"containers": [{"image": "no-name"}]}}, "podTemplate.spec.containers[0] must be a container with a name"),
 ]
+
+MALFORMED = [  # refused when the spec is read (pydantic, and the CRD's structural schema): issue 21 item 3
+    ({"spec": {"tolerations": {"key": "x"}}}, "podTemplate.spec.tolerations must be a list (got dict)"),
+    ({"spec": {"containers": [{"image": "no-name"}]}}, "podTemplate.spec.containers[0].name is required"),
+]
+
+
+@pytest.mark.parametrize("template,message", MALFORMED, ids=[m.split(" ")[0] for _, m in MALFORMED])
+def test_a_malformed_template_is_refused_when_read(template: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        obj(template)
 
 
 @pytest.mark.parametrize("template,message", REFUSED, ids=[m.split(" ")[0] for _, m in REFUSED])
@@ -133,10 +143,15 @@ def test_a_model_cache_volume_is_added_and_mounted_in_the_vllm_container() -> No
     ("priorityClassName", "inference-high"),
     ("securityContext", {"runAsNonRoot": False, "fsGroup": 1000}),
     ("terminationGracePeriodSeconds", 120),
-    ("initContainers", [{"name": "fetch", "image": "busybox", "command": ["true"]}]),
 ])
 def test_pod_fields_vllmfit_does_not_own_are_set(field: str, value: Any) -> None:
     assert pod(build({"spec": {field: value}}))[field] == value
+
+
+def test_init_containers_are_added_and_see_no_gpu() -> None:
+    init = {"name": "fetch", "image": "busybox", "command": ["true"]}
+    assert pod(build({"spec": {"initContainers": [init]}}))["initContainers"] == [
+        {**init, "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]}]
 
 
 def test_labels_and_annotations_are_added_next_to_vllmfits() -> None:
@@ -150,7 +165,7 @@ def test_extra_containers_run_next_to_vllm() -> None:
     side = {"name": "metrics-proxy", "image": "proxy:1", "ports": [{"containerPort": 9090}]}
     d = build({"spec": {"containers": [side]}})
     assert [c["name"] for c in pod(d)["containers"]] == ["vllm", "metrics-proxy"]
-    assert pod(d)["containers"][1] == side
+    assert pod(d)["containers"][1] == {**side, "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]}
 
 
 def test_vllm_container_security_context_and_pull_policy_are_set() -> None:

@@ -51,8 +51,12 @@ def bind(replica: api.ReplicaPlacement, n_gpus: int, *, exclusive: bool, pins: S
     container gets its GPUs through a claim made from that ResourceClaimTemplate (the DRA driver
     exposes them; no limit, no runtime class, no env)."""
     if claim_template:
+        # The driver's CDI edits inject the claimed GPUs; void keeps the NVIDIA runtime (the
+        # default runtime on GPU Operator nodes) from adding what an image's own env names
+        # (CUDA images say `all`). NVIDIA's own CDI specs carry the same value.
         pod_fields, container = dra.pod_binding(claim_template)
-        return Binding(PIN_DRA, pod=pod_fields, claims=tuple(container["claims"]))
+        return Binding(PIN_DRA, pod=pod_fields, claims=tuple(container["claims"]),
+                       env=({"name": "NVIDIA_VISIBLE_DEVICES", "value": reservation.VOID},))
     if exclusive:
         return Binding(PIN_DEVICE_PLUGIN, limits={GPU_RESOURCE: n_gpus})
     if pins is None and not gated:

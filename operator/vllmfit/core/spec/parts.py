@@ -107,6 +107,84 @@ class PodTemplateMetadata(_Model):
     annotations: dict[str, str] | None = Field(default=None, description="Extra pod annotations.")
 
 
+# The shape of the PodSpec fields a template may carry, checked by pydantic (`pod_spec_problem`)
+# and written into the CRD (`POD_SPEC_SCHEMA`, a structural schema the API server enforces), so
+# that `affinity: "x"` is refused at the door instead of breaking the merge. Unknown fields keep
+# being preserved; their types are Kubernetes' business when the Deployment is written.
+def _described(schema: dict[str, Any], where: str) -> dict[str, Any]:
+    """`schema` with a description on it and on every property and item below (kubectl explain)."""
+    out = {"description": f"As {where} of a v1 Pod (shape checked by vllmfit).", **schema}
+    if "properties" in out:
+        out["properties"] = {k: _described(v, f"{where}.{k}") for k, v in out["properties"].items()}
+    if "items" in out:
+        out["items"] = _described(out["items"], f"an item of {where}")
+    return out
+
+
+_OBJ: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+_STR_LIST: dict[str, Any] = {"type": "array", "items": {"type": "string"}}
+_CONTAINER: dict[str, Any] = {
+    "type": "object", "x-kubernetes-preserve-unknown-fields": True, "required": ["name"],
+    "properties": {
+        "name": {"type": "string"}, "image": {"type": "string"}, "command": _STR_LIST, "args": _STR_LIST,
+        "env": {"type": "array", "items": {**_OBJ, "required": ["name"], "properties": {"name": {"type": "string"}}}},
+        "envFrom": {"type": "array", "items": _OBJ},
+        "resources": _OBJ, "securityContext": _OBJ, "volumeMounts": {"type": "array", "items": _OBJ},
+        "ports": {"type": "array", "items": _OBJ},
+        "startupProbe": _OBJ, "readinessProbe": _OBJ, "livenessProbe": _OBJ, "lifecycle": _OBJ,
+    },
+}
+_POD_SPEC_FIELDS: dict[str, dict[str, Any]] = {
+    **{k: _OBJ for k in ("affinity", "securityContext", "dnsConfig", "nodeSelector", "overhead")},
+    **{k: {"type": "array", "items": _OBJ} for k in (
+        "tolerations", "volumes", "imagePullSecrets", "topologySpreadConstraints", "hostAliases", "readinessGates",
+        "resourceClaims", "schedulingGates", "ephemeralContainers")},
+    "containers": {"type": "array", "items": _CONTAINER},
+    "initContainers": {"type": "array", "items": _CONTAINER},
+    **{k: {"type": "string"} for k in (
+        "serviceAccountName", "serviceAccount", "priorityClassName", "schedulerName", "restartPolicy", "dnsPolicy",
+        "hostname", "subdomain", "preemptionPolicy", "runtimeClassName", "nodeName")},
+    **{k: {"type": "boolean"} for k in (
+        "hostNetwork", "hostPID", "hostIPC", "shareProcessNamespace", "automountServiceAccountToken",
+        "enableServiceLinks", "setHostnameAsFQDN", "hostUsers")},
+    **{k: {"type": "integer"} for k in ("priority", "terminationGracePeriodSeconds", "activeDeadlineSeconds")},
+}
+POD_SPEC_FIELDS: dict[str, dict[str, Any]] = {k: _described(v, f"spec.{k}") for k, v in _POD_SPEC_FIELDS.items()}
+POD_SPEC_SCHEMA: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True, "properties": POD_SPEC_FIELDS}
+_JSON_TYPES: dict[str, tuple[type, ...]] = {"object": (dict,), "array": (list,), "string": (str,), "boolean": (bool,),
+                                            "integer": (int,)}
+_NAMES = {"object": "an object", "array": "a list", "string": "a string", "boolean": "true or false",
+          "integer": "a whole number"}
+
+
+def _shape_problem(value: Any, schema: dict[str, Any], where: str) -> str | None:
+    """The first place `value` does not have the JSON type `schema` gives (None: it does)."""
+    kind = schema.get("type")
+    if kind is not None:
+        ok = isinstance(value, _JSON_TYPES[kind]) and not (kind == "integer" and isinstance(value, bool))
+        if not ok:
+            shown = type(value).__name__ if not isinstance(value, str | int | float | bool) else repr(value)[:40]
+            return f"{where} must be {_NAMES[kind]} (got {shown})"
+    if isinstance(value, dict):
+        for req in schema.get("required", ()):
+            if req not in value:
+                return f"{where}.{req} is required"
+        for key, sub in (schema.get("properties") or {}).items():
+            if key in value and value[key] is not None and (p := _shape_problem(value[key], sub, f"{where}.{key}")):
+                return p
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            label = item.get("name") if isinstance(item, dict) and isinstance(item.get("name"), str) else i
+            if (p := _shape_problem(item, schema["items"], f"{where}[{label}]")) is not None:
+                return p
+    return None
+
+
+def pod_spec_problem(spec: Any) -> str | None:
+    """Why a podTemplate.spec fragment is malformed (a field of the wrong JSON type), else None."""
+    return _shape_problem(spec, {"type": "object", "properties": POD_SPEC_FIELDS}, "podTemplate.spec")
+
+
 class PodTemplate(_Model):
     """What the generated pods get on top of what vllmfit writes (docs/operator.md, "Pod template").
 
@@ -122,8 +200,15 @@ class PodTemplate(_Model):
     spec: dict[str, Any] | None = Field(
         default=None,
         description="A v1 PodSpec fragment merged into the generated pods.",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        json_schema_extra=POD_SPEC_SCHEMA,
     )
+
+    @field_validator("spec")
+    @classmethod
+    def _spec_shape(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            _raise(pod_spec_problem(v))
+        return v
 
 
 class KvCacheSpec(_Model):
