@@ -108,8 +108,6 @@ class StoreCollector(Collector):
         claims = gauge("vllmfit_resource_claims", "DRA ResourceClaims the operator watches, by state "
                        "(allocated or pending).", ["state"])
         ready = gauge("vllmfit_ledger_ready", "1 once the ledger was rebuilt from the API at start-up.", [])
-        leading = gauge("vllmfit_leading", "1 on the replica that handles events (standalone or the active peer).",
-                        [])
         info = gauge("vllmfit_build_info", "Always 1; the labels say which build runs.",
                      ["version", "python_version"])
 
@@ -166,10 +164,9 @@ class StoreCollector(Collector):
         for state, n in cs.items():
             claims.add_metric([state], n)
         ready.add_metric([], 1 if store.ready.is_set() else 0)
-        leading.add_metric([], 1 if store.leading else 0)
         info.add_metric([__version__, platform.python_version()], 1)
         yield from (capacity, budget, booked, foreign, used, head, observed, pred, obs, drift, ratio, phase,
-                    sampled, reservations, claims, ready, leading, info)
+                    sampled, reservations, claims, ready, info)
 
 
 _collector: StoreCollector | None = None
