@@ -62,6 +62,8 @@ def test_prefix_resolution_agrees_with_argparse_allow_abbrev() -> None:
     for opt in extraargs.REFUSED:
         p.add_argument(opt, dest=opt.strip("-").replace("-", "_"))
     p.add_argument("--served-model-name")
+    for opt in extraargs.ALLOWED_EXACT:  # real vLLM options that are prefixes of refused ones
+        p.add_argument(opt)
     for opt in extraargs.REFUSED:
         for cut in range(3, len(opt) + 1):
             prefix = opt[:cut]
@@ -69,10 +71,54 @@ def test_prefix_resolution_agrees_with_argparse_allow_abbrev() -> None:
                 _ns, extra = p.parse_known_args([prefix, "1"])
             except (argparse.ArgumentError, SystemExit):
                 continue  # ambiguous: vLLM errors out; refused here as well (checked below)
-            if extra:
-                continue
+            if extra or any(getattr(_ns, o.strip("-").replace("-", "_")) for o in extraargs.ALLOWED_EXACT):
+                continue  # not an option, or argparse took the exact allowed option
             assert extraargs.problems([prefix, "1"]), prefix
     assert extraargs.problems(["--max-num", "1"])  # ambiguous in vLLM (--max-num-seqs, --max-num-batched-...)
+
+
+# --- issue 21 item 4: what is loaded must be what was sized; no code imported by name --------------
+# Written first: every case below passed on the old code.
+
+@pytest.mark.parametrize("args,option", [
+    (["--revision", "refs/pr/7"], "--revision"),
+    (["--rev=abc123"], "--revision"),
+    (["--code-revision", "main"], "--code-revision"),
+    (["--hf-config-path", "/models/other"], "--hf-config-path"),
+    (["--hf_config_path=/x"], "--hf-config-path"),
+    (["--model-loader-extra-config", "{}"], "--model-loader-extra-config"),
+    (["--load-format", "dummy"], "--load-format"),
+    (["--load-format=tensorizer"], "--load-format"),
+    (["--load-f", "gguf"], "--load-format"),
+    (["--load_format=bitsandbytes"], "--load-format"),
+    (["--load-format", "sharded_state"], "--load-format"),
+    (["--config-format", "mistral"], "--config-format"),
+    (["--worker-cls", "evil.Worker"], "--worker-cls"),
+    (["--worker-extension-cls=evil.Ext"], "--worker-extension-cls"),
+    (["--logits-processors", "evil.Proc"], "--logits-processors"),
+    (["--logits-processor-pattern", ".*"], "--logits-processor-pattern"),
+    (["--scheduler-cls", "evil.Sched"], "--scheduler-cls"),
+    (["--middleware", "evil.mw"], "--middleware"),
+    (["--tool-parser-plugin", "/tmp/p.py"], "--tool-parser-plugin"),
+    (["--reasoning-parser-plugin", "/tmp/p.py"], "--reasoning-parser-plugin"),
+    (["--io-processor-plugin", "evil"], "--io-processor-plugin"),
+    (["--additional-config", "{}"], "--additional-config"),
+    (["--distributed-executor-backend", "evil.Executor"], "--distributed-executor-backend"),
+    (["--distributed-executor-backend=ray"], "--distributed-executor-backend"),
+])
+def test_flags_that_change_what_is_loaded_or_import_code_are_refused(args: list[str], option: str) -> None:
+    problems = extraargs.problems(args)
+    assert option in {p.option for p in problems}, problems
+    assert all("\n" not in p.message for p in problems)
+
+
+@pytest.mark.parametrize("args", [
+    ["--load-format", "safetensors"], ["--load-format=auto"], ["--load-format", "runai_streamer"],
+    ["--config-format", "hf"], ["--distributed-executor-backend", "mp"], ["--tokenizer-revision", "v2"],
+    ["--reasoning-parser", "deepseek_r1"], ["--tool-call-parser", "hermes"],
+])
+def test_loading_as_sized_passes(args: list[str]) -> None:
+    assert extraargs.problems(args) == []
 
 
 def test_the_spec_denies_extra_args_with_the_reason() -> None:

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 _SET = "is set by vllmfit; use {} instead"
 _FIXED = "is set by vllmfit; remove it"
 _MEMORY = "changes GPU memory ({}) in a way vllmfit does not model; remove it"
+_LOADS = "loads {}; use spec.model (and spec.modelConfig for a model that is not on the Hub) instead"
+_IMPORTS = "imports code into the server, where it can take GPU memory vllmfit did not book; remove it"
 _DRAFT = "a draft model's weights, KV cache and CUDA graphs: a second model vllmfit does not size"
 
 REFUSED: dict[str, str] = {
@@ -120,6 +122,25 @@ REFUSED: dict[str, str] = {
     "--enable-sleep-mode": _MEMORY.format("the allocator"),
     "--enable-dbo": _MEMORY.format("micro-batch workspaces"),
     "--all2all-backend": _MEMORY.format("all2all workspaces"),
+    # What is loaded must be what vllmfit sized (issue 21 item 4): another revision of the
+    # weights or of the model's code, a config from elsewhere, or extra loader settings.
+    "--revision": _LOADS.format("another revision of the weights and config.json than the one sized"),
+    "--code-revision": _LOADS.format("another revision of the model's code than the one sized"),
+    "--hf-config-path": _LOADS.format("a config.json from another place than the one sized"),
+    "--model-loader-extra-config": _LOADS.format("loader settings (tensorizer, sharded state) that change what "
+                                                 "is loaded"),
+    # Code imported into the server by name: it runs next to the model on a shared GPU and can
+    # allocate memory there that nothing books.
+    "--worker-cls": _IMPORTS,
+    "--worker-extension-cls": _IMPORTS,
+    "--logits-processors": _IMPORTS,
+    "--logits-processor-pattern": _IMPORTS + " (requests name the processors to import)",
+    "--scheduler-cls": _IMPORTS,
+    "--middleware": _IMPORTS,
+    "--tool-parser-plugin": _IMPORTS,
+    "--reasoning-parser-plugin": _IMPORTS,
+    "--io-processor-plugin": _IMPORTS,
+    "--additional-config": "passes settings to platform plugins vllmfit does not know; remove it",
 }
 
 # Single-dash aliases of vLLM 0.11-0.33 (vllm-flags.md, "Short aliases") -> their long option.
@@ -150,6 +171,32 @@ ALIASES: dict[str, str] = {
     "-dc": "--diffusion-config",
 }
 
+# Allowed options that are prefixes of refused ones (`--reasoning-parser` of `--reasoning-parser-plugin`).
+ALLOWED_EXACT = frozenset({"--reasoning-parser"})
+
+# Options allowed with some values only -> (allowed values, why the others are refused).
+VALUE_RULES: dict[str, tuple[frozenset[str], str]] = {
+    # vLLM's LoadFormat (0.11-0.33): these read the checkpoint vllmfit sized, as it is. dummy
+    # (random weights), tensorizer, sharded_state, gguf, bitsandbytes and mistral load
+    # something else, or quantize while loading.
+    "--load-format": (frozenset({"auto", "pt", "safetensors", "npcache", "fastsafetensors", "runai_streamer"}),
+                      ("loads other weights than the checkpoint vllmfit sized (or quantizes them while loading); "
+                      "use auto, safetensors, pt, npcache, fastsafetensors or runai_streamer")),
+    # mistral reads params.json, not the config.json vllmfit sized.
+    "--config-format": (frozenset({"auto", "hf"}), ("reads another config than the config.json vllmfit sized; use "
+                        "auto or hf")),
+    # A dotted value is a class vLLM imports; ray needs a Ray cluster vllmfit does not place.
+    "--distributed-executor-backend": (frozenset({"mp", "uni"}),
+                                       "only mp and uni run the replica on the GPUs vllmfit booked for it"),
+}
+
+
+def _value_option(name: str) -> str | None:
+    """The value-checked option a long option token resolves to (exactly or as a prefix)."""
+    hits = [o for o in VALUE_RULES if o == name] or [o for o in VALUE_RULES if o.startswith(name) and len(name) > 3]
+    return hits[0] if len(hits) == 1 else None
+
+
 def _spellings(option: str) -> list[str]:
     """Every option string argparse registers for a refused option: itself, --no-X (booleans
     use BooleanOptionalAction), and the --enable-X / --disable-X twin (0.33)."""
@@ -176,6 +223,8 @@ def _resolve_long(name: str) -> list[str]:
     """The refused options a long option token can resolve to (argparse: exact, else prefixes)."""
     if name in _REFUSED_SPELLINGS:
         return [_REFUSED_SPELLINGS[name]]
+    if name in ALLOWED_EXACT:
+        return []  # argparse takes an exact match over longer options it is a prefix of
     return sorted({opt for s, opt in _REFUSED_SPELLINGS.items() if s.startswith(name)})
 
 
@@ -195,7 +244,8 @@ def _resolve_short(token: str) -> list[str]:
 def problems(args: Sequence[str]) -> list[Problem]:
     """Every extraArgs entry that sets a refused option, however it is spelled."""
     out: list[Problem] = []
-    for arg in args:
+    args = [str(a) for a in args]
+    for n, arg in enumerate(args):
         token = str(arg).strip()
         if not token.startswith("-") or token in ("-", "--"):
             continue  # a value, or the end of options
@@ -204,6 +254,12 @@ def problems(args: Sequence[str]) -> list[Problem]:
             base, _, _ = head.partition(".")  # dotted JSON keys set their base option
             base = base.replace("_", "-").lower()  # vLLM: underscores -> dashes before the first '.'
             hits = _resolve_long(base)
+            if (checked := _value_option(base)) is not None:
+                value = token.split("=", 1)[1] if "=" in token else (args[n + 1] if n + 1 < len(args) else "")
+                allowed, why = VALUE_RULES[checked]
+                if value.strip() not in allowed:
+                    alias = "" if head == checked else f"(= {checked}) "
+                    out.append(Problem(arg, checked, f"extraArgs {head} {alias}{value.strip()[:60]!r} {why}"))
         else:
             if _is_number(token):
                 continue  # a negative number is a value
