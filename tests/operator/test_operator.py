@@ -11,7 +11,8 @@ from opkit import DEPLOYMENTS, H100, SERVICES, VD, Cluster, Operator, node, used
 
 from vllmfit.core import defaults
 from vllmfit.core.spec import api
-from vllmfit.operator import handlers, report
+from vllmfit.operator import report
+from vllmfit.operator.handlers import common, decide, startup
 from vllmfit.operator.state import get_store
 from vllmfit.sources import catalog
 
@@ -461,7 +462,7 @@ async def test_resync_on_a_quiet_active_operator_changes_nothing(cluster: Cluste
 
     before = bookings()
     for _ in range(100):  # it skips while a status write or a change is in flight (KMock echoes some)
-        if await handlers.resync_once(store):
+        if await startup.resync_once(store):
             break
         await asyncio.sleep(0.05)
     else:
@@ -482,8 +483,8 @@ async def test_a_status_written_by_the_previous_active_replica_is_booked_not_dou
     peer.rebuild([node("gpu-a", gpus=1)], [])
     obj = vd("old", QWEN7, maxModelLen=32768, kvCache={"concurrency": 8})
     rec = peer.upsert(obj)
-    req = await peer.request_for(handlers.parse(obj))
-    handlers.apply_decision(peer, rec, req, pl.decide(peer.ledger, req), handlers.Effects())
+    req = await peer.request_for(common.parse(obj))
+    decide.apply_decision(peer, rec, req, pl.decide(peer.ledger, req), common.Effects())
     obj["status"] = report.status(rec, peer.ledger)
     obj["metadata"]["annotations"] = {"vllmfit.dev/last-handled-configuration": json.dumps(
         {"spec": obj["spec"], "metadata": {}})}

@@ -10,7 +10,7 @@ from kubernetes_asyncio import client
 from opkit import DEPLOYMENTS, VD, Cluster, Operator, node, vd
 
 from vllmfit.core.spec import api
-from vllmfit.operator import handlers
+from vllmfit.operator.handlers import startup
 from vllmfit.operator.state import get_store
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
@@ -20,7 +20,7 @@ BIGGER = {"maxModelLen": 32768, "kvCache": {"concurrency": 16}}  # only on an em
 
 async def resync(store: Any) -> None:
     for _ in range(200):  # it skips while a status write or a change is in flight
-        if await handlers.resync_once(store):
+        if await startup.resync_once(store):
             return
         await asyncio.sleep(0.02)
     raise AssertionError("resync never ran")

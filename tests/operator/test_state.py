@@ -13,7 +13,8 @@ import pytest
 from vllmfit.core import defaults, placement
 from vllmfit.core.observe import inventory
 from vllmfit.core.spec import api
-from vllmfit.operator import handlers, report
+from vllmfit.operator import report
+from vllmfit.operator.handlers import common, decide, nodes
 from vllmfit.operator.record import ModelResolutionError, pruned, record_from_object
 from vllmfit.operator.state import Store
 from vllmfit.sources import catalog
@@ -72,8 +73,8 @@ def admitted_status(store: Store, name: str, **spec: Any) -> dict[str, Any]:
     assert d.admitted
     store.ledger.book(d)
     rec = store.upsert(body(name, **spec))
-    fx = handlers.Effects()
-    handlers.apply_decision(store, rec, req, d, fx)
+    fx = common.Effects()
+    decide.apply_decision(store, rec, req, d, fx)
     return report.status(rec, store.ledger)
 
 
@@ -117,8 +118,8 @@ def test_an_update_that_does_not_fit_keeps_the_admitted_spec() -> None:
     rec.generation = 2
     big = obj("x", maxModelLen=32768, kvCache={"concurrency": 16})
     req = placement.request_from_object(big, catalog.model(QWEN7))
-    fx = handlers.Effects()
-    handlers.apply_decision(store, rec, req, placement.decide(store.ledger, req), fx)
+    fx = common.Effects()
+    decide.apply_decision(store, rec, req, placement.decide(store.ledger, req), fx)
     st = report.status(rec, store.ledger)
     assert st["phase"] == "Admitted" and st["flags"] == flags.model_dump(by_alias=True, mode="json")
     assert store.ledger.bookings_of("ns/x") == before
@@ -150,8 +151,8 @@ def overfull_gpu_a() -> tuple[Store, list[placement.Booking]]:
 async def test_replan_moves_the_newest_off_an_overfull_gpu_and_keeps_the_oldest() -> None:
     store, old_a = overfull_gpu_a()
     used = store.ledger.used_bytes("gpu-a", 0)
-    fx = handlers.Effects()
-    await handlers.replan(store, "gpu-a", fx, "node gpu-a changed")
+    fx = common.Effects()
+    await decide.replan(store, "gpu-a", fx, "node gpu-a changed")
     assert store.ledger.bookings_of("ns/a") == old_a  # the oldest stays
     moved = store.ledger.bookings_of("ns/bb")
     assert {b.node for b in moved} == {"gpu-b"}
@@ -184,9 +185,9 @@ async def test_a_replan_past_its_time_limit_evicts_without_moving_and_never_bloc
             ticks += 1
 
     ticker = asyncio.create_task(tick())
-    fx = handlers.Effects()
+    fx = common.Effects()
     try:
-        await handlers.replan(store, "gpu-a", fx, "node gpu-a changed")
+        await decide.replan(store, "gpu-a", fx, "node gpu-a changed")
     finally:
         release.set()
         ticker.cancel()
@@ -206,8 +207,8 @@ async def test_removing_a_node_makes_what_fits_nowhere_unschedulable() -> None:
     admitted_status(store, "a")
     store.records["ns/a"].children = {0}
     store.ledger.remove_node("gpu-a")
-    fx = handlers.Effects()
-    await handlers.replan(store, "gpu-a", fx, "node gpu-a was removed")
+    fx = common.Effects()
+    await decide.replan(store, "gpu-a", fx, "node gpu-a was removed")
     rec = store.records["ns/a"]
     assert not rec.admitted and rec.outcome == "Unschedulable" and rec.waiting
     assert store.ledger.bookings_of("ns/a") == []
@@ -216,13 +217,13 @@ async def test_removing_a_node_makes_what_fits_nowhere_unschedulable() -> None:
 
 
 def test_parse_turns_bad_objects_into_one_line_messages() -> None:
-    with pytest.raises(handlers.Invalid, match="^spec.replicas: "):
-        handlers.parse(body("x", replicas=-1))
-    with pytest.raises(handlers.Invalid, match="^spec.model: Field required$"):
-        handlers.parse({"metadata": {"name": "x"}, "spec": {}})
-    with pytest.raises(handlers.Invalid, match="--gpu-memory-utilization is set by vllmfit"):
-        handlers.parse(body("x", extraArgs=["--gpu-memory-utilization", "0.9"]))
-    assert handlers.parse(copy.deepcopy(body("x"))).spec.model == QWEN7
+    with pytest.raises(common.Invalid, match="^spec.replicas: "):
+        common.parse(body("x", replicas=-1))
+    with pytest.raises(common.Invalid, match="^spec.model: Field required$"):
+        common.parse({"metadata": {"name": "x"}, "spec": {}})
+    with pytest.raises(common.Invalid, match="--gpu-memory-utilization is set by vllmfit"):
+        common.parse(body("x", extraArgs=["--gpu-memory-utilization", "0.9"]))
+    assert common.parse(copy.deepcopy(body("x"))).spec.model == QWEN7
 
 
 def test_resync_catches_a_standby_up_and_changes_nothing_on_the_active_replica() -> None:
@@ -317,13 +318,13 @@ def test_refused_node_data_on_rebuild_is_reported() -> None:
 
 def test_the_node_handler_keeps_the_last_good_state(monkeypatch: pytest.MonkeyPatch) -> None:
     store = Store()
-    monkeypatch.setattr(handlers, "get_store", lambda: store)
-    good = handlers.node_info(node("gpu-a", 2))
+    monkeypatch.setattr(nodes, "get_store", lambda: store)
+    good = nodes.node_info(node("gpu-a", 2))
     assert good is not None
     bad = node("gpu-a", 2)
     bad["metadata"]["annotations"] = {"vllmfit.dev/gpu-inventory": "{not json"}
     with pytest.raises(placement.NodeDataError, match="is not a GPU inventory"):
-        handlers.node_info(bad, previous=good)  # on_node catches it and keeps `good`
+        nodes.node_info(bad, previous=good)  # on_node catches it and keeps `good`
 
 
 def test_resync_ignores_a_stale_inventory_and_uses_the_gfd_labels() -> None:

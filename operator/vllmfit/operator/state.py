@@ -96,6 +96,7 @@ class Store:
         self.templates: dict[tuple[str, int], str] = {}  # (deployment, replica) -> its ResourceClaimTemplate
         self.reservation_waits: dict[str, str] = {}  # reservation pod -> the scheduler's last Unschedulable message
         self.dra_capacity_ok = True  # False once the API server dropped capacity requests (feature gate off)
+        self.dra_refresh = ""  # why the DRA nodes must be looked at again (set while writing; finish() does it)
         self._devices: dict[str, list[dra.Device]] | None = None
 
     @contextlib.asynccontextmanager

@@ -1,0 +1,176 @@
+"""A VLLMDeployment's children: its Deployments (one per replica), its Service, and on DRA
+nodes its ResourceClaimTemplates, written to match its record."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import kopf
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client import ApiException
+
+from vllmfit.backends import binding
+from vllmfit.backends import reservation as rsv
+from vllmfit.core.spec import api
+from vllmfit.operator import builders, claims, report, reservations
+from vllmfit.operator.handlers.common import JSON_PATCH, MERGE_PATCH, gone_ok, now, post_event
+from vllmfit.operator.record import Record
+from vllmfit.operator.state import Store, get_store
+
+logger = logging.getLogger(__name__)
+
+
+async def apply_deployment(apps: client.AppsV1Api, make: Callable[[bool], dict[str, Any]], exclusive: bool,
+                           owner: Mapping[str, Any]) -> bool:
+    """Create the Deployment, or on 409 replace its spec (JSON Patch: KMock has no PUT). A
+    replica whose placement did not change keeps its GPU pinning mode (switching would restart it).
+    Returns whether it is pinned with device-plugin limits."""
+    manifest = make(exclusive)
+    kopf.adopt(manifest, owner=dict(owner))  # type: ignore[arg-type]
+    meta = manifest["metadata"]
+    try:
+        await apps.create_namespaced_deployment(meta["namespace"], manifest)  # type: ignore[arg-type]
+        return exclusive
+    except ApiException as e:
+        if e.status != 409:
+            raise
+    existing = await apps.read_namespaced_deployment(meta["name"], meta["namespace"])
+    annotations = (existing.metadata.annotations or {}) if existing.metadata else {}
+    same_place = annotations.get(builders.ANNOTATION_PLACEMENT) == meta["annotations"][builders.ANNOTATION_PLACEMENT]
+    was_exclusive = annotations.get(builders.ANNOTATION_PINNING) == binding.PIN_DEVICE_PLUGIN
+    if same_place and was_exclusive != exclusive:
+        manifest = make(was_exclusive)
+        kopf.adopt(manifest, owner=dict(owner))  # type: ignore[arg-type]
+        meta = manifest["metadata"]
+        exclusive = was_exclusive
+    tpl = manifest["spec"]["template"]
+    old_tpl = existing.spec.template if existing.spec else None
+    if same_place and old_tpl is not None and old_tpl.spec is not None and not old_tpl.spec.scheduling_gates \
+            and tpl["spec"].get("schedulingGates"):
+        # a running replica is not restarted to add the reservation gate: its GPUs get their
+        # reservations all the same (a neighbour holding the whole node with limits left)
+        tpl["spec"]["schedulingGates"] = [g for g in tpl["spec"]["schedulingGates"] if g.get("name") != rsv.GATE] \
+            or None
+        if tpl["spec"]["schedulingGates"] is None:
+            del tpl["spec"]["schedulingGates"]
+        tpl["metadata"]["annotations"].pop(rsv.ANNOTATION_PINS, None)
+    patch = [{"op": "add", "path": f"/metadata/{k}", "value": meta[k]}
+             for k in ("labels", "annotations", "ownerReferences")]
+    patch.append({"op": "add", "path": "/spec", "value": manifest["spec"]})
+    await apps.patch_namespaced_deployment(meta["name"], meta["namespace"], patch,
+                                           _content_type=JSON_PATCH)  # type: ignore[call-arg]
+    return exclusive
+
+
+async def apply_service(core: client.CoreV1Api, manifest: dict[str, Any], owner: Mapping[str, Any]) -> None:
+    kopf.adopt(manifest, owner=dict(owner))  # type: ignore[arg-type]
+    meta = manifest["metadata"]
+    try:
+        await core.create_namespaced_service(meta["namespace"], manifest)  # type: ignore[arg-type]
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        patch = {"metadata": {"labels": meta["labels"], "ownerReferences": meta["ownerReferences"]},
+                 "spec": {"selector": manifest["spec"]["selector"], "ports": manifest["spec"]["ports"]}}
+        await core.patch_namespaced_service(meta["name"], meta["namespace"], patch,
+                                            _content_type=MERGE_PATCH)  # type: ignore[call-arg]
+
+
+def children_state(rec: Record) -> tuple[Any, ...]:
+    """What the children of `rec` are built from (to skip rewriting them unchanged)."""
+    req = rec.admitted_request
+    store = get_store()
+    # the gate is not part of it: a running replica is not restarted to add one (its GPUs get
+    # their reservations all the same)
+    pinning = tuple((tuple(reservations.pins(store, rec.key, p) or ()),
+                     ((claims.desired(store, rec.key, p) or {}).get("metadata") or {}).get("name"),
+                     store.backend_of(p.node))
+                    for p in rec.placement)
+    return (rec.admitted and not rec.going, tuple(builders.placement_text(p) for p in rec.placement), rec.flags,
+            req.spec if req else None, req.model.name if req else None, pinning)
+
+
+async def sync_children(store: Store, key: str) -> None:
+    """Make the Deployments and the Service of `key` match its record (now, not when marked)."""
+    async with store.child_locks[key]:
+        rec = store.records.get(key)
+        if rec is None:
+            return
+        state = children_state(rec)
+        if rec.synced == state:
+            return  # written by a concurrent call meanwhile
+        apps, core = client.AppsV1Api(store.api), client.CoreV1Api(store.api)
+        want: set[int] = set()
+        if rec.admitted and not rec.going:
+            req = rec.admitted_request
+            if req is None or rec.flags is None:
+                return  # restored with an update pending: its admitted spec is unknown; leave them
+            obj = api.VLLMDeployment(metadata=api.ObjectMeta.model_validate(rec.body["metadata"]), spec=req.spec)
+            flags = rec.flags
+            for p in rec.placement:
+                want.add(p.replica)
+                tmpl: str | None = None
+                if store.backend_of(p.node) == "dra":
+                    tmpl = await claim_template(store, rec, p)
+                    if tmpl is None:
+                        continue  # no template it can use: its Deployment is not written (condition, Event)
+                ex = builders.exclusive(store.ledger, key, p.node, [g.index for g in p.gpus]) and not tmpl
+                pins, gated = reservations.pins(store, key, p), reservations.gated(store, key, p)
+
+                weights = sum(b.footprint.weights for b in store.ledger.bookings_of(key) if b.replica == p.replica)
+
+                def make(exclusive: bool, p: api.ReplicaPlacement = p, weights: int = weights,
+                         pins: list[str] | None = pins, gated: bool = gated, tmpl: str | None = tmpl) -> dict[str, Any]:
+                    return builders.deployment(obj, p, flags, req.model.name, exclusive=exclusive and not tmpl,
+                                               weights_bytes=weights, pins=pins, gated=gated and not exclusive,
+                                               claim_template=tmpl)
+
+                if await apply_deployment(apps, make, ex, rec.body) and not tmpl:
+                    store.whole[(key, p.replica)] = p.node
+                else:
+                    store.whole.pop((key, p.replica), None)
+                store.written.add((key, p.replica))
+                old = store.templates.get((key, p.replica))
+                if tmpl:
+                    store.templates[(key, p.replica)] = tmpl
+                else:
+                    store.templates.pop((key, p.replica), None)
+                if old and old != tmpl:
+                    await claims.delete(store, rec.namespace, old)
+                rec.children.add(p.replica)
+            await apply_service(core, builders.service(obj), rec.body)
+        for r in sorted(rec.children - want):
+            await gone_ok(apps.delete_namespaced_deployment, builders.deployment_name(rec.name, r), rec.namespace)
+            rec.children.discard(r)
+            store.whole.pop((key, r), None)
+            store.written.discard((key, r))
+            old = store.templates.pop((key, r), None)
+            if old:
+                await claims.delete(store, rec.namespace, old)
+        rec.synced = state
+
+
+async def claim_template(store: Store, rec: Record, p: api.ReplicaPlacement) -> str | None:
+    """The ResourceClaimTemplate of a replica on a DRA node, created and read back; None when it
+    cannot be used (a GPU's UUID is unknown, or the API server dropped the capacity requests:
+    then DRA nodes share nothing on this cluster, and what is placed there is placed again)."""
+    want = claims.desired(store, rec.key, p)
+    if want is None or not store.dra_capacity_ok:
+        return None
+    dropped = await claims.ensure(store, want, rec.body)
+    if not dropped:
+        return str(want["metadata"]["name"])
+    message = (f"the API server dropped {', '.join(dropped)} from ResourceClaimTemplate {want['metadata']['name']}: "
+               "the DRAConsumableCapacity feature gate is off (Kubernetes 1.34/1.35 need it on; 1.36 has it on by "
+               "default), so a claim would take whole GPUs; vllmfit does not share GPUs through DRA on this cluster")
+    logger.error("%s", message)
+    post_event(rec.body, "Warning", "DRACapacityUnsupported", message)
+    async with store.changing():
+        store.dra_capacity_ok = False
+        rec.conditions = report.set_condition(rec.conditions, "Placed", "False", "DRACapacityUnsupported", message,
+                                                now(), rec.generation)
+        store.mark([rec.key])
+    store.dra_refresh = "DRA capacity requests are not kept"  # finish() refreshes the DRA nodes
+    return None

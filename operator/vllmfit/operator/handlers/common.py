@@ -1,0 +1,76 @@
+"""Shared by every handler module: the Effects a step collects under the lock, parsing a
+VLLMDeployment, posting Events, the clock, deleting what may already be gone."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+import pydantic
+from kubernetes_asyncio.client import ApiException
+
+from vllmfit.core import errors
+from vllmfit.core.spec import api
+from vllmfit.operator import builders
+
+logger = logging.getLogger(__name__)
+
+
+RESOURCE = (api.GROUP, api.VERSION, api.PLURAL)
+
+
+JSON_PATCH = "application/json-patch+json"
+
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+SETTLING = ("Starting", "Pending", "Terminating", "NotAdmitted", "ScaledToZero")
+
+
+class Invalid(ValueError):
+    """The object cannot be used as it is (message: one line naming the field)."""
+
+
+@dataclass
+class Effects:
+    """What to do after the lock is released."""
+
+    events: list[tuple[dict[str, Any], str, str, str]] = field(default_factory=list)  # body, type, reason, message
+    sync: set[str] = field(default_factory=set)  # keys whose Deployments/Service to write or delete
+    mark: set[str] = field(default_factory=set)  # keys whose status to write
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse(body: Mapping[str, Any]) -> api.VLLMDeployment:
+    try:
+        obj = api.VLLMDeployment.model_validate({"metadata": body.get("metadata") or {}, "spec": body.get("spec") or {}})
+    except pydantic.ValidationError as e:
+        raise Invalid(errors.one_line(e)) from None
+    problems = builders.spec_problems(obj)
+    if problems:
+        raise Invalid("; ".join(problems))
+    return obj
+
+
+def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    try:
+        kopf.event(dict(body), type=type_, reason=reason, message=message[:1000])  # type: ignore[arg-type]
+    except LookupError:  # not inside a running operator (handler logic called directly)
+        logger.info("event %s %s: %s", type_, reason, message)
+
+
+async def gone_ok(delete: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    """Call a `delete_namespaced_*` API method; an object that is already gone (404) is fine."""
+    try:
+        await delete(*args)
+    except ApiException as e:
+        if e.status != 404:
+            raise

@@ -1,0 +1,34 @@
+"""DRA objects: ResourceSlices (the nodes' GPUs) and ResourceClaims (foreign use)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import kopf
+
+from vllmfit.operator import claims
+from vllmfit.operator.handlers.writes import refresh_nodes
+from vllmfit.operator.state import Store, get_store
+
+logger = logging.getLogger(__name__)
+
+
+async def on_slice(type: str | None, body: kopf.Body, **_: Any) -> None:
+    """A DRA driver (re)published GPUs: the nodes' GPUs and backends follow."""
+    await observe_dra(claims.observe_slice, body, type == "DELETED", "ResourceSlice changed")
+
+
+async def on_claim(type: str | None, body: kopf.Body, **_: Any) -> None:
+    """A claim was allocated or released: foreign use on its GPUs changed."""
+    await observe_dra(claims.observe_claim, body, type == "DELETED", "ResourceClaim changed")
+
+
+async def observe_dra(observe: Callable[[Store, Any, bool], Any], body: Any, deleted: bool, cause: str) -> None:
+    """Record a DRA object in the store under its lock, then refresh the nodes it touched."""
+    store = get_store()
+    await store.ready.wait()
+    async with store.lock:
+        names = observe(store, body, deleted)
+    await refresh_nodes(store, names, cause)

@@ -1,0 +1,55 @@
+"""Every Kopf registration of the operator, in one table: what it watches, the handler id (Kopf
+keeps each handler's progress under its id, so ids never change), and the module that handles it.
+
+The handling lives in one module per watched kind (`vllmdeployments`, `nodes`, `replica_pods`,
+`reservation_pods`, `dra_objects`) plus `startup` (start-up, resync, login, clean-up); they share
+`common` (Effects, Events, parsing), `decide` (decisions -> records, under the lock), `children`
+(Deployments, Services, claim templates), `writes` (finish: the crash-safe order of writes, and
+place: reservations and gates) and `sweep`. A new watch is one line here and a function there.
+"""
+
+from __future__ import annotations
+
+import kopf
+
+from vllmfit.backends import reservation as rsv
+from vllmfit.operator import builders
+from vllmfit.operator.handlers import (
+    dra_objects,
+    nodes,
+    replica_pods,
+    reservation_pods,
+    startup,
+    vllmdeployments,
+)
+from vllmfit.operator.handlers.common import RESOURCE
+
+OURS = {builders.MANAGED_BY: "vllmfit"}
+REPLICA_PODS = {builders.LABEL_DEPLOYMENT: kopf.PRESENT, **OURS}
+RESERVATION_PODS = {rsv.ROLE_LABEL: rsv.ROLE, **OURS}
+
+# start-up, login, clean-up
+kopf.on.startup(id="rebuild")(startup.startup)
+kopf.on.login(id="login")(startup.login)
+kopf.on.cleanup(id="cleanup")(startup.cleanup)
+
+# VLLMDeployment
+kopf.on.create(*RESOURCE, id="admit")(vllmdeployments.on_create)
+kopf.on.update(*RESOURCE, id="readmit", field="spec")(vllmdeployments.on_update)
+kopf.on.resume(*RESOURCE, id="resume")(vllmdeployments.on_resume)
+kopf.on.event(*RESOURCE, id="adopt")(vllmdeployments.on_event)
+kopf.on.delete(*RESOURCE, id="release")(vllmdeployments.on_delete)
+
+# Nodes
+kopf.on.event("", "v1", "nodes", id="nodes")(nodes.on_node)
+
+# Pods of vLLM replicas (health and logs; the reservation gate and claim allocation)
+kopf.on.event("", "v1", "pods", id="pods", labels=REPLICA_PODS)(replica_pods.on_pod)
+kopf.on.event("", "v1", "pods", id="gates", labels=REPLICA_PODS)(replica_pods.on_gated_pod)
+
+# Reservation pods (device-plugin nodes)
+kopf.on.event("", "v1", "pods", id="reservations", labels=RESERVATION_PODS)(reservation_pods.on_reservation)
+
+# DRA objects
+kopf.on.event("resource.k8s.io", "v1", "resourceslices", id="slices")(dra_objects.on_slice)
+kopf.on.event("resource.k8s.io", "v1", "resourceclaims", id="claims")(dra_objects.on_claim)

@@ -1,0 +1,128 @@
+"""The pods of vLLM replicas: their health (Ready, logs), the reservation gate, and a GPU
+claim the scheduler could not allocate."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client import ApiException
+
+from vllmfit.backends import dra
+from vllmfit.operator import bounded, builders, pods, report, reservations
+from vllmfit.operator.handlers.common import SETTLING, Effects, now, post_event
+from vllmfit.operator.handlers.decide import apply_decision, refresh_ready, update_node
+from vllmfit.operator.handlers.writes import finish
+from vllmfit.operator.state import Store, get_store
+
+logger = logging.getLogger(__name__)
+
+
+async def read_log(store: Store, pod: Mapping[str, Any], previous: bool) -> str:
+    meta = pod.get("metadata") or {}
+    try:
+        return str(await client.CoreV1Api(store.api).read_namespaced_pod_log(
+            str(meta.get("name")), str(meta.get("namespace")), container=pods.CONTAINER, tail_lines=50,
+            previous=previous))
+    except (ApiException, OSError, ValueError) as e:
+        logger.info("pod %s: cannot read its log: %s", meta.get("name"), e)
+        return ""
+
+
+async def on_pod(type: str | None, body: kopf.Body, **_: Any) -> None:
+    """Ready means serving: reflect the health of its pods in Ready, phase and Events."""
+    store = get_store()
+    await store.ready.wait()
+    meta = body.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    key = f"{meta.get('namespace') or 'default'}/{labels.get(builders.LABEL_DEPLOYMENT)}"
+    name = meta.get("name") or ""
+    if key not in store.records:
+        return
+    health = None
+    if type != "DELETED":
+        health = pods.pod_health(body)
+        if health.needs_log:
+            cs: Mapping[str, Any] = next((c for c in (body.get("status") or {}).get("containerStatuses") or []
+                                          if c.get("name") == pods.CONTAINER), {})
+            cache_key = (meta.get("uid") or name, cs.get("restartCount", 0))
+            cached = store.log_cache.get(cache_key)
+            if cached is None:
+                if len(store.log_cache) > 1000:
+                    store.log_cache.clear()
+                tail = await read_log(store, body, previous=bool((cs.get("state") or {}).get("waiting")))
+                cached = store.log_cache[cache_key] = pods.pod_health(body, tail)
+            health = cached
+    async with store.changing():
+        rec = store.records.get(key)
+        if rec is None:
+            return
+        if health is None:
+            rec.pods.pop(name, None)
+            rec.pod_uids.pop(name, None)
+        else:
+            try:
+                replica = int(labels.get(builders.LABEL_REPLICA, "0"))
+            except ValueError:
+                replica = 0
+            rec.pods[name] = (replica, health)
+            if meta.get("uid"):
+                rec.pod_uids[name] = meta["uid"]
+        old = next((c for c in rec.conditions if c.type == "Ready"), None)
+        refresh_ready(rec, now())
+        new = next(c for c in rec.conditions if c.type == "Ready")
+        store.mark([key])
+    if old is None or (old.status, old.reason, old.message) != (new.status, new.reason, new.message):
+        if new.status == "True" and (old is None or old.status != "True"):
+            post_event(rec.body, "Normal", "Ready", new.message)
+        elif new.status != "True" and new.reason not in SETTLING and (old is None or old.reason != new.reason):
+            post_event(rec.body, "Warning", new.reason, new.message)
+
+
+async def on_gated_pod(type: str | None, body: kopf.Body, **_: Any) -> None:
+    """A replica pod behind the reservation gate: lift it once its GPUs are held."""
+    store = get_store()
+    await store.ready.wait()
+    async with store.lock:
+        reservations.track(store, body, type == "DELETED")
+    if reservations.has_gate(body):
+        await reservations.ungate(store)
+    failure = None if type == "DELETED" else dra.allocation_failure(body)
+    if failure:
+        await allocation_failed(store, body, failure)
+
+
+async def allocation_failed(store: Store, pod: Mapping[str, Any], message: str) -> None:
+    """The scheduler could not allocate a replica's claim (a race lost to another claim, or the
+    ledger was stale): say so with the scheduler's words, and decide the deployment again on the
+    ledger as it is now (the winning claim is foreign use by then)."""
+    meta = pod.get("metadata") or {}
+    key = f"{meta.get('namespace') or 'default'}/{(meta.get('labels') or {}).get(builders.LABEL_DEPLOYMENT)}"
+    fx = Effects()
+    async with store.changing():
+        rec = store.records.get(key)
+        if rec is None or not rec.admitted or message == rec.allocation_failure:
+            return
+        rec.allocation_failure = message
+        req = rec.request or rec.admitted_request
+        text = f"the scheduler could not allocate the GPU claim of pod {meta.get('name')}: {message}"
+        fx.events.append((rec.body, "Warning", "AllocationFailed", text))
+        rec.conditions = report.set_condition(rec.conditions, "Placed", "False", "AllocationFailed", text, now(),
+                                                rec.generation)
+        fx.mark.add(key)
+        for name in {p.node for p in rec.placement}:
+            await update_node(store, name, store.effective_node(name, store.node_infos.get(name)), fx, "has no GPUs")
+        if req is not None and store.records.get(key) is rec and rec.admitted:
+            before = builders.gpus_of(store.ledger, key)
+            old = store.ledger.release(key)
+            d = await bounded.decide(store.ledger, req)
+            same = sorted((b.node, b.index) for b in d.bookings()) == sorted((b.node, b.index) for b in old)
+            if d.admitted and not same:
+                apply_decision(store, rec, req, d, fx, cause="the scheduler could not allocate its claim")
+            else:
+                store.ledger.restore(key, old)  # nowhere better: stay (the scheduler retries), condition kept
+            fx.mark.update(builders.neighbours(store.ledger, before))
+    await finish(store, fx, strict=False)

@@ -1,0 +1,148 @@
+"""Start-up (rebuild the ledger from the cluster), the periodic resync, login and clean-up."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import kopf
+from kubernetes_asyncio import client
+from kubernetes_asyncio import config as kube_config
+from kubernetes_asyncio.client import ApiException
+
+from vllmfit.core.spec import api
+from vllmfit.operator import claims, metrics, reservations
+from vllmfit.operator.handlers.children import children_state
+from vllmfit.operator.handlers.common import RESOURCE, Effects
+from vllmfit.operator.handlers.decide import retry_waiting
+from vllmfit.operator.handlers.sweep import sweep
+from vllmfit.operator.handlers.vllmdeployments import reconcile
+from vllmfit.operator.handlers.writes import finish
+from vllmfit.operator.record import key_of
+from vllmfit.operator.state import Store, get_store
+
+logger = logging.getLogger(__name__)
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """Kopf settings the operator relies on: handler progress in annotations (not in status,
+    which belongs to vllmfit and is pruned by the CRD schema), our own finalizer name."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=api.GROUP, key="last-handled-configuration")
+    settings.persistence.finalizer = f"{api.GROUP}/finalizer"
+
+
+async def load_config() -> client.Configuration:
+    """In-cluster config, else the current kubeconfig context."""
+    cfg = client.Configuration()
+    try:
+        kube_config.load_incluster_config(client_configuration=cfg)
+    except kube_config.ConfigException:
+        try:
+            await kube_config.load_kube_config(client_configuration=cfg)
+        except (kube_config.ConfigException, OSError) as e:
+            raise kopf.TemporaryError(f"no Kubernetes API: not in a cluster, and no usable kubeconfig ({e})",
+                                      delay=10) from None
+    return cfg
+
+
+async def login(**_: Any) -> kopf.ConnectionInfo:
+    """Kopf uses the same credentials as the operator's own API client."""
+    store = get_store()
+    cfg = store.kube_config or await load_config()
+    token = (cfg.api_key.get("BearerToken") or cfg.api_key.get("authorization") or "").removeprefix("Bearer ")
+    return kopf.ConnectionInfo(server=str(cfg.host), ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
+                               scheme="Bearer" if token else None, token=token or None,
+                               certificate_path=cfg.cert_file, private_key_path=cfg.key_file,
+                               default_namespace=store.options.namespace)
+
+
+async def list_cluster(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every Node and every VLLMDeployment, as JSON."""
+    nodes = await client.CoreV1Api(store.api).list_node()
+    listed = await client.CustomObjectsApi(store.api).list_cluster_custom_object(*RESOURCE)
+    return store.api.sanitize_for_serialization(nodes).get("items") or [], listed.get("items") or []
+
+
+async def resync_once(store: Store) -> bool:
+    """store.resync from a fresh listing, unless anything changed meanwhile or statuses are
+    still being written. Returns whether it resynced. On the active replica it then repairs
+    (level-based, whatever events were missed or writes lost): statuses that differ from the
+    records, children that differ from the bookings (written, or deleted by `sweep`), objects
+    that never got a decision, and waiting specs, which get another chance."""
+    if store.busy():
+        return False
+    before = store.changes
+    nodes, deployments = await list_cluster(store)
+    fx = Effects()
+    async with store.lock:
+        if store.changes != before or store.busy():
+            return False
+        repair = store.resync(nodes, deployments)
+        if store.leading:
+            if repair:
+                logger.warning("resync: rewriting statuses that differ from the records: %s", ", ".join(sorted(repair)))
+            fx.mark.update(repair)
+            fx.sync.update(k for k, r in store.records.items() if r.admitted and r.synced != children_state(r)
+                           and r.admitted_request is not None)
+            await retry_waiting(store, fx)
+        undecided = [r.body for r in store.records.values() if not (r.written or {}).get("phase")]
+    if not store.leading:
+        return True
+    await finish(store, fx, strict=False)
+    await sweep(store)
+    for body in undecided:
+        logger.warning("resync: %s has no status; deciding it", key_of(body))
+        await reconcile(body, force=False)
+    return True
+
+
+async def resync_loop(store: Store, every: float) -> None:
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await resync_once(store)
+        except Exception as e:  # noqa: BLE001 - a failed listing is retried next time
+            logger.warning("resync failed: %s", e)
+
+
+async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """Rebuild the ledger from the API before any handler allocates: every node, and the
+    bookings recorded in the status of every admitted VLLMDeployment."""
+    configure(settings)
+    store = get_store()
+    await store.stop()
+    store.reset()
+    if store.api is not None:
+        await store.api.close()
+    store.api = client.ApiClient(store.kube_config or await load_config())
+    node_dicts, deployments = await list_cluster(store)
+    await claims.load(store)  # the DRA nodes' GPUs and claims, before the ledger is rebuilt
+    problems = store.rebuild(node_dicts, deployments)
+    await reservations.load(store)
+    for p in problems:
+        logger.warning("start-up: %s", p)
+    logger.info("ledger rebuilt: %d GPU nodes, %d VLLMDeployments, %d with bookings", len(store.ledger.nodes),
+                len(store.records), len(store.ledger.deployments()))
+    try:
+        await sweep(store)
+    except (ApiException, OSError) as e:
+        logger.warning("start-up: cannot look for Deployments without a booking (the resync retries): %s", e)
+    store.start()
+    if store.options.resync_seconds > 0:
+        store.tasks.append(asyncio.create_task(resync_loop(store, store.options.resync_seconds)))
+    metrics.register()
+    port = os.environ.get("VLLMFIT_METRICS_PORT")
+    if port:
+        metrics.serve(int(port))
+
+
+async def cleanup(**_: Any) -> None:
+    store = get_store()
+    await store.stop()
+    if store.api is not None:
+        await store.api.close()
+        store.api = None

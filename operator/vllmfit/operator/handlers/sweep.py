@@ -1,0 +1,88 @@
+"""The sweep: delete every Deployment and bare pod of vllmfit that no admitted booking covers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client import ApiException
+
+from vllmfit.operator import builders
+from vllmfit.operator.handlers.common import gone_ok
+from vllmfit.operator.state import Store
+
+logger = logging.getLogger(__name__)
+
+
+def covers(store: Store, namespace: str, labels: Mapping[str, str], name: str, where: str | None,
+           *, pod: bool = False) -> bool:
+    """Whether an admitted booking covers this Deployment (or bare pod) of vllmfit: its owner is
+    admitted and one of its replicas is booked where the object runs (placement annotation)."""
+    rec = store.records.get(f"{namespace}/{labels.get(builders.LABEL_DEPLOYMENT)}")
+    if rec is None or not rec.admitted or rec.going:
+        return False
+    for p in rec.placement:
+        mine = str(p.replica) == labels.get(builders.LABEL_REPLICA) if pod else \
+            builders.deployment_name(rec.name, p.replica) == name
+        if mine and (where is None and pod or where == builders.placement_text(p)):
+            return True
+    return False
+
+
+def _ours(labels: Mapping[str, str] | None) -> bool:
+    return bool(labels) and labels.get(builders.MANAGED_BY) == "vllmfit" and builders.LABEL_DEPLOYMENT in labels
+
+
+async def sweep(store: Store, namespace: str | None = None, only: str | None = None) -> list[str]:
+    """Delete every Deployment and bare pod vllmfit owns (found by label) that no admitted
+    booking covers: left by a crash between writes, or by a record that changed meanwhile.
+    Each is re-read and re-checked under its owner's child lock (sync_children holds it too).
+    `only`: the deployment label to look at. Returns what was deleted ("Kind ns/name")."""
+    apps, core = client.AppsV1Api(store.api), client.CoreV1Api(store.api)
+    selector = f"{builders.MANAGED_BY}=vllmfit"
+    if namespace is None:
+        deps = await apps.list_deployment_for_all_namespaces(label_selector=selector)
+        pods_ = await core.list_pod_for_all_namespaces(label_selector=selector)
+    else:
+        deps = await apps.list_namespaced_deployment(namespace, label_selector=selector)
+        pods_ = await core.list_namespaced_pod(namespace, label_selector=selector)
+    gone: list[str] = []
+    for d in deps.items or []:
+        meta = d.metadata
+        labels = meta.labels or {}
+        if not _ours(labels) or (only is not None and labels.get(builders.LABEL_DEPLOYMENT) != only):
+            continue
+        owner = f"{meta.namespace}/{labels[builders.LABEL_DEPLOYMENT]}"
+        if covers(store, meta.namespace, labels, meta.name, (meta.annotations or {}).get(builders.ANNOTATION_PLACEMENT)):
+            continue
+        async with store.child_locks[owner]:
+            try:
+                d = await apps.read_namespaced_deployment(meta.name, meta.namespace)
+            except ApiException as e:
+                if e.status == 404:
+                    continue
+                raise
+            where = (d.metadata.annotations or {}).get(builders.ANNOTATION_PLACEMENT)
+            if covers(store, meta.namespace, d.metadata.labels or {}, meta.name, where):
+                continue
+            await gone_ok(apps.delete_namespaced_deployment, meta.name, meta.namespace)
+            gone.append(f"Deployment {meta.namespace}/{meta.name}")
+            rec = store.records.get(owner)
+            if rec is not None:
+                rec.synced = None  # written again when its record says it should run
+                rec.children = {r for r in rec.children if builders.deployment_name(rec.name, r) != meta.name}
+    for pod in pods_.items or []:
+        meta = pod.metadata
+        labels = meta.labels or {}
+        if not _ours(labels) or any(o.controller for o in meta.owner_references or []) or (
+                only is not None and labels.get(builders.LABEL_DEPLOYMENT) != only):
+            continue  # pods of a ReplicaSet go with their Deployment
+        if covers(store, meta.namespace, labels, meta.name,
+                  (meta.annotations or {}).get(builders.ANNOTATION_PLACEMENT), pod=True):
+            continue
+        await gone_ok(core.delete_namespaced_pod, meta.name, meta.namespace)
+        gone.append(f"Pod {meta.namespace}/{meta.name}")
+    for what in gone:
+        logger.warning("%s ran without an admitted booking: deleted", what)
+    return gone

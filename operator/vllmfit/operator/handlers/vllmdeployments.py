@@ -1,0 +1,145 @@
+"""VLLMDeployment: create, update, resume, the events of every object (a peer's statuses
+after a fail-over, deletions) and delete."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from vllmfit.core.placement import Request
+from vllmfit.operator import bounded, builders, metrics
+from vllmfit.operator.handlers.children import children_state
+from vllmfit.operator.handlers.common import Effects, Invalid, now, parse
+from vllmfit.operator.handlers.decide import (
+    apply_decision,
+    not_admitted,
+    refresh_ready,
+    retry_waiting,
+    scale_keep,
+)
+from vllmfit.operator.handlers.sweep import sweep
+from vllmfit.operator.handlers.writes import finish
+from vllmfit.operator.record import ModelResolutionError, key_of
+from vllmfit.operator.state import Store, get_store
+
+logger = logging.getLogger(__name__)
+
+
+async def reconcile(body: Mapping[str, Any], *, force: bool) -> None:
+    """create/update/resume: decide (or, when already admitted for this generation, only
+    re-write the children and status), book, write."""
+    store = get_store()
+    await store.ready.wait()
+    store.leading = True
+    t0 = time.monotonic()
+    fx = Effects()
+    req: Request | None = None
+    transient: str | None = None
+    try:
+        req = await store.request_for(parse(body))
+    except Invalid as e:
+        problem = ("Rejected", "InvalidSpec", str(e))
+    except ModelResolutionError as e:
+        problem = ("Pending", "ModelUnavailable", str(e)) if e.transient else ("Rejected", "ModelNotFound", str(e))
+        transient = str(e) if e.transient else None
+    async with store.lock:
+        rec = store.upsert(body)  # under the lock: a resync may have replaced the record
+        if req is None:
+            store.changes += 1
+            rec.observed_generation = rec.generation
+            not_admitted(rec, *problem, fx, t=now())
+            refresh_ready(rec, now())
+            fx.mark.add(rec.key)
+        elif (not force and rec.admitted and rec.observed_generation == rec.generation
+              and not store.misplaced(rec.key)):  # nothing to decide (a resume, a repeated event)
+            rec.request = req
+            if rec.admitted_request is None and not rec.waiting:
+                rec.admitted_request = req
+            if rec.synced != children_state(rec):  # a resume after a restart, or an earlier write failed
+                fx.sync.add(rec.key)
+            fx.mark.add(rec.key)
+        elif (not force and not rec.admitted and rec.request is not None and rec.outcome != "Pending"
+              and rec.observed_generation == rec.generation):
+            rec.request = req  # decided for this generation already; waiting specs are retried when room frees up
+            fx.mark.add(rec.key)
+        else:
+            store.changes += 1
+            keep = scale_keep(store, rec, req)
+            apply_decision(store, rec, req, await bounded.decide(store.ledger, req, keep=keep), fx)
+    await finish(store, fx)
+    metrics.RECONCILE.observe(time.monotonic() - t0)
+    if transient:
+        raise kopf.TemporaryError(transient, delay=30)
+
+
+async def on_create(body: kopf.Body, **_: Any) -> None:
+    await reconcile(body, force=False)
+
+
+async def on_update(body: kopf.Body, **_: Any) -> None:
+    await reconcile(body, force=True)
+
+
+async def on_resume(body: kopf.Body, **_: Any) -> None:
+    await reconcile(body, force=False)
+
+
+async def on_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+    """A status this process did not write is news from the previous active peer (after a
+    fail-over, Kopf replays every object): take its bookings, so nothing it admitted is lost.
+    An object it never heard of is decided (idempotent: the create handler may do it too).
+    A deletion seen here frees the booking even when the finalizer was never set (an object
+    deleted right after its creation: the delete handler never runs for it)."""
+    store = get_store()
+    await store.ready.wait()
+    store.leading = True
+    if type == "DELETED":
+        await forget(store, body)
+        return
+    if (body.get("metadata") or {}).get("deletionTimestamp"):
+        return
+    async with store.lock:
+        if store.adopt(body):
+            store.changes += 1
+            logger.info("%s: took the status another replica wrote", key_of(body))
+    if key_of(body) not in store.records:  # handled by a peer that died before writing its status
+        await reconcile(body, force=False)
+
+
+async def forget(store: Store, body: Mapping[str, Any]) -> None:
+    """The object is going or gone: stop its Deployments and bare pods first, then free its GPUs
+    (so a crash in between leaves its booking, never a pod on GPUs booked to another); its
+    neighbours' headroom grows; waiting specs get another chance."""
+    key = key_of(body)
+    rec = store.records.get(key)
+    uid = (body.get("metadata") or {}).get("uid")
+    if rec is None or (uid and (rec.body.get("metadata") or {}).get("uid") not in (None, uid)):
+        return  # already forgotten, or a new object of the same name
+    rec.going = True  # no booking covers its children any more; sync_children only deletes
+    async with store.child_locks[key]:
+        pass  # a write of its children in flight ends first
+    await sweep(store, rec.namespace, only=rec.name)
+    rec.children.clear()
+    fx = Effects()
+    async with store.changing():
+        if store.records.get(key) is not rec:
+            return
+        before = builders.gpus_of(store.ledger, key)
+        store.ledger.release(key)
+        store.records.pop(key, None)
+        fx.mark.update(builders.neighbours(store.ledger, before))
+        if before:
+            await retry_waiting(store, fx)
+    await finish(store, fx, strict=False)
+
+
+async def on_delete(body: kopf.Body, **_: Any) -> None:
+    """Free its GPUs once its Deployments are gone (forget). A failed deletion raises: Kopf
+    retries and the finalizer stays."""
+    store = get_store()
+    await store.ready.wait()
+    await forget(store, body)

@@ -1,0 +1,141 @@
+"""Writing what a step decided, in the order that keeps a crash safe (`finish`), and making
+Kubernetes hold what the ledger books (`place`: reservation pods, scheduling gates)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client import ApiException
+
+from vllmfit.operator import builders, reservations
+from vllmfit.operator.handlers.children import children_state, sync_children
+from vllmfit.operator.handlers.common import Effects, Invalid, gone_ok, parse, post_event
+from vllmfit.operator.handlers.decide import update_node
+from vllmfit.operator.record import ModelResolutionError
+from vllmfit.operator.state import Store
+
+logger = logging.getLogger(__name__)
+
+
+async def finish(store: Store, fx: Effects, *, strict: bool = True, hold: bool = True) -> None:
+    """Post the events, then write in the order that keeps a crash safe (issue 14): what stops
+    runs down before its release is written, what starts is booked (its status written) before
+    it runs. So after a crash at any write the API holds the booking of whatever runs. With
+    strict, a failed write of the handled object raises (Kopf retries); other failures are logged
+    and left to the resync, which repairs children and statuses that differ from the records.
+    With hold, then make Kubernetes hold what the ledger books (`place`)."""
+    for body, type_, reason, message in fx.events:
+        post_event(body, type_, reason, message)
+    starting = {k for k in fx.sync if (r := store.records.get(k)) is not None and r.admitted}
+    stopping = sorted(fx.sync - starting)
+    # replicas that move or shrink leave GPUs another key may have just been booked on: first
+    ordered = sorted(starting, key=lambda k: (not store.records[k].children, k))
+    failed: list[str] = []
+    try:
+        with store.hold(fx.sync):
+            store.mark(fx.mark - fx.sync)
+            for key in stopping:
+                if await _step(store, key, sync_children, strict):
+                    await _step(store, key, store.persist, strict)
+                else:
+                    failed.append(key)
+            for key in ordered:
+                if failed:  # something that should have stopped may still run: book nothing new
+                    logger.warning("%s: not started while %s may still run; the resync retries", key, ", ".join(failed))
+                    store.records[key].synced = None
+                    continue
+                if await _step(store, key, store.persist, strict):
+                    await _step(store, key, sync_children, strict)
+    finally:
+        if store.dra_refresh:  # a claim template lost its capacity requests (children.claim_template)
+            why, store.dra_refresh = store.dra_refresh, ""
+            store.tasks.append(asyncio.create_task(refresh_nodes(store, store.dra_nodes(), why)))
+    if hold:
+        await place(store)
+
+
+async def _step(store: Store, key: str, fn: Callable[[Store, str], Any] | Callable[[str], Any], strict: bool) -> bool:
+    """One write of finish(); False when it failed (raised again with strict)."""
+    try:
+        await (fn(store, key) if fn is sync_children else fn(key))  # type: ignore[call-arg, arg-type]
+        return True
+    except (TimeoutError, ApiException, OSError) as e:
+        if strict:
+            raise
+        what = f"{e.status} {e.reason}" if isinstance(e, ApiException) else str(e) or type(e).__name__
+        logger.error("%s: writing %s failed: %s", key, "its Deployments" if fn is sync_children else "its status",
+                     what)
+        rec = store.records.get(key)
+        if rec is not None:
+            rec.synced = None
+            post_event(rec.body, "Warning", "SyncFailed", f"writing its Deployments or status failed: {what}")
+        return False
+
+
+def rebook_reported(store: Store, fx: Effects) -> list[str]:
+    """Reservations that reported another GPU than the one asked for: re-book their replicas on
+    the GPU they hold (or give them back when it has not the room); pins learned from reports
+    rewrite the replicas' Deployments. Hold the lock. Returns reservations to delete."""
+    retire: list[str] = []
+    for r in sorted(store.reservations.values(), key=lambda r: r.name):
+        if not r.reported or r.terminating:
+            continue
+        on_it = {b.deployment for b in store.ledger.bookings_on(r.node, r.index)}
+        moved, message = reservations.rebook(store, r)
+        if message and not moved:  # the GPU it got has not the room: ask again
+            store.reservations.pop(r.name, None)
+            retire.append(r.name)
+            fx.events.extend((store.records[k].body, "Warning", "ReservationMismatch", message)
+                             for k in sorted(on_it) if k in store.records)
+        for k in sorted(moved):
+            if k in store.records:
+                fx.events.append((store.records[k].body, "Normal", "Rebooked", message or ""))
+            fx.sync.add(k)
+            fx.mark.update({k} | builders.neighbours(store.ledger, builders.gpus_of(store.ledger, k)))
+    for k, rec in store.records.items():  # pins learned from the reports, a whole-node holder gone or back
+        if rec.admitted and rec.synced is not None and rec.synced != children_state(rec):
+            fx.sync.add(k)
+    return retire
+
+
+async def place(store: Store) -> None:
+    """Make Kubernetes hold what the ledger books: re-book on the GPUs reservations really got,
+    create and delete reservation pods on device-plugin nodes, then lift the scheduling gates of
+    the replica pods whose GPUs are held."""
+    try:
+        fx = Effects()
+        async with store.lock:
+            retire = rebook_reported(store, fx)
+            if fx.sync or fx.mark or retire:
+                store.changes += 1
+        for name in retire:
+            await gone_ok(client.CoreV1Api(store.api).delete_namespaced_pod, name, store.options.reservation.namespace)
+        await finish(store, fx, strict=False, hold=False)
+        await reservations.sync(store)
+        await reservations.ungate(store)
+    except (ApiException, OSError) as e:
+        logger.error("placement backend: %s", e)
+
+
+async def refresh_nodes(store: Store, names: set[str], why: str) -> None:
+    """Slices or claims changed: the DRA view of these nodes again (as on_node does)."""
+    if not names:
+        return
+    for key in {b.deployment for k in store.ledger.deployments() for b in store.ledger.bookings_of(k)
+                if b.node in names}:
+        rec = store.records.get(key)
+        if rec is not None and rec.request is None:
+            try:
+                rec.request = await store.request_for(parse(rec.body))
+            except (Invalid, ModelResolutionError):
+                pass
+    fx = Effects()
+    async with store.changing():
+        for name in sorted(names):
+            await update_node(store, name, store.effective_node(name, store.node_infos.get(name)), fx,
+                              f"has no shareable GPUs any more ({why})")
+    await finish(store, fx, strict=False)
