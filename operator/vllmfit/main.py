@@ -3,7 +3,8 @@
 `add_parser(subparsers)`, setting `func` (args -> exit code) on its parser.
 
 Bad input never gives a traceback: a `UserError` (or ValueError/LookupError from the core) is
-printed as one line `vllmfit: error: ...` and the exit code is 2.
+printed as one line `vllmfit: error: ...` and the exit code is 2. So is a bad flag or choice
+(`vllmfit estimate: error: argument --quantization: invalid choice: ...`): one line, not the usage.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from vllmfit import __version__
 from vllmfit.core.errors import UserError
@@ -27,8 +29,16 @@ SUBCOMMANDS = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line and a pointer to --help (its subcommands' parsers
+    are of the same class: argparse makes them with type(parent))."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="vllmfit", description="Fit vLLM deployments onto shared GPUs without out-of-memory."
     )
     parser.add_argument("--version", action="version", version=f"vllmfit {__version__}")

@@ -494,6 +494,22 @@ def connect(kubeconfig: str | None, context: str | None) -> tuple[Any, Any]:
     return client.CoreV1Api(), client.CustomObjectsApi()
 
 
+def api_words(e: BaseException) -> str:
+    """An API server's refusal as a sentence (the client's own text starts "(404)\nReason: ...")."""
+    status = getattr(e, "status", None)
+    if not isinstance(status, int):
+        return one_line(e)
+    if status == 404:
+        return (f"{KIND} is not installed in this cluster (no CustomResourceDefinition {PLURAL}.{GROUP}); "
+                "install vllmfit with `helm install vllmfit charts/vllmfit`, or its CRDs with "
+                "`kubectl apply --server-side -f crds/`")
+    if status == 403:
+        return f"the API server says this kubeconfig's user may not list Nodes or {KIND}s (403 Forbidden)"
+    if status == 401:
+        return "the API server did not accept this kubeconfig's credentials (401 Unauthorized)"
+    return f"the API server answered {status} {getattr(e, 'reason', '') or ''}".rstrip()
+
+
 def run_status(args: argparse.Namespace, core: Any = None, custom: Any = None) -> int:
     from kubernetes.client.exceptions import OpenApiException
     from urllib3.exceptions import HTTPError
@@ -503,7 +519,7 @@ def run_status(args: argparse.Namespace, core: Any = None, custom: Any = None) -
     try:
         objs = load_live(core, custom)
     except (OpenApiException, HTTPError, OSError, ValueError) as e:  # API errors, no connection
-        raise UserError(f"cannot read the cluster: {one_line(e)}") from None
+        raise UserError(f"cannot read the cluster: {api_words(e)}") from None
     plan = build_plan(objs, decide=False)
     emit(plan, args.output, args.out_file, "vllmfit status")
     return 0
