@@ -11,6 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from vllmfit.cli.inputs import read_input
 from vllmfit.core import defaults, limits, memory
 from vllmfit.core.errors import UserError
 from vllmfit.core.model.config import params_from_index, parse_hf_config
@@ -125,16 +126,16 @@ def load_model_config(path: str, params: int | None = None) -> ModelArch:
     _positive("params", params, limits.MAX_PARAMS)
     p = Path(path)
     cfg_path = p / "config.json" if p.is_dir() else p
+    if not cfg_path.exists():
+        raise UserError(f"{cfg_path}: no such file; pass a config.json or a directory holding one")
     try:
-        cfg = json.loads(cfg_path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{cfg_path}: no such file; pass a config.json or a directory holding one") from None
+        cfg = json.loads(read_input(cfg_path))
     except json.JSONDecodeError as e:
         raise UserError(f"{cfg_path}: not valid JSON ({e.msg} at line {e.lineno}); pass a Hugging Face config.json") from None
     index = cfg_path.parent / "model.safetensors.index.json"
     source = "computed"
     if params is None and index.exists():
-        params = params_from_index(json.loads(index.read_text()), cfg)
+        params = params_from_index(json.loads(read_input(index)), cfg)
         source = "safetensors-index"
     name = cfg.get("_name_or_path") or cfg_path.parent.name or "custom"
     try:

@@ -24,6 +24,7 @@ import yaml
 from rich.console import Console
 
 from vllmfit.cli import render
+from vllmfit.cli.inputs import read_input
 from vllmfit.core import limits, memory, placement
 from vllmfit.core.errors import UserError, one_line
 from vllmfit.core.model import config as modelconfig
@@ -255,16 +256,8 @@ def _collect(out: Objects, where: str, data: Any) -> None:
 
 
 def read_files(paths: Iterable[str]) -> list[tuple[str, str]]:
-    out = []
-    for path in paths:
-        if path == "-":
-            out.append(("<stdin>", sys.stdin.read()))
-            continue
-        try:
-            out.append((path, Path(path).read_text(encoding="utf-8")))
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-    return out
+    """(name, text) per -f argument, each read bounded (cli.inputs; '-' is stdin)."""
+    return [("<stdin>" if path == "-" else path, read_input(path)) for path in paths]
 
 
 # --- Models ------------------------------------------------------------------------------------

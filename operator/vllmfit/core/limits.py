@@ -84,6 +84,14 @@ MAX_REPO_ID = 96
 
 # --- Input files ---------------------------------------------------------------------------------
 
+MAX_INPUT_BYTES = 256 << 20
+"""Bytes the CLI reads from one input (`plan -f FILE`, `-f -`, `estimate --model-config`, a
+safetensors index), whatever it is: a file, a FIFO, a pipe, a device such as /dev/zero. Past it
+the command stops with one line (exit 2) instead of reading forever or filling memory. Real: a
+`kubectl get nodes,vllmdeployments -A -o yaml` export is about 9 KB per GPU node
+(benchmarks/plan_scale.py), so 45 MB for 5,000 nodes, Kubernetes' largest supported cluster; a
+config.json is a few KB, a safetensors index a few MB."""
+
 MAX_NESTING = 1000
 """Flow-collection nesting ([ and {) of one YAML document. libyaml's composer recurses in C and
 crashes the process (SIGSEGV) at about 30,000 levels; a Kubernetes object nests about 10."""
