@@ -386,8 +386,8 @@ def _print_json(rows: list[dict[str, Any]]) -> int:
 
 def _print_table(rows: list[dict[str, Any]], console: Any = None) -> int:
     """A kubectl-style table: no borders, upper-case headers, a short default set (`-o wide` adds
-    the rest). No cell is cut with "…": names and numbers are printed whole, lists wrap inside their
-    column, and a table wider than the terminal is printed whole (the terminal wraps it, as kubectl's)."""
+    the rest). No cell is cut or wrapped: a table wider than the terminal is printed whole, one line
+    a row, at its natural width (the terminal wraps the lines, as with kubectl -o wide)."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -402,9 +402,9 @@ def _print_table(rows: list[dict[str, Any]], console: Any = None) -> int:
     for r in rows:
         table.add_row(*(_cell(v) for v in r.values()))
     console = console or Console()
-    # never crop: where even the narrowest layout is wider than the terminal, print it whole (the
-    # terminal wraps the lines, as with kubectl) instead of letting rich cut the last columns off
-    need = Console(width=1 << 16).measure(table).minimum
+    # never crop: where the natural layout is wider than the terminal, print it whole (the terminal
+    # wraps the lines, as with kubectl) instead of letting rich squeeze and cut the last columns
+    need = Console(width=1 << 16).measure(table).maximum
     if need > console.width:
         console = Console(file=console.file, width=need, color_system=console.color_system)
     console.print(table)
