@@ -22,11 +22,13 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Histogram, disable_created_metrics, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from vllmfit import __version__
+
+disable_created_metrics()  # no *_created series: they double the series and no query here needs them
 
 PHASES = ("Pending", "Admitted", "Running", "Rejected", "Unschedulable", "Failed")
 OUTCOMES = ("allowed", "warned", "denied", "invalid", "error")  # of one admission review
