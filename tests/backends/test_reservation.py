@@ -132,3 +132,21 @@ def test_free_for_others_is_allocatable_minus_requests_of_live_bound_pods() -> N
     elsewhere = {"spec": {"nodeName": "m", "containers": [{"resources": {"limits": {"nvidia.com/gpu": 3}}}]}}
     # 8 - 1 (reservation) - max(2 + 1, 4) (init containers run first) = 3
     assert rsv.free_for_others(node, [res, big, done, elsewhere]) == 3
+
+
+# --- issue 21 item 7: a reservation lands where its deployments may --------------------------------
+
+def test_a_reservation_carries_the_tolerations_of_the_deployments_on_its_gpu_and_pull_secrets() -> None:
+    def spec(*tols: dict) -> api.VLLMDeploymentSpec:
+        return api.VLLMDeploymentSpec.model_validate({"model": "m", "podTemplate": {"spec": {"tolerations": list(tols)}}})
+
+    infra = {"key": "dedicated", "value": "infra", "effect": "NoSchedule"}
+    spot = {"key": "spot", "operator": "Exists"}
+    tols = rsv.tolerations_for([spec(infra), spec(spot, infra), api.VLLMDeploymentSpec(model="m")])
+    assert sorted(tols, key=str) == sorted([infra, spot], key=str)
+    cfg = rsv.Config(namespace="vllmfit", image_pull_secrets=("regcred",))
+    pod = rsv.reservation_pod(cfg, "n", 0, "r", tols)
+    assert pod["spec"]["tolerations"][0] == {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    assert pod["spec"]["tolerations"][1:] == tols
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    assert "imagePullSecrets" not in rsv.reservation_pod(rsv.Config(), "n", 0, "r")["spec"]

@@ -28,6 +28,7 @@ works from that rule:
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -65,6 +66,7 @@ class Config:
     runtime_class: str = "nvidia"
     service_account: str = ""
     pull_policy: str = "IfNotPresent"
+    image_pull_secrets: tuple[str, ...] = ()  # Secrets in `namespace` for `image` (chart value)
 
 
 @dataclass(frozen=True)
@@ -222,7 +224,22 @@ def reservation_name(node: str, index: int, taken: Iterable[str]) -> str:
     return f"{base}-{n}"
 
 
-def reservation_pod(cfg: Config, node: str, index: int, name: str) -> dict[str, Any]:
+def tolerations_for(specs: Iterable[Any]) -> list[dict[str, Any]]:
+    """The union of the podTemplate tolerations of the deployments booked on a GPU (their
+    VLLMDeploymentSpecs), in a stable order: placement chose the node because each of them
+    tolerates its taints, so the reservation that holds the GPU for them must too."""
+    seen: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        tpl = getattr(spec, "pod_template", None)
+        raw = (tpl.spec or {}).get("tolerations") if tpl is not None else None
+        for t in raw if isinstance(raw, list) else []:
+            if isinstance(t, Mapping):
+                seen.setdefault(json.dumps(t, sort_keys=True, default=str), dict(t))
+    return [seen[k] for k in sorted(seen)]
+
+
+def reservation_pod(cfg: Config, node: str, index: int, name: str,
+                    tolerations: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """A pod that holds one GPU of `node` through the device plugin and reports which.
 
     It is scheduled by the kube-scheduler (node affinity to `node`, not spec.nodeName), so a
@@ -234,7 +251,8 @@ def reservation_pod(cfg: Config, node: str, index: int, name: str) -> dict[str, 
     spec: dict[str, Any] = {
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}},
-        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+                        *(dict(t) for t in tolerations)],
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": 5,
         "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534,
@@ -264,6 +282,8 @@ def reservation_pod(cfg: Config, node: str, index: int, name: str) -> dict[str, 
         spec["runtimeClassName"] = cfg.runtime_class
     if cfg.service_account:
         spec["serviceAccountName"] = cfg.service_account
+    if cfg.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": s} for s in cfg.image_pull_secrets]
     return {
         "apiVersion": "v1",
         "kind": "Pod",

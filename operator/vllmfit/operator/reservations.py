@@ -70,6 +70,18 @@ def needs_reservation(store: Store, key: str, replica: int, node: str, gpus: Ite
     return (key, replica) in store.written or not builders.exclusive(store.ledger, key, node, list(gpus))
 
 
+def tolerations_on(store: Store, node: str, index: int) -> list[dict[str, Any]]:
+    """The tolerations a reservation for `node` GPU `index` needs: those of every deployment
+    booked there (backends.reservation.tolerations_for)."""
+    specs = []
+    for b in store.ledger.bookings_on(node, index):
+        rec = store.records.get(b.deployment)
+        req = rec.admitted_request or rec.request if rec is not None else None
+        if req is not None:
+            specs.append(req.spec)
+    return rsv.tolerations_for(specs)
+
+
 def wanted(store: Store) -> set[tuple[str, int]]:
     out: set[tuple[str, int]] = set()
     for (key, replica), (node, gpus) in replicas(store).items():
@@ -154,7 +166,7 @@ async def sync(store: Store) -> None:
         for node, i in todo.create:
             name = rsv.reservation_name(node, i, taken)
             taken.add(name)
-            manifest = rsv.reservation_pod(cfg, node, i, name)
+            manifest = rsv.reservation_pod(cfg, node, i, name, tolerations_on(store, node, i))
             try:
                 await core.create_namespaced_pod(cfg.namespace, manifest)
             except ApiException as e:

@@ -12,6 +12,7 @@ from vllmfit.core import defaults, memory
 from vllmfit.core.memory import Settings
 from vllmfit.core.model.facts import GpuType, ModelArch
 from vllmfit.core.observe import attribution
+from vllmfit.core.placement.taints import Taint, Toleration, tolerations_of, untolerated
 from vllmfit.core.spec.api import KvCacheSpec, VLLMDeployment, VLLMDeploymentSpec
 
 DecisionPhase = Literal["Admitted", "Rejected", "Unschedulable"]
@@ -66,6 +67,14 @@ class NodeInfo:
     gpus: tuple[GpuSlot, ...]
     warnings: tuple[str, ...] = ()
     error: str | None = None  # why nothing may be placed here (an invalid budget policy label)
+    taints: tuple[Taint, ...] = ()  # spec.taints (core.placement.taints)
+    unschedulable: bool = False  # spec.unschedulable (cordoned)
+
+    def refuses(self, tolerations: tuple[Toleration, ...]) -> str | None:
+        """Why this node takes no new pod with these tolerations (cordon, untolerated taint)."""
+        if not self.taints and not self.unschedulable:
+            return None
+        return untolerated(self.taints, self.unschedulable, tolerations)
 
     @functools.cached_property
     def held_back(self) -> tuple[tuple[str, str, str, str], ...]:
@@ -111,6 +120,11 @@ def settings_from_spec(spec: VLLMDeploymentSpec, policy: memory.Policy = "vllm")
         lora_dtype=spec.lora.lora_dtype if spec.lora else "auto",
         cpu_offload_bytes=spec.cpu_offload_bytes,
     )
+
+
+def refusal(node: NodeInfo, spec: VLLMDeploymentSpec) -> str | None:
+    """Why `node` takes no new replica of `spec` for its taints or cordon (None: it may)."""
+    return node.refuses(tolerations_of(spec)) if node.taints or node.unschedulable else None
 
 
 def request_from_object(obj: VLLMDeployment, model: ModelArch) -> Request:

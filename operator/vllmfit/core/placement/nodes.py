@@ -11,6 +11,8 @@ programs write, and a wrong value must never evict a node or invent memory.
   product by more than GPU_MEMORY_TOLERANCE, and it may not report more GPUs than GFD counted.
 - An inventory older than INVENTORY_STALE_SECONDS is ignored with a warning: GFD's labels are
   used instead (a date in the future is taken as clock skew, i.e. fresh).
+- Taints and `spec.unschedulable` are carried on the node (core.placement.taints): placement
+  gives a cordoned or untolerably tainted node no new booking.
 - Anything malformed is a `problem`. The caller keeps the node's last good state (`previous`)
   and reports the problem (the operator: a condition, an Event and a metric); without a previous
   state, GFD's labels are used when they are readable.
@@ -30,6 +32,7 @@ from vllmfit.core.model.facts import GpuType
 from vllmfit.core.observe import attribution
 from vllmfit.core.observe.inventory import INVENTORY_SCHEMA_VERSION, GpuInventory
 from vllmfit.core.placement.inputs import GpuLookup, GpuSlot, NodeInfo
+from vllmfit.core.placement.taints import read_taints
 from vllmfit.core.quantity import parse_bytes
 
 
@@ -122,7 +125,15 @@ def read_node(
     """`_read_node`, with the node's budget policy on its GPUs (`node_policy`: node-pool labels over
     `policy`, the cluster-wide one)."""
     r = _read_node(obj, gpu_lookup, pods, now=now, previous=previous)
-    return r if r.info is None else replace(r, info=_with_policy(r.info, policy))
+    if r.info is None:
+        return r
+    node_spec = obj.get("spec") if isinstance(obj, Mapping) else None
+    taints, unschedulable, problem = read_taints(node_spec)
+    info = _with_policy(r.info, policy)
+    if (info.taints, info.unschedulable) != (taints, unschedulable):
+        info = replace(info, taints=taints, unschedulable=unschedulable)
+    warnings = (*r.warnings, f"node {r.name}: {problem}") if problem else r.warnings
+    return replace(r, info=info, warnings=warnings)
 
 
 def _read_node(

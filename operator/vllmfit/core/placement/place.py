@@ -15,12 +15,13 @@ from vllmfit.core.placement.inputs import (
     NodeInfo,
     Request,
     gpu_label,
+    refusal,
     settings_from_spec,
     where,
 )
 from vllmfit.core.placement.ledger import Decision, Ledger, NodeSet, ReplicaAllocation
 from vllmfit.core.placement.reasons import NO_NODE, _node_why_not, _policy_line, _why_not
-from vllmfit.core.placement.search import _Candidate, _node_matches, _search, _shrinkable
+from vllmfit.core.placement.search import _Candidate, _node_matches, _search, _shrinkable, schedulable
 
 
 def _check_pinned(
@@ -127,7 +128,7 @@ def _decide(
     if errors:
         return Decision(req.key, "Rejected", reasons=tuple(errors), message=f"{req.key}: {errors[0]}")
     spec, pin = req.spec, req.spec.placement
-    matching = ledger.matching(pin.node_selector, affinity.required_terms(spec))
+    matching = schedulable(ledger, ledger.matching(pin.node_selector, affinity.required_terms(spec)), spec)
     too_large = _kv_too_large(ledger, req, s)
     if too_large:
         return Decision(req.key, "Rejected", reasons=(too_large,), message=f"{req.key}: {too_large}")
@@ -287,8 +288,10 @@ def _pinned(
     node = ledger.nodes.get(pin.node_name or "")
     if node is None:
         return None, f"{pin.node_name}: node not found", []
-    if not _node_matches(node, req.spec):
+    if not _node_matches(node, req.spec, taints=False):
         return None, f"{node.name}: does not match the nodeSelector", []
+    if (why := refusal(node, req.spec)) is not None:
+        return None, f"{node.name}: {why.replace('node(s) were', 'is').replace('node(s) had', 'has')}", []
     if pin.gpu_indices:
         return _check_pinned(ledger, req, s, node, tuple(pin.gpu_indices))
     cand = _search(ledger, req, s, ledger.node_set([node.name]), spread)

@@ -12,7 +12,7 @@ from vllmfit.core import defaults, memory
 from vllmfit.core.memory import Footprint, Settings, Sizing, SpecError
 from vllmfit.core.model.facts import GpuType, ModelArch
 from vllmfit.core.placement import affinity
-from vllmfit.core.placement.inputs import NodeInfo, Request
+from vllmfit.core.placement.inputs import NodeInfo, Request, refusal
 from vllmfit.core.placement.ledger import Ledger, NodeSet
 from vllmfit.core.spec.api import VLLMDeploymentSpec
 
@@ -66,11 +66,21 @@ class _Candidate:
     footprints: tuple[Footprint, ...] = ()
 
 
-def _node_matches(node: NodeInfo, spec: VLLMDeploymentSpec) -> bool:
+def _node_matches(node: NodeInfo, spec: VLLMDeploymentSpec, *, taints: bool = True) -> bool:
+    """The node matches the spec's nodeSelector and required node affinity and (`taints`) takes
+    its pods: not cordoned, every NoSchedule/NoExecute taint tolerated."""
     sel = spec.placement.node_selector or {}
     return all(node.labels.get(k) == v for k, v in sel.items()) and affinity.terms_match(
         node.name, node.labels, affinity.required_terms(spec)
-    )
+    ) and not (taints and refusal(node, spec))
+
+
+def schedulable(ledger: Ledger, matching: NodeSet | None, spec: VLLMDeploymentSpec) -> NodeSet | None:
+    """`matching` (None: every node) without the nodes that refuse the spec's pods for a taint or
+    a cordon; `matching` itself when no node refuses them."""
+    names = ledger.nodes if matching is None else matching.names
+    barred = {n for n in names if refusal(ledger.nodes[n], spec)}
+    return matching if not barred else ledger.node_set(n for n in names if n not in barred)
 
 
 def _pick(
