@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from vllmfit.core.memory import Settings, fmt_gib
 from vllmfit.core.placement import affinity
-from vllmfit.core.placement.inputs import Request, gpu_label, where
+from vllmfit.core.placement.inputs import Request, gpu_label, refusal, where
 from vllmfit.core.placement.ledger import Ledger, NodeSet
 from vllmfit.core.placement.search import _UNLIMITED, _full_sizing, _is_mig_type, _min_need, _shrinkable
 
@@ -62,9 +62,14 @@ def _why_not(
         whys = _indexed_causes(ledger, req, s, matching)
     else:
         whys = [_node_cause(ledger, req, s, name) for name in names if name in allowed]
-    excluded = sum(1 for name in names if name not in allowed) if matching is not None else 0
+    barred: dict[str, int] = {}  # the kube-scheduler's words for a cordon or a taint -> nodes
+    for name in names if matching is not None else ():
+        if name not in allowed and (why := refusal(ledger.nodes[name], req.spec)) is not None:
+            barred[why] = barred.get(why, 0) + 1
+    excluded = sum(1 for name in names if name not in allowed) - sum(barred.values()) if matching is not None else 0
     policy = _policy_line(ledger, [name for name in names if name in allowed and not ledger.nodes[name].error])
-    return _grouped(whys, excluded, req, s, ledger) + ([policy] if policy else [])
+    return sorted(_grouped(whys, excluded, req, s, ledger) + [f"{n} {why}" for why, n in barred.items()]) + (
+        [policy] if policy else [])
 
 
 def _policy_line(ledger: Ledger, names: Iterable[str]) -> str:
