@@ -109,17 +109,26 @@ def test_no_traceback_from_the_real_entry_point():
 def test_fixes_in_the_table_are_cli_flags_that_the_parser_accepts(capsys):
     """The terminal speaks in flags (`--tp 16`), the JSON in spec fields (`tensorParallelSize: 16`):
     each printed fix, passed back as flags, fits."""
-    argv = ["estimate", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "NVIDIA-L4", "--max-model-len", "131072"]
+    argv = ["estimate", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "NVIDIA-L40S", "--max-model-len", "32768"]
     code, out, _ = run(capsys, *argv)
     assert code == 1
     fixes = out.split("fits with (each checked):\n", 1)[1].splitlines()
     fixes = [f.strip() for f in fixes if f.startswith("  --")]
-    assert fixes and "--tp 16 --quantization fp8" in fixes
+    assert fixes == ["--tp 8", "--tp 4 --quantization fp8"]  # TP first, then fewer GPUs with fp8 weights
     for fix in fixes:
         code, out, _ = run(capsys, *argv, *fix.split(), "--output", "json")
         assert code == 0 and json.loads(out)["fits"], fix
     code, out, _ = run(capsys, *argv, "--output", "json")
-    assert "tensorParallelSize: 16, quantization: fp8" in json.loads(out)["suggestions"]
+    assert "tensorParallelSize: 4, quantization: fp8" in json.loads(out)["suggestions"]
+
+
+def test_no_fix_asks_for_more_gpus_than_one_server_has(capsys):
+    """Llama-3.1-70B at 128k on an L4 would need TP 16 with fp8 weights: beyond the 8 GPUs of a server,
+    so it is not offered (issue 24: never a TP beyond the node's GPUs)."""
+    code, out, _ = run(capsys, "estimate", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "NVIDIA-L4",
+                       "--max-model-len", "131072", "--output", "json")
+    assert code == 1
+    assert not any("tensorParallelSize: 16" in f for f in json.loads(out)["suggestions"])
 
 
 def test_every_spec_field_a_fix_names_maps_to_an_estimate_flag():

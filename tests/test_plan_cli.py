@@ -36,8 +36,8 @@ def test_every_gpu_is_within_its_budget(plan_json: dict) -> None:
     for g in plan_json["gpus"]:
         booked = sum(s["bytes"] for s in g["segments"])
         assert g["used_bytes"] == booked + g["foreign_bytes"]
-        # ADR-0002 budget, computed here: int(0.90 x capacity) - 2 GiB
-        assert g["budget_bytes"] == int(0.9 * g["capacity_bytes"]) - 2 * GIB
+        # the counted budget policy (the default), computed here: int(0.90 x capacity)
+        assert g["budget_bytes"] == int(0.9 * g["capacity_bytes"])
         assert g["used_bytes"] <= g["budget_bytes"]
         assert g["headroom_bytes"] == g["budget_bytes"] - g["used_bytes"]
 
@@ -48,14 +48,17 @@ def test_the_impossible_one_is_unschedulable_with_reasons(plan_json: dict) -> No
     # grouped like the kube-scheduler: the one A100 node it may use is short of memory, the 3 others are
     # excluded by its nodeSelector
     # excluded by its nodeSelector; then the budget policy of the node it looked at
+    # the budget left on the group: the least headroom of its four GPUs, as the plan reports them
+    left = min(g["headroom_bytes"] for g in plan_json["gpus"] if g["node"] == "gpu-a100-b")
+    assert f"{left / GIB:.1f}" == "7.8"
     assert d["reasons"] == [
-        "1 GPU memory (needs at least 120.2 GiB on each of 4 GPUs, largest free 0.0 GiB on gpu-a100-b GPU 0,1,2,3)",
+        "1 GPU memory (needs at least 120.2 GiB on each of 4 GPUs, largest budget left 7.8 GiB on gpu-a100-b GPU 0,1,2,3)",
         "3 node(s) didn't match placement.nodeSelector",
-        "budget policy (default) 0.9 x capacity - 2.0 GiB holds back 6.0 GiB of each NVIDIA-A100-SXM4-40GB",
+        "budget policy (default) 0.9 x capacity (counted) holds back 4.0 GiB of each NVIDIA-A100-SXM4-40GB",
     ]
     assert d["gpus"] == [] and d["message"] == (
-        "0/4 nodes are available: " + ", ".join(d["reasons"][:2]) + ". Budget policy (default) 0.9 x capacity - "
-        "2.0 GiB holds back 6.0 GiB of each NVIDIA-A100-SXM4-40GB.")
+        "0/4 nodes are available: " + ", ".join(d["reasons"][:2]) + ". Budget policy (default) 0.9 x capacity "
+        "(counted) holds back 4.0 GiB of each NVIDIA-A100-SXM4-40GB.")
 
 
 def test_the_pinned_one_moves_with_a_warning(plan_json: dict) -> None:

@@ -233,7 +233,7 @@ def test_status_of_an_admitted_deployment() -> None:
                  outcome="Admitted", placement=[replica([UUIDS[1]], (1,))], flags=FLAGS, vllm_version="0.33")
     rec.conditions = report.set_condition([], "Ready", "True", "Serving", "1/1 replica ready", "t0", 3)
     st = report.status(rec, ledger)
-    budget = int(0.90 * H100.cuda_total_bytes) - defaults.RESERVE_BYTES
+    budget = int(0.90 * H100.cuda_total_bytes) - defaults.COUNTED_RESERVE_BYTES  # the counted policy: 0.9 x T
     assert st["phase"] == "Running"
     assert (st["node"], st["gpuList"], st["observedGeneration"]) == ("gpu-a", "1", 3)
     assert st["flags"]["maxModelLen"] == 32768 and st["flags"]["gpuMemoryUtilization"] == 0.4321

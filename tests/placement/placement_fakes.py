@@ -20,7 +20,7 @@ QWEN_7B = catalog.model("Qwen/Qwen2.5-7B-Instruct")
 
 # Hand-computed budgets (ADR-0002: int(0.90 x cudaMemGetInfo total) - 2 GiB):
 H100_T = 85031714816  # catalog/gpus.yaml cuda_total_bytes
-H100_BUDGET = 76528543334 - 2147483648  # int(0.9 x 85031714816) = int(76528543334.4)
+H100_BUDGET = 76528543334 - 2147483648  # adr-0002: int(0.9 x 85031714816) = int(76528543334.4), - 2 GiB
 assert H100_BUDGET == 74381059686
 
 

@@ -137,7 +137,7 @@ def test_node_selector_limits_the_search_and_the_fix_drops_it() -> None:
     d = placement.decide(ledger, req)
     assert d.phase == "Unschedulable"
     assert d.reasons[0].startswith("1 GPU memory (needs at least ")
-    assert d.reasons[0].endswith(f", largest free {memory.fmt_gib(ledger.headroom_bytes('b', 0))} on b GPU 0)")
+    assert d.reasons[0].endswith(f", largest budget left {memory.fmt_gib(ledger.headroom_bytes('b', 0))} on b GPU 0)")
     assert d.reasons[1] == "1 node(s) didn't match placement.nodeSelector"
     assert "placement.nodeSelector: remove (fits on a)" in d.suggestions
 
@@ -222,20 +222,20 @@ def test_unschedulable_message_groups_nodes_like_the_scheduler() -> None:
     fit = memory.fmt_gib
     # two needs: the H100 tier's vLLM default max_num_seqs (1024, not 256) enlarges the profile run's
     # logits; the A100 40GB and the L4 share one, with the best candidate's numbers: the empty A100
-    # 40GB (0.9 x capacity - 2 GiB). "at least": maxNumBatchedTokens is unset, so memory.size may
+    # 40GB (0.9 x capacity, the counted policy). "at least": maxNumBatchedTokens is unset, so memory.size may
     # lower it. Then the budget policy and what it holds back of each GPU.
     m = re.match(
-        r"0/3 nodes are available: 1 GPU memory \(NVIDIA-H100-80GB-HBM3: needs at least [\d.]+ GiB, largest free "
-        r"[\d.]+ GiB on a GPU 0\), 2 GPU memory \(NVIDIA-A100-SXM4-40GB/NVIDIA-L4: needs at least (\d+\.\d) GiB, "
-        r"largest free (\d+\.\d) GiB on b GPU 0\)\. Budget policy \(default\) 0.9 x capacity - 2.0 GiB holds back "
-        r"6.0 GiB of each NVIDIA-A100-SXM4-40GB, 9.9 GiB of each NVIDIA-H100-80GB-HBM3, 4.2 GiB of each NVIDIA-L4\.",
+        r"0/3 nodes are available: 1 GPU memory \(NVIDIA-H100-80GB-HBM3: needs at least [\d.]+ GiB, largest budget "
+        r"left [\d.]+ GiB on a GPU 0\), 2 GPU memory \(NVIDIA-A100-SXM4-40GB/NVIDIA-L4: needs at least (\d+\.\d) GiB, "
+        r"largest budget left (\d+\.\d) GiB on b GPU 0\)\. Budget policy \(default\) 0.9 x capacity \(counted\) holds "
+        r"back 4.0 GiB of each NVIDIA-A100-SXM4-40GB, 7.9 GiB of each NVIDIA-H100-80GB-HBM3, 2.2 GiB of each NVIDIA-L4\.",
         d.message,
     )
     assert m, d.message
     assert (
         m.group(2) + " GiB"
         == fit(ledger.headroom_bytes("b", 0))
-        == fit(int(0.9 * A100_40.cuda_total_bytes) - (2 << 30))
+        == fit(int(0.9 * A100_40.cuda_total_bytes))
     )
     assert ledger.headroom_bytes("b", 0) > max(ledger.headroom_bytes("c", 0), ledger.headroom_bytes("a", 0))
     assert d.suggestions, "some change fits (a shorter context at least)"

@@ -54,7 +54,7 @@ def test_a_refusal_names_the_policy_and_what_it_holds_back() -> None:
     ledger = placement.Ledger([node("n", H100, 1, policy=tight)])
     d = placement.decide(ledger, request("d", LLAMA_8B, maxModelLen=32768, kvCache={"concurrency": 8}))
     held = H100.cuda_total_bytes - (int(0.5 * H100.cuda_total_bytes) - 8 * GIB)
-    assert f"Budget policy (cluster) 0.5 x capacity - 8.0 GiB holds back {memory.fmt_gib(held)} of each " \
+    assert f"Budget policy (cluster) 0.5 x capacity - 8.0 GiB (custom) holds back {memory.fmt_gib(held)} of each " \
            f"NVIDIA-H100-80GB-HBM3." in d.message
 
 
@@ -128,7 +128,7 @@ def test_granted_kv_is_never_below_the_request_and_no_gpu_passes_its_budget(reqs
 
 
 def test_an_explicit_utilization_the_policy_refuses_gets_checked_fixes_on_the_ledger() -> None:
-    """gpuMemoryUtilization 0.9 (vLLM's default) on an empty H100: ctx + ceil(0.9 T) > 0.9 T - 2 GiB.
+    """gpuMemoryUtilization 0.9 (vLLM's default) on an empty H100: ctx + ceil(0.9 T) > 0.9 T (counted).
     The fix names the utilization that fits (re-placed on the ledger) and the policy that admits it."""
     import math
 
@@ -144,5 +144,6 @@ def test_an_explicit_utilization_the_policy_refuses_gets_checked_fixes_on_the_le
     ctx = fixed.replicas[0].sizing.footprint.cuda_context
     T = H100.cuda_total_bytes
     assert ctx + math.ceil(T * 0.9) <= memory.BudgetPolicy(want).budget(T)
-    roomier = placement.Ledger([node("n", H100, 1, policy=memory.BudgetPolicy(want, 2 * GIB, "cluster"))])
+    assert want == math.ceil((ctx + math.ceil(T * 0.9)) / T * 100) / 100 == 0.91
+    roomier = placement.Ledger([node("n", H100, 1, policy=memory.BudgetPolicy(want, 0, "cluster"))])
     assert placement.decide(roomier, request("d", LLAMA_8B, maxModelLen=8192, gpuMemoryUtilization=0.9)).admitted

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from placement_fakes import H100, H100_BUDGET, H100_T, LLAMA_8B, check_invariant, node, request
+from placement_fakes import H100, H100_BUDGET, H100_T, LLAMA_8B, check_invariant, request
+from placement_fakes import node as _node
 
 from vllmfit.core import memory, placement
 from vllmfit.core.spec.api import GpuMemory, VLLMDeploymentStatus
@@ -21,9 +22,17 @@ FOOTPRINT = 20679713044
 SPEC = {"maxModelLen": 8192, "maxNumSeqs": 4}
 
 
+def node(*args: object, **kw: object) -> placement.NodeInfo:
+    """ADR-0002 memory formulas on ADR-0002's budget policy, by name (the `adr` memory policy's default)."""
+    return _node(*args, policy=memory.ADR_POLICY, **kw)  # type: ignore[arg-type]
+
+
 def test_budget_of_an_h100_is_ninety_percent_minus_two_gib() -> None:
-    # 0.9 x 85031714816 = 76528543334.4 -> 76528543334; minus 2 GiB (2147483648) = 74381059686
-    assert placement.GpuSlot("n", 0, H100).budget_bytes == 74381059686 == H100_BUDGET
+    # adr-0002: 0.9 x 85031714816 = 76528543334.4 -> 76528543334; minus 2 GiB (2147483648) = 74381059686
+    assert placement.GpuSlot("n", 0, H100, policy=memory.ADR_POLICY).budget_bytes == 74381059686 == H100_BUDGET
+    assert memory.policy_named("adr-0002").budget(H100_T) == 74381059686
+    # counted (the default): 0.9 x 85031714816 = 76528543334.4 -> 76528543334, nothing more held back
+    assert placement.GpuSlot("n", 0, H100).budget_bytes == 76528543334
     assert H100.cuda_total_bytes == H100_T
 
 

@@ -179,10 +179,10 @@ def test_a_spec_that_fits_nowhere_is_denied_with_per_gpu_numbers_and_checked_fix
     spec = {"model": MODEL_8B, "maxModelLen": 131072, "kvCache": {"concurrency": 64}}
     led = ledger(gfd_node("gpu-node-a", 1))
     v = webhook.check(led, request(**spec))
-    need, budget = footprint(spec), memory.budget_bytes(catalog.gpu(H100).cuda_total_bytes)
+    need, budget = footprint(spec), memory.DEFAULT_POLICY.budget(catalog.gpu(H100).cuda_total_bytes)
     assert not v.allowed and v.code == 403
     m = re.match(rf"0/1 nodes are available: 1 GPU memory \(needs (?:at least )?([\d.]+) GiB, "
-                 rf"largest free {re.escape(fmt_gib(budget))} on gpu-node-a GPU 0\)\. Budget policy \(default\) .*? of each {H100}\. Fits with: ", v.message)
+                 rf"largest budget left {re.escape(fmt_gib(budget))} on gpu-node-a GPU 0\)\. Budget policy \(default\) .*? of each {H100}\. Fits with: ", v.message)
     assert m, v.message
     assert budget / GIB < float(m[1]) <= round(need / GIB, 1)  # the need may be a lower bound, never more
     fixes = v.message.split("Fits with: ", 1)[1].split("; or ")

@@ -112,14 +112,14 @@ def test_a_spec_that_fits_nowhere_is_denied_with_per_gpu_numbers_and_a_fix(hook)
     gpu = catalog.gpu(H100)
     req = request(vllmd("huge", **spec))
     need = memory.size(req.model, placement.settings_from_spec(req.spec), gpu, 1 << 50).footprint.total
-    budget = memory.budget_bytes(gpu.cuda_total_bytes)
+    budget = memory.DEFAULT_POLICY.budget(gpu.cuda_total_bytes)
     assert resp["allowed"] is False
     status = resp["status"]
     assert (status["code"], status["reason"]) == (403, "Forbidden")
     # grouped like the kube-scheduler: both nodes, one cause, the best candidate's numbers (N may be
     # a lower bound, never more)
     m = re.match(rf"0/2 nodes are available: 2 GPU memory \(needs (?:at least )?([\d.]+) GiB, "
-                 rf"largest free {re.escape(fmt_gib(budget))} on gpu-node-a GPU 0\)\.", status["message"])
+                 rf"largest budget left {re.escape(fmt_gib(budget))} on gpu-node-a GPU 0\)\.", status["message"])
     assert m, status["message"]
     assert budget / GIB < float(m[1]) <= round(need / GIB, 1)
     assert "Fits with: kvCache: {tokens: " in status["message"]

@@ -7,7 +7,7 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,28 +87,46 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def add_budget_args(p: argparse.ArgumentParser) -> None:
     """The budget policy flags (also `plan`)."""
-    b = p.add_argument_group("budget policy (ADR-0002: utilization x capacity - reserve)")
+    b = p.add_argument_group("budget policy (utilization x capacity - reserve)")
+    b.add_argument("--budget-policy", choices=list(memory.POLICIES), metavar="NAME",
+                   help=f"a named policy: counted (default: {memory.DEFAULT_POLICY.formula}; the overheads are "
+                        f"booked in each footprint) or adr-0002 ({memory.ADR_POLICY.formula}; the default "
+                        "with --policy adr)")
     b.add_argument("--budget-utilization", type=float, metavar="U",
                    help=f"fraction of each GPU vllmfit hands out, in [0, 1] (default {defaults.UTILIZATION})")
     b.add_argument("--budget-reserve", metavar="QTY",
-                   help=f"bytes kept free on each GPU, a Kubernetes quantity (default {defaults.RESERVE_BYTES // defaults.GIB}Gi)")
+                   help="bytes held back on each GPU besides (1 - U), a Kubernetes quantity "
+                        f"(default 0; adr-0002: {defaults.RESERVE_BYTES // defaults.GIB}Gi)")
 
 
 def budget_from_args(args: argparse.Namespace) -> memory.BudgetPolicy:
-    """--budget-utilization / --budget-reserve -> the policy (one-line error, exit 2, when invalid)."""
+    """--budget-policy / --budget-utilization / --budget-reserve -> the policy (one-line error, exit 2,
+    when invalid). Neither set: the memory policy's default (`counted`; `adr-0002` with --policy adr)."""
     from vllmfit.core.quantity import parse_bytes
 
-    u = defaults.UTILIZATION if args.budget_utilization is None else args.budget_utilization
+    named = getattr(args, "budget_policy", None)
+    base = memory.policy_named(named) if named else memory.default_policy(getattr(args, "policy", "vllm"))
+    u = base.utilization if args.budget_utilization is None else args.budget_utilization
     try:
-        reserve = defaults.RESERVE_BYTES if args.budget_reserve is None else parse_bytes(args.budget_reserve, "--budget-reserve")
+        reserve = base.reserve_bytes if args.budget_reserve is None else parse_bytes(args.budget_reserve, "--budget-reserve")
     except ValueError as e:
         raise UserError(str(e)) from None
-    source = "CLI" if args.budget_utilization is not None or args.budget_reserve is not None else "default"
-    policy = memory.BudgetPolicy(u, reserve, source)
+    chosen = named or args.budget_utilization is not None or args.budget_reserve is not None
+    policy = memory.BudgetPolicy(u, reserve, "CLI" if chosen else "default")
     bad = policy.error()
     if bad:
         raise UserError(bad.replace("budget utilization", "--budget-utilization").replace("budget reserve", "--budget-reserve"))
     return policy
+
+
+def cli_words(fix: str) -> str:
+    """A budget policy fix in the CLI's flags: 'budget policy counted (...)' -> '--budget-policy counted
+    (...)', 'budget policy utilization 0.93 (...)' -> '--budget-utilization 0.93 (...)'."""
+    if fix.startswith("budget policy utilization "):
+        return "--budget-utilization " + fix.removeprefix("budget policy utilization ")
+    if fix.startswith("budget policy "):
+        return "--budget-policy " + fix.removeprefix("budget policy ")
+    return fix
 
 
 def _positive(name: str, value: float | None, limit: float | None = None) -> None:
@@ -260,7 +278,7 @@ def run_estimate(args: argparse.Namespace) -> int:
 
         from vllmfit.cli import render
 
-        render.print_estimate(Console(), est)
+        render.print_estimate(Console(), replace(est, suggestions=tuple(cli_words(x) for x in est.suggestions)))
     return 0 if est.sizing.fits else 1
 
 

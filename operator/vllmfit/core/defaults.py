@@ -7,11 +7,20 @@ is the contract for the first four.
 GIB = 1 << 30
 MIB = 1 << 20
 
-# ADR-0002: budget = UTILIZATION x capacity - RESERVE_BYTES.
+# ADR-0002: budget = UTILIZATION x capacity - RESERVE_BYTES (the `adr-0002` budget policy).
 UTILIZATION = 0.90
-"""Fraction of a GPU's capacity vllmfit lets deployments use (ADR-0002 default)."""
+"""Fraction of a GPU's capacity vllmfit lets deployments use (ADR-0002 default; also `counted`'s)."""
 RESERVE_BYTES = 2 * GIB
-"""Bytes kept free on every GPU on top of (1 - UTILIZATION) (ADR-0002 default, '2 GB')."""
+"""Bytes kept free on every GPU on top of (1 - UTILIZATION) (ADR-0002 default, '2 GB'): the
+`adr-0002` budget policy's reserve, for overheads ADR-0002 does not model."""
+COUNTED_RESERVE_BYTES = 0
+"""The `counted` budget policy's reserve (the default policy): the overheads ADR-0002's reserve
+stood for (CUDA context, non-torch memory, CUDA graphs, a safety margin) are booked in every
+footprint of the `vllm` memory model, per process, so they are not held back a second time."""
+BUDGET_POLICY = "counted"
+"""The default budget policy by name (`counted`: UTILIZATION x capacity - COUNTED_RESERVE_BYTES;
+`adr-0002`: UTILIZATION x capacity - RESERVE_BYTES). The `adr` memory policy, whose footprint
+models none of those overheads, defaults to `adr-0002`."""
 REPLICATION_OVERHEAD = 0.02
 """ADR policy: replicated parameters add 2% to sharded weights."""
 BLOCK_SIZE = 16

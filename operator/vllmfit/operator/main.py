@@ -74,11 +74,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    default=_env_float("VLLMFIT_BUDGET_UTILIZATION", defaults.UTILIZATION),
                    help="cluster-wide budget policy: fraction of each GPU vllmfit hands out, in [0, 1]; node "
                         f"label {defaults.BUDGET_UTILIZATION_LABEL} overrides it per node pool "
-                        "(default: $VLLMFIT_BUDGET_UTILIZATION or %(default)s, ADR-0002)")
-    p.add_argument("--budget-reserve", metavar="QTY", default=os.environ.get("VLLMFIT_BUDGET_RESERVE") or "2Gi",
-                   help="cluster-wide budget policy: bytes kept free on each GPU, a Kubernetes quantity; node "
-                        f"label {defaults.BUDGET_RESERVE_LABEL} overrides it (default: $VLLMFIT_BUDGET_RESERVE or "
-                        "%(default)s, ADR-0002)")
+                        "(default: $VLLMFIT_BUDGET_UTILIZATION or %(default)s)")
+    p.add_argument("--budget-reserve", metavar="QTY",
+                   default=os.environ.get("VLLMFIT_BUDGET_RESERVE") or str(defaults.COUNTED_RESERVE_BYTES),
+                   help="cluster-wide budget policy: bytes held back on each GPU besides (1 - utilization), a "
+                        f"Kubernetes quantity; node label {defaults.BUDGET_RESERVE_LABEL} overrides it (default: "
+                        "$VLLMFIT_BUDGET_RESERVE or %(default)s, the counted policy; 2Gi is ADR-0002's)")
     p.add_argument("--verbose", action="store_true", help="log Kopf's debug messages")
     hook = _webhook()
     if hook is not None:

@@ -31,9 +31,13 @@ This package re-exports the names the shells use; inside the core, import the mo
 
 from vllmfit.core.defaults import MIB
 from vllmfit.core.memory.budget import (
+    ADR_POLICY,
     DEFAULT_POLICY,
+    POLICIES,
     BudgetPolicy,
     budget_bytes,
+    default_policy,
+    policy_named,
     requested_bytes,
     utilization_for,
     utilization_within,
@@ -66,9 +70,11 @@ from vllmfit.core.memory.versions import VllmVersion, parse_version
 from vllmfit.core.memory.weights import adr_weights_bytes, cpu_offload_arg, cpu_offloaded_bytes, weights_bytes
 
 __all__ = [
+    "ADR_POLICY",
     "DEFAULT_POLICY",
     "MIB",
     "MIN_BATCHED_TOKENS",
+    "POLICIES",
     "SPEC_NAMES",
     "UNLIMITED",
     "BudgetPolicy",
@@ -90,6 +96,7 @@ __all__ = [
     "cpu_offload_arg",
     "cpu_offloaded_bytes",
     "default_batch",
+    "default_policy",
     "estimate",
     "fixes",
     "fmt_gib",
@@ -101,6 +108,7 @@ __all__ = [
     "lora_args",
     "lora_bytes",
     "parse_version",
+    "policy_named",
     "requested_bytes",
     "size",
     "utilization_for",

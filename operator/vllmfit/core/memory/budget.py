@@ -1,11 +1,11 @@
-"""The budget of a GPU (ADR-0002: utilization x capacity - reserve) under a budget policy users can
-set, and vLLM's requested memory R = ceil(T x u), with the utilization that requests a given number
+"""The budget of a GPU (utilization x capacity - reserve) under a named budget policy users can
+set (`counted` by default, `adr-0002`), and vLLM's requested memory R = ceil(T x u), with the utilization that requests a given number
 of bytes."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vllmfit.core import defaults
 from vllmfit.core.memory.types import fmt_gib
@@ -23,13 +23,15 @@ def budget_bytes(capacity: int, utilization: float = defaults.UTILIZATION, reser
 class BudgetPolicy:
     """The safety policy of a GPU: vllmfit hands out `utilization x capacity - reserve` of it.
 
-    ADR-0002's defaults (0.90, 2 GiB) unless set cluster-wide (operator --budget-utilization /
-    --budget-reserve, chart value `budget`), per node pool (node labels
-    vllmfit.dev/budget-utilization / vllmfit.dev/budget-reserve) or in the CLI (same flags).
-    `source` says which, for messages."""
+    Two named policies (`POLICIES`): `counted` (the default: 0.90 x capacity, no reserve; every
+    overhead ADR-0002's reserve stood for is booked in the footprint, so each byte is held back
+    once) and `adr-0002` (ADR-0002 exactly: 0.90 x capacity - 2 GiB). Either can be changed
+    cluster-wide (operator --budget-utilization / --budget-reserve, chart value `budget`), per node
+    pool (node labels vllmfit.dev/budget-utilization / vllmfit.dev/budget-reserve) or in the CLI
+    (`--budget-policy NAME`, the same two flags). `source` says which, for messages."""
 
     utilization: float = defaults.UTILIZATION
-    reserve_bytes: int = defaults.RESERVE_BYTES
+    reserve_bytes: int = defaults.COUNTED_RESERVE_BYTES
     source: str = "default"
 
     def budget(self, capacity: int) -> int:
@@ -40,11 +42,24 @@ class BudgetPolicy:
         return capacity - self.budget(capacity)
 
     @property
+    def name(self) -> str:
+        """`counted`, `adr-0002`, or `custom` (other figures)."""
+        return next((n for n, p in POLICIES.items()
+                     if (p.utilization, p.reserve_bytes) == (self.utilization, self.reserve_bytes)), "custom")
+
+    @property
+    def formula(self) -> str:
+        """'0.9 x capacity', '0.9 x capacity - 2.0 GiB'."""
+        minus = f" - {fmt_gib(self.reserve_bytes)}" if self.reserve_bytes else ""
+        return f"{self.utilization:g} x capacity{minus}"
+
+    @property
     def rule(self) -> str:
-        return f"{self.utilization:g} x capacity - {fmt_gib(self.reserve_bytes)}"
+        """'0.9 x capacity (counted)', '0.9 x capacity - 2.0 GiB (adr-0002)'."""
+        return f"{self.formula} ({self.name})"
 
     def describe(self, capacity: int) -> str:
-        """'budget policy (default) 0.9 x capacity - 2.0 GiB holds back 9.9 GiB of 79.2 GiB'"""
+        """'budget policy (default) 0.9 x capacity (counted) holds back 2.2 GiB of 22.0 GiB'"""
         return (f"budget policy ({self.source}) {self.rule} holds back {fmt_gib(self.held_back(capacity))} "
                 f"of {fmt_gib(capacity)}")
 
@@ -52,7 +67,7 @@ class BudgetPolicy:
         """Why this policy is invalid (for a GPU of `capacity` bytes, if given), else None."""
         if not 0 <= self.utilization <= 1:
             return (f"budget utilization {self.utilization:g} ({self.source}) is outside [0, 1]; "
-                    f"e.g. {defaults.UTILIZATION} keeps ADR-0002's default")
+                    f"e.g. {defaults.UTILIZATION} keeps the default")
         if self.reserve_bytes < 0:
             return f"budget reserve {self.reserve_bytes} bytes ({self.source}) must not be negative"
         if capacity is not None and self.reserve_bytes > capacity:
@@ -62,6 +77,24 @@ class BudgetPolicy:
 
 
 DEFAULT_POLICY = BudgetPolicy()
+"""`counted`: 0.90 x capacity (defaults.BUDGET_POLICY)."""
+ADR_POLICY = BudgetPolicy(defaults.UTILIZATION, defaults.RESERVE_BYTES)
+"""`adr-0002`: 0.90 x capacity - 2 GiB, ADR-0002's figures exactly."""
+POLICIES: dict[str, BudgetPolicy] = {"counted": DEFAULT_POLICY, "adr-0002": ADR_POLICY}
+"""The budget policies by name (`--budget-policy`)."""
+
+
+def policy_named(name: str, source: str = "default") -> BudgetPolicy:
+    """A named budget policy (ValueError naming the choices when unknown)."""
+    if name not in POLICIES:
+        raise ValueError(f"budget policy {name!r} is not one of {', '.join(POLICIES)}")
+    return replace(POLICIES[name], source=source)
+
+
+def default_policy(memory_policy: str = "vllm") -> BudgetPolicy:
+    """The default budget policy of a memory policy: `counted` for `vllm` (its footprint books the
+    overheads), `adr-0002` for `adr` (its footprint is weights + KV only, as ADR-0002 sizes them)."""
+    return ADR_POLICY if memory_policy == "adr" else DEFAULT_POLICY
 
 
 def utilization_for(capacity: int, requested: int) -> float:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from vllmfit.core.memory.budget import DEFAULT_POLICY, BudgetPolicy
-from vllmfit.core.memory.fixes import fixes, larger_gpu
+from vllmfit.core.memory.budget import BudgetPolicy, default_policy
+from vllmfit.core.memory.fixes import context_note, fixes, larger_gpu
 from vllmfit.core.memory.sizing import size, vllm_startup
 from vllmfit.core.memory.types import Estimate, Settings, SpecError
 from vllmfit.core.memory.versions import parse_version
@@ -15,7 +15,9 @@ from vllmfit.core.model.facts import GpuType, ModelArch
 
 
 def estimate(model: ModelArch, s: Settings, gpu: GpuType, *, other_gpus: tuple[GpuType, ...] = (),
-             policy: BudgetPolicy = DEFAULT_POLICY) -> Estimate:
+             policy: BudgetPolicy | None = None) -> Estimate:
+    """`policy` None: the memory policy's default budget policy (`counted`; `adr-0002` for `adr`)."""
+    policy = default_policy(s.policy) if policy is None else policy
     T = gpu.cuda_total_bytes
     bad = policy.error(T)
     if bad:
@@ -32,7 +34,8 @@ def estimate(model: ModelArch, s: Settings, gpu: GpuType, *, other_gpus: tuple[G
         found = [f.text for f in fixes(model, s, gpu, other_gpus, budget, policy)]
         other = larger_gpu(model, s, gpu, other_gpus, policy)
         if other is not None:
-            found.append(f"a larger GPU: {other.product}")
+            there = size(model, s, other, policy.budget(other.cuda_total_bytes))
+            found.append(f"a larger GPU: {other.product}{context_note(model, s, there, {})}")
         suggestions = tuple(found)
     return Estimate(model, gpu, s, version, sizing, budget, policy.reserve_bytes, T, vllm, suggestions,
                     sizing.warnings, policy)

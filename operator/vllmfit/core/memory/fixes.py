@@ -1,7 +1,8 @@
-"""Changes that make a deployment fit a GPU, each verified by sizing again: an fp8 KV cache, fewer
-KV tokens, a shorter context, quantized weights the GPU can run, more TP, the utilization that
-fits (for an explicit one) or the budget policy that admits it, a larger GPU; and two changes
-together when neither fits alone."""
+"""Changes that make a deployment fit a GPU, each verified by sizing again, ranked as a user would
+try them: the utilization that fits (for an explicit one), fewer KV tokens or a shorter context, an
+fp8 KV cache, the budget policy that admits it (where only the policy refuses it), quantized
+weights the GPU can run, more TP (within one server), two changes together when neither fits
+alone; then (estimate) a larger GPU, of the same class and generation first."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from vllmfit.core import defaults
-from vllmfit.core.memory.budget import DEFAULT_POLICY, BudgetPolicy, utilization_within
+from vllmfit.core.memory.budget import DEFAULT_POLICY, POLICIES, BudgetPolicy, utilization_within
 from vllmfit.core.memory.sizing import explicit_request, resolve, size
 from vllmfit.core.memory.types import Settings, Sizing, SpecError, fmt_gib
 from vllmfit.core.memory.validation import can_run
@@ -41,7 +42,7 @@ class Fix:
             return self.note
         # the KV request is replaced whole: "kvCache: {tokens: N}" (YAML, like the spec)
         return ", ".join(f"{SPEC_NAMES[k]}: {{tokens: {v}}}" if k == "kv_tokens" else f"{SPEC_NAMES[k]}: {v}"
-                         for k, v in self.changes)
+                         for k, v in self.changes) + self.note
 
     def settings(self, s: Settings) -> Settings:
         extra: dict[str, object] = {}
@@ -110,17 +111,29 @@ def _largest_context(model: ModelArch, s: Settings, gpu: GpuType, avail: int) ->
     return length if length < top or s.max_model_len is None else None
 
 
+MAX_FIX_TP = 8
+"""The largest tensorParallelSize `estimate` suggests: the most GPUs of one type in one server
+(HGX/DGX boards carry 8); placement caps it at the most GPUs of one type any node has."""
+
+
 def fixes(model: ModelArch, s: Settings, gpu: GpuType, other_gpus: tuple[GpuType, ...] = (),
-          available: int | None = None, policy: BudgetPolicy = DEFAULT_POLICY) -> list[Fix]:
+          available: int | None = None, policy: BudgetPolicy = DEFAULT_POLICY,
+          max_tp: int = MAX_FIX_TP) -> list[Fix]:
     """Concrete changes that make the deployment fit `available` bytes of a `gpu`, each verified by
-    sizing again. Never one the GPU cannot run (compute capability)."""
+    sizing again, in the order a user would try them: a smaller context or KV request, an fp8 KV
+    cache, the budget policy (where only the policy refuses it), quantized weights, more TP (never
+    beyond `max_tp`), then two changes together. Never one the GPU cannot run (compute capability).
+    A fix under which an unset context is reduced to fit says so."""
     T = gpu.cuda_total_bytes
     avail = policy.budget(T) if available is None else available
+    used = policy.budget(T) - avail  # booked by neighbours
     out: list[Fix] = []
 
+    def sized(changes: dict[str, object]) -> Sizing | None:
+        return _fits(model, Fix(tuple(changes.items())).settings(s), gpu, avail)
+
     def ok(changes: dict[str, object]) -> bool:
-        fx = Fix(tuple(changes.items()))
-        return _fits(model, fx.settings(s), gpu, avail) is not None
+        return sized(changes) is not None
 
     def numeric(base: dict[str, object]) -> list[dict[str, object]]:
         """With `base` applied: the largest context, or the largest KV tokens, that fits."""
@@ -136,7 +149,12 @@ def fixes(model: ModelArch, s: Settings, gpu: GpuType, other_gpus: tuple[GpuType
             found.append({**base, "max_model_len": length})
         return found
 
-    # 1. the explicit --gpu-memory-utilization: the one that fits, or the policy that admits it
+    def add(changes: dict[str, object]) -> None:
+        fx = Fix(tuple(changes.items()), note=context_note(model, s, sized(changes), changes))
+        if all(fx.changes != o.changes for o in out):
+            out.append(fx)
+
+    # 1. the explicit --gpu-memory-utilization: the one that fits
     if s.gpu_memory_utilization is not None:
         try:
             r = resolve(model, s, gpu)
@@ -146,46 +164,82 @@ def fixes(model: ModelArch, s: Settings, gpu: GpuType, other_gpus: tuple[GpuType
             outside = r.fixed.cuda_context + (0 if r.version.graphs_in_budget else r.fixed.cuda_graphs)
             u_fit = utilization_within(T, avail - outside)
             if 0 < u_fit < s.gpu_memory_utilization and ok({"gpu_memory_utilization": u_fit}):
-                out.append(Fix((("gpu_memory_utilization", u_fit),)))
-            try:
-                need = size(model, s, gpu, avail).footprint.total
-            except SpecError:
-                need = 0
-            used = policy.budget(T) - avail
-            want = math.ceil((need + used + policy.reserve_bytes) / T * 100) / 100
-            if need and want <= 1:
-                new = BudgetPolicy(want, policy.reserve_bytes, policy.source)
-                out.append(Fix(policy=new, note=(
-                    f"budget policy utilization {want:g} (now {policy.rule}, which holds back "
-                    f"{fmt_gib(policy.held_back(T))} of this GPU)")))
-    # 2. single changes
+                add({"gpu_memory_utilization": u_fit})
+    # 2. single changes, in the order a user tries them
     singles: list[dict[str, object]] = []
     if not s.kv_cache_dtype.startswith("fp8"):
         singles.append({"kv_cache_dtype": "fp8"})
     if not s.quantization and not model.quant:
         singles.append({"quantization": "fp8"})
-    tps = [tp for tp in (2, 4, 8, 16) if tp > s.tp and not check_tp(model, tp)]
+    tps = [tp for tp in (2, 4, 8, 16) if s.tp < tp <= max_tp and not check_tp(model, tp)]
     singles = [c for c in singles if can_run(model, Fix(tuple(c.items())).settings(s), gpu)]
-    fitting = [c for c in [*numeric({}), *singles] if ok(c)]
+    for c in numeric({}):
+        if ok(c):
+            add(c)
+    kv_dtype = [c for c in singles if "kv_cache_dtype" in c]
+    quant = [c for c in singles if "quantization" in c]
+    for c in kv_dtype:
+        if ok(c):
+            add(c)
+    policy_fix = _policy_fix(model, s, gpu, policy, used)
+    if policy_fix is not None:
+        out.append(policy_fix)
+    for c in quant:
+        if ok(c):
+            add(c)
     tp_fix = next((tp for tp in tps if ok({"tp": tp})), None)
     if tp_fix:
-        fitting.append({"tp": tp_fix})
+        add({"tp": tp_fix})
     # 3. two changes together, where neither alone fits
-    pairs: list[dict[str, object]] = []
-    lone = [c for c in singles if c not in fitting]
+    lone = [c for c in singles if not ok(c)]
     for c in lone:
-        pairs.extend(p for p in numeric(c) if ok(p))
+        for p in numeric(c):
+            if ok(p):
+                add(p)
     if len(lone) == 2 and ok({**lone[0], **lone[1]}):
-        pairs.append({**lone[0], **lone[1]})
+        add({**lone[0], **lone[1]})
     if "quantization" in str(lone):
         tp_fp8 = next((tp for tp in tps if tp < (tp_fix or 99) and ok({"tp": tp, "quantization": "fp8"})), None)
         if tp_fp8:  # fewer GPUs than TP alone needs
-            pairs.append({"tp": tp_fp8, "quantization": "fp8"})
-    for c in [*fitting, *pairs]:
-        fx = Fix(tuple(c.items()))
-        if fx not in out:
-            out.append(fx)
+            add({"tp": tp_fp8, "quantization": "fp8"})
     return out
+
+
+def context_note(model: ModelArch, s: Settings, sz: Sizing | None, changes: dict[str, object]) -> str:
+    """' (context reduced to N tokens)' when the fix fits only with an unset context reduced."""
+    if sz is None or sz.flags is None or s.max_model_len is not None or "max_model_len" in changes:
+        return ""
+    length = sz.flags.max_model_len
+    return f" (context reduced to {length} tokens from {model.max_model_len})" if length < model.max_model_len else ""
+
+
+MAX_SUGGESTED_UTILIZATION = 0.95
+"""The highest budget utilization a fix suggests: beyond it, too little of the GPU is left for what
+no model sees (fragmentation, a second CUDA context, a monitoring process)."""
+
+
+def _policy_fix(model: ModelArch, s: Settings, gpu: GpuType, policy: BudgetPolicy, used: int) -> Fix | None:
+    """Where only the budget policy refuses the spec as it is: the named policy that admits it
+    (`counted` under `adr-0002`), else the budget utilization that does (at most
+    MAX_SUGGESTED_UTILIZATION), each checked by sizing again with the budget it gives."""
+    T = gpu.cuda_total_bytes
+    for name, named in POLICIES.items():
+        if named.budget(T) > policy.budget(T) and _fits(model, s, gpu, named.budget(T) - used):
+            return Fix(policy=replace(named, source=policy.source), note=(
+                f"budget policy {name} ({named.formula}; now {policy.rule}: "
+                f"{fmt_gib(policy.held_back(T))} of this GPU held back)"))
+    try:
+        need = size(model, s, gpu, policy.budget(T) - used).footprint.total
+    except SpecError:
+        return None
+    want = math.ceil((need + used + policy.reserve_bytes) / T * 100) / 100
+    if want <= policy.utilization or want > MAX_SUGGESTED_UTILIZATION:
+        return None
+    new = BudgetPolicy(want, policy.reserve_bytes, policy.source)
+    if not _fits(model, s, gpu, new.budget(T) - used):
+        return None
+    return Fix(policy=new, note=(f"budget policy utilization {want:g} (now {policy.rule}: "
+                                 f"{fmt_gib(policy.held_back(T))} of this GPU held back)"))
 
 
 def _granted(model: ModelArch, s: Settings, gpu: GpuType) -> int | None:
@@ -195,10 +249,25 @@ def _granted(model: ModelArch, s: Settings, gpu: GpuType) -> int | None:
         return None
 
 
+def _gpu_class(g: GpuType) -> str:
+    """consumer (GeForce), workstation (RTX / Quadro boards), or data center."""
+    if "GeForce" in g.product:
+        return "consumer"
+    return "workstation" if "RTX" in g.product else "datacenter"
+
+
 def larger_gpu(model: ModelArch, s: Settings, gpu: GpuType, other_gpus: tuple[GpuType, ...],
                policy: BudgetPolicy = DEFAULT_POLICY) -> GpuType | None:
-    """The smallest larger GPU (that can run these settings) on which the deployment fits."""
-    for other in sorted(other_gpus, key=lambda g: (g.cuda_total_bytes, g.product)):
+    """A larger GPU (that can run these settings) on which the deployment fits: the same class
+    (data center, workstation, consumer) before another, a generation at least as new (compute
+    capability) before an older one, then the smallest (the cheapest of its kind)."""
+    cc = gpu.compute_capability or (0, 0)
+
+    def key(g: GpuType) -> tuple[object, ...]:
+        return (_gpu_class(g) != _gpu_class(gpu), (g.compute_capability or (0, 0)) < cc, g.cuda_total_bytes,
+                g.product)
+
+    for other in sorted(other_gpus, key=key):
         if other.cuda_total_bytes <= gpu.cuda_total_bytes:
             continue
         if _fits(model, s, other, policy.budget(other.cuda_total_bytes)):

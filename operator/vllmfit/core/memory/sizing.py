@@ -273,7 +273,7 @@ def _check(sizing: Sizing, available: int, model: ModelArch, s: Settings, r: Res
     if total > available >= limits.MAX_GPU_MEMORY_BYTES:  # sized with no limit: never quote that
         reasons.append(f"needs {fmt_gib(total)} per GPU, more than any GPU has")
     elif total > available:
-        reasons.append(f"needs {fmt_gib(total)} per GPU, {fmt_gib(max(available, 0))} free")
+        reasons.append(f"needs {fmt_gib(total)} per GPU, over the {fmt_gib(max(available, 0))} of budget left")
     elif s.policy == "vllm" and not model.pooling and sizing.flags is not None and not r.layout.pooling:
         need_one = r.layout.bytes_for(sizing.flags.max_model_len, 1, r.batched_tokens, s.pp)
         if sizing.footprint.kv_cache < need_one:

@@ -1,6 +1,6 @@
 """Why a deployment does not fit, grouped by cause like the kube-scheduler's FitError:
 
-    0/20 nodes are available: 12 GPU memory (needs 33.0 GiB, largest free 17.8 GiB on gpu-07 GPU 3),
+    0/20 nodes are available: 12 GPU memory (needs 33.0 GiB, largest budget left 19.8 GiB on gpu-07 GPU 3),
     8 node(s) didn't match placement.nodeSelector.
 
 Each node gets one cause (its closest to fitting); causes are counted over nodes and carry the best
@@ -125,7 +125,7 @@ def _group_text(kind: str, members: list[_Why], best: _Why, s: Settings, name_pr
     each = f" on each of {n} GPUs" if n > 1 else ""
     on = "/".join(sorted({w.product for w in members})) + ": " if name_product else ""
     return (
-        f"GPU memory ({on}needs {least}{fmt_gib(first.need)}{each}, largest free "
+        f"GPU memory ({on}needs {least}{fmt_gib(first.need)}{each}, largest budget left "
         f"{fmt_gib(max(best.free, 0))} on {where(best.node, best.gpus)})"
     )
 
@@ -251,8 +251,8 @@ def _node_why_not(ledger: Ledger, req: Request, s: Settings, name: str) -> str:
         return f"{name}: needs {s.gpus} GPUs of one type, has {w.free}"
     least = "at least " if _shrinkable(s) else ""
     if s.gpus == 1:
-        return f"{name}: {gpu_label(w.gpus[0])} needs {least}{fmt_gib(w.need)}, {fmt_gib(max(w.free, 0))} free"
+        return f"{name}: {gpu_label(w.gpus[0])} needs {least}{fmt_gib(w.need)}, {fmt_gib(max(w.free, 0))} of budget left"
     return (
-        f"{name}: needs {s.gpus} GPUs with {least}{fmt_gib(w.need)} free, "
+        f"{name}: needs {s.gpus} GPUs with {least}{fmt_gib(w.need)} of budget left, "
         f"{where(name, w.gpus)} has {fmt_gib(max(w.free, 0))}"
     )
