@@ -67,6 +67,7 @@ class Config:
     service_account: str = ""
     pull_policy: str = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = ()  # Secrets in `namespace` for `image` (chart value)
+    owner_uid: str = ""  # when set, a reservation must carry a controller ownerReference with this uid
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,32 @@ def is_reservation(pod: Mapping[str, Any]) -> bool:
     return labels.get(ROLE_LABEL) == ROLE and labels.get(MANAGED_BY) == "vllmfit"
 
 
-def reservation_from_pod(pod: Mapping[str, Any]) -> Reservation | None:
-    """A reservation pod -> Reservation; None for another pod or one without its annotations.
-    A pod that ended (Succeeded/Failed) holds nothing: it counts as terminating."""
-    if not is_reservation(pod):
+def untrusted(pod: Mapping[str, Any], cfg: Config) -> str | None:
+    """Why a pod that carries the reservation labels is not one of vllmfit's reservations (None:
+    it is). The trust boundary (issue 21 item 1): tenants may create pods with any labels and
+    annotations in their own namespaces, but only the operator (and cluster administrators)
+    create pods in the operator's namespace (RBAC). So only pods there count, and only those
+    controlled by vllmfit's owner object when one is configured (`owner_uid`); a pod there that
+    another controller made (a ReplicaSet, a Job) is not a reservation either."""
+    meta = pod.get("metadata") or {}
+    ns = str(meta.get("namespace") or "")
+    if ns != cfg.namespace:
+        return f"it is in namespace {ns[:63]!r}, not in vllmfit's ({cfg.namespace})"
+    controllers = [r for r in meta.get("ownerReferences") or [] if isinstance(r, Mapping) and r.get("controller")]
+    if cfg.owner_uid:
+        if not any(r.get("uid") == cfg.owner_uid for r in controllers):
+            return "it is not controlled by vllmfit's owner object"
+    elif controllers:
+        c = controllers[0]
+        return f"it is controlled by {str(c.get('kind'))[:63]} {str(c.get('name'))[:253]}, not by vllmfit"
+    return None
+
+
+def reservation_from_pod(pod: Mapping[str, Any], cfg: Config | None = None) -> Reservation | None:
+    """A reservation pod -> Reservation; None for another pod, one without its annotations, or
+    (with `cfg`) a lookalike vllmfit did not make (`untrusted`). A pod that ended
+    (Succeeded/Failed) holds nothing: it counts as terminating."""
+    if not is_reservation(pod) or (cfg is not None and untrusted(pod, cfg) is not None):
         return None
     meta = pod.get("metadata") or {}
     ann = meta.get("annotations") or {}

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import kopf
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
 
@@ -110,14 +111,44 @@ def gated(store: Store, key: str, p: api.ReplicaPlacement) -> bool:
 
 
 def observe(store: Store, pod: Mapping[str, Any], deleted: bool) -> rsv.Reservation | None:
-    """Record a reservation pod's state (hold the lock)."""
-    r = rsv.reservation_from_pod(pod)
+    """Record a reservation pod's state (hold the lock). A lookalike (a pod with the reservation
+    labels that vllmfit did not make: rsv.untrusted) changes nothing, whatever its name; it is
+    logged and reported once with an Event on it."""
+    if rsv.is_reservation(pod) and (why := rsv.untrusted(pod, store.options.reservation)) is not None:
+        report_lookalike(store, pod, why, deleted)
+        return None
+    r = rsv.reservation_from_pod(pod, store.options.reservation)
     name = str((pod.get("metadata") or {}).get("name") or "")
     if r is None or deleted:
         store.reservations.pop(name, None)
         return None
     store.reservations[name] = r
     return r
+
+
+LOOKALIKE_REASON = "NotAReservation"
+_reported: dict[int, set[str]] = {}  # id(store) -> uids (or ns/name) of lookalikes already reported
+
+
+def report_lookalike(store: Store, pod: Mapping[str, Any], why: str, deleted: bool) -> None:
+    """Log a pod that poses as a reservation, and post one Event on it (once per pod)."""
+    meta = pod.get("metadata") or {}
+    key = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+    seen = _reported.setdefault(id(store), set())
+    if deleted:
+        seen.discard(key)
+        return
+    if key in seen:
+        return
+    seen.add(key)
+    where = f"{str(meta.get('namespace'))[:63]}/{str(meta.get('name'))[:253]}"
+    message = (f"pod {where} carries vllmfit's reservation labels but is not a vllmfit reservation ({why}); "
+               "it holds nothing for vllmfit and is ignored")
+    logger.warning("%s", message)
+    try:
+        kopf.event(dict(pod), type="Warning", reason=LOOKALIKE_REASON, message=message[:1000])  # type: ignore[arg-type]
+    except LookupError:  # not inside a running operator
+        pass
 
 
 def rebook(store: Store, r: rsv.Reservation) -> tuple[set[str], str | None]:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
@@ -28,6 +29,27 @@ def covers(store: Store, namespace: str, labels: Mapping[str, str], name: str, w
         if mine and (where is None and pod or where == builders.placement_text(p)):
             return True
     return False
+
+
+PER_OBJECT = (403, 409, 422)
+"""Answers about one object that stop nothing else (issue 21 item 3): a tenant's lookalike in a
+namespace vllmfit may not delete from (403), a conflict, an object the API server refuses."""
+
+
+def _skipped(what: str, e: ApiException) -> None:
+    logger.warning("sweep: %s left as it is: %s %s", what, e.status, e.reason)
+
+
+async def _delete(delete: Callable[..., Awaitable[Any]], what: str, *args: Any) -> bool:
+    """Delete one object; False when it was not deleted for a reason of its own (logged)."""
+    try:
+        await gone_ok(delete, *args)
+        return True
+    except ApiException as e:
+        if e.status not in PER_OBJECT:
+            raise
+        _skipped(what, e)
+        return False
 
 
 def _ours(labels: Mapping[str, str] | None) -> bool:
@@ -60,13 +82,16 @@ async def sweep(store: Store, namespace: str | None = None, only: str | None = N
             try:
                 d = await apps.read_namespaced_deployment(meta.name, meta.namespace)
             except ApiException as e:
-                if e.status == 404:
-                    continue
-                raise
+                if e.status not in (404, *PER_OBJECT):
+                    raise
+                _skipped(f"Deployment {meta.namespace}/{meta.name}", e)
+                continue
             where = (d.metadata.annotations or {}).get(builders.ANNOTATION_PLACEMENT)
             if covers(store, meta.namespace, d.metadata.labels or {}, meta.name, where):
                 continue
-            await gone_ok(apps.delete_namespaced_deployment, meta.name, meta.namespace)
+            if not await _delete(apps.delete_namespaced_deployment, f"Deployment {meta.namespace}/{meta.name}",
+                                 meta.name, meta.namespace):
+                continue
             gone.append(f"Deployment {meta.namespace}/{meta.name}")
             rec = store.records.get(owner)
             if rec is not None:
@@ -81,8 +106,8 @@ async def sweep(store: Store, namespace: str | None = None, only: str | None = N
         if covers(store, meta.namespace, labels, meta.name,
                   (meta.annotations or {}).get(builders.ANNOTATION_PLACEMENT), pod=True):
             continue
-        await gone_ok(core.delete_namespaced_pod, meta.name, meta.namespace)
-        gone.append(f"Pod {meta.namespace}/{meta.name}")
+        if await _delete(core.delete_namespaced_pod, f"Pod {meta.namespace}/{meta.name}", meta.name, meta.namespace):
+            gone.append(f"Pod {meta.namespace}/{meta.name}")
     for what in gone:
         logger.warning("%s ran without an admitted booking: deleted", what)
     return gone

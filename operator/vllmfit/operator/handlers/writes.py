@@ -63,8 +63,8 @@ async def _step(store: Store, key: str, fn: Callable[[Store, str], Any] | Callab
     try:
         await (fn(store, key) if fn is sync_children else fn(key))  # type: ignore[call-arg, arg-type]
         return True
-    except (TimeoutError, ApiException, OSError) as e:
-        if strict:
+    except (TimeoutError, ApiException, OSError, ValueError) as e:  # ValueError: that spec's (podtemplate)
+        if strict and not isinstance(e, ValueError):
             raise
         what = f"{e.status} {e.reason}" if isinstance(e, ApiException) else str(e) or type(e).__name__
         logger.error("%s: writing %s failed: %s", key, "its Deployments" if fn is sync_children else "its status",
