@@ -28,7 +28,7 @@ def test_a_gpu_bar_is_its_capacity_split_into_bookings_foreign_free_and_reserve(
         ],
     )
     sl = p.ledger.slots()[0]
-    segs = layout.gpu_segments(p, sl, layout.colors(p))
+    segs = layout.gpu_segments(p, sl, layout.looks(p))
     assert sum(s.bytes for s in segs) == H100.cuda_total_bytes
     by = {s.label: s.bytes for s in segs}
     assert by["foreign use"] == 5 << 30
@@ -69,7 +69,7 @@ def test_print_plan_names_every_node_and_deployment() -> None:
     )
     out = _text(render.print_plan, p)
     assert "gpu-a: 2x H100-80GB-HBM3" in out and "gpu-b: 1x L4" in out
-    assert "Admitted      ■ default/a" in out and "Unschedulable ■ default/huge" in out
+    assert "Admitted      A default/a" in out and "Unschedulable - default/huge" in out  # letter; no bar: "-"
     # the refusal in the terminal: the kube-scheduler's headline, then one line per group
     assert "  0/2 nodes are available:\n  - 1 GPU memory (NVIDIA-H100-80GB-HBM3: needs " in out
     assert "--max-model-len=8192 --max-num-seqs=1024" in out

@@ -8,39 +8,47 @@ from vllmfit.cli.render.layout import (
     COMPONENTS,
     FOREIGN,
     FREE,
-    RESERVE,
-    colors,
+    Look,
     gib,
+    looks,
     node_title,
     placement_text,
     refusal_lines,
     refused,
     summary,
 )
-from vllmfit.cli.render.svg import node_svg
+from vllmfit.cli.render.svg import HATCH_INK, node_svg
 from vllmfit.core.placement import Plan
 
+HATCH_CSS = f"repeating-linear-gradient(-45deg,{HATCH_INK} 0 1.2px,#ffffff 1.2px 3.5px)"
+"""The reserve's hatching, as the SVG pattern draws it."""
 
-def legend_html(palette: dict[str, tuple[str, str]]) -> str:
+
+def swatch(look: Look) -> str:
+    """The deployment's letter on its colour: the same mark as in the bars' labels and the terminal."""
+    return (f'<span class="key" data-owner="{html.escape(look.key)}" '
+            f'style="background:{look.color};color:{look.ink}">{html.escape(look.letter)}</span>')
+
+
+def legend_html(palette: dict[str, Look]) -> str:
+    sample = next(iter(palette.values()), None)
+    base = sample.color if sample else "#4e79a7"
     items = [
-        f'<span class="item"><span class="sw" style="background:{c};opacity:{o}"></span>{html.escape(lbl)}</span>'
-        for c, o, lbl in [("#555555", op, label) for _, label, _, op in COMPONENTS]
+        f'<span class="item"><span class="sw" style="background:{base};opacity:{op}"></span>{html.escape(label)}</span>'
+        for _, label, _, op in COMPONENTS
     ]
     items += [
         f'<span class="item"><span class="sw" style="background:{c}"></span>{lbl}</span>'
-        for c, lbl in ((FOREIGN[1], "foreign use"), (FREE[1], "free"), (RESERVE[1], "reserve"))
+        for c, lbl in ((FOREIGN[1], "foreign use"), (FREE[1], "free"), (HATCH_CSS, "reserve"))
     ]
-    deps = [
-        f'<span class="item"><span class="sw" style="background:{c}"></span>{html.escape(n)}</span>'
-        for n, (_, c) in palette.items()
-    ]
-    return (f'<p class="legend" title="legend">{" ".join(items)}</p>'
+    deps = [f'<span class="item">{swatch(look)} {html.escape(n)}</span>' for n, look in palette.items()]
+    return (f'<p class="legend" title="legend">each deployment in its colour, lighter to the right: {" ".join(items)}</p>'
             f'<p class="legend" title="deployments">{" ".join(deps)}</p>')
 
 
 def plan_html(p: Plan, title: str = "vllmfit plan") -> str:
     """One self-contained HTML file: inline CSS and SVG, no scripts, no external assets."""
-    palette = colors(p)
+    palette = looks(p)
     parts = [
         f"<h1>{html.escape(title)}</h1>",
         f'<p class="summary">{html.escape(summary(p).text())}</p>',
@@ -71,7 +79,9 @@ def plan_html(p: Plan, title: str = "vllmfit plan") -> str:
         "body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}"
         ".sw{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;border:1px solid #555}"
-        ".item{white-space:nowrap}"
+        ".item{white-space:nowrap;margin-right:10px}"
+        ".key{display:inline-block;min-width:1.3em;padding:0 3px;text-align:center;font:bold 12px monospace;"
+        "border-radius:2px;margin-left:12px}"
         ".Admitted{color:#1b5e20}.Unschedulable{color:#b26a00}.Rejected{color:#b71c1c}"
         ".warn{color:#b26a00}.err{color:#b71c1c}.fix{color:#1b5e20}ul{margin:0;padding-left:1.2em}"
     )
@@ -81,7 +91,7 @@ def plan_html(p: Plan, title: str = "vllmfit plan") -> str:
     )
 
 
-def deployment_row_html(p: Plan, key: str, palette: dict[str, tuple[str, str]]) -> str:
+def deployment_row_html(p: Plan, key: str, palette: dict[str, Look]) -> str:
     d = p.decisions[key]
     req = p.requests.get(key)
     fp = d.replicas[0].sizing.footprint if d.replicas else None
@@ -94,9 +104,9 @@ def deployment_row_html(p: Plan, key: str, palette: dict[str, tuple[str, str]]) 
     notes = [f"<li>{html.escape(r)}</li>" for r in d.reasons]
     notes += [f'<li class="fix">fits with: {html.escape(s)}</li>' for s in d.suggestions]
     notes += [f'<li class="warn">{html.escape(w)}</li>' for w in d.warnings]
-    color = palette.get(key, ("", "#ffffff"))[1]
+    look = palette.get(key)
     cells_ = [
-        f'<span class="sw" style="background:{color}"></span>{html.escape(key)}',
+        (swatch(look) + " " if look else "") + html.escape(key),
         html.escape(req.model.name if req else ""),
         f'<span class="{d.phase}">{d.phase}{" (kept)" if d.restored else ""}</span>',
         html.escape(placement_text(d)),

@@ -19,21 +19,29 @@ from vllmfit.core.memory import Estimate
 from vllmfit.core.placement import Decision, GpuSlot, Plan, where
 
 BAR_WIDTH = 48
+PALETTE = (
+    "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
+    "#8833aa", "#666600", "#006655", "#aaaaff", "#44bbff", "#aa2255", "#aa3300", "#ff99ff", "#aa8822",
+    "#007700", "#885500",
+)
+"""One colour per deployment, given in name order: Tableau 10 without its grey, then eleven colours
+each chosen (on a 17-step sRGB grid, chroma 30-75, lightness 38-78) to be the farthest in CIEDE2000
+from every colour before it and from the grey, white and light grey of foreign use, free and
+reserve. Any two differ by a colour difference of at least 17 (10 is "clearly different")."""
 GOLDEN_ANGLE = 137.50776405003785
-"""360 x (1 - 1/phi) degrees: successive multiples never repeat and stay far apart (the namespaces' hues)."""
-PHI = 1.618033988749895
-FAMILY_SPREAD = 36.0
-"""Degrees a namespace's deployments spread around its hue (+- half)."""
-LIGHTNESS = (0.42, 0.60, 0.30, 0.72)
-"""Lightness steps a namespace's deployments cycle through, so neighbours in a family differ twice."""
+"""360 x (1 - 1/phi) degrees: the hue step of colours past PALETTE (successive multiples never repeat)."""
+OVERFLOW_LIGHTNESS = (0.34, 0.62, 0.46, 0.72, 0.28)
+"""Lightness steps the colours past PALETTE cycle through, so two of them close in hue differ in lightness."""
 COMPONENTS = (  # (key, label, terminal character, SVG opacity)
     ("weights", "weights", "█", 1.0),
-    ("kv_cache", "KV cache", "▓", 0.7),
-    ("runtime", "activation + overhead", "▒", 0.4),
+    ("kv_cache", "KV cache", "▓", 0.65),
+    ("runtime", "activation + overhead", "▒", 0.35),
 )
-FOREIGN = ("grey50", "#7f7f7f", "█")
-FREE = ("grey35", "#e8f5e9", "·")
-RESERVE = ("red3", "#f4cccc", "░")
+FOREIGN = ("grey50", "#6b6b6b", "#")
+FREE = ("grey35", "#ffffff", "·")
+RESERVE = ("grey62", "#a8a8a8", "░")
+"""(rich colour, hex, terminal character): foreign use is solid dark grey, free is empty (white),
+the reserve is hatched light grey in SVG and HTML; no deployment colour is grey or white."""
 
 
 def gib(n: float) -> str:
@@ -48,53 +56,104 @@ class Segment:
     color: str  # hex
     char: str
     opacity: float = 1.0
+    owner: str = ""  # the deployment ("namespace/name") whose bytes these are; "" for foreign, free, reserve
+    pattern: str = ""  # "hatch": drawn hatched (the reserve)
+
+
+@dataclass(frozen=True)
+class Look:
+    """How one deployment is drawn everywhere: its colour, the text ink on that colour, its letter."""
+
+    key: str  # "namespace/name"
+    letter: str  # "A", "B", ... "Z", "AA", ...: the deployment in plain text and where its name does not fit
+    color: str  # "#rrggbb"; rich prints it in truecolor or the nearest colour the terminal has
+    ink: str  # "#000000" or "#ffffff": whichever reads better on `color`
+    short: str  # the name without its namespace where that is unique in the plan, else the key
+
+    def label_for(self, room: int) -> str:
+        """What a bar prints at the start of this deployment's run of `room` characters: its short
+        name where that leaves two characters of the bar in view, else its letter ("" in no room)."""
+        fits = room - 2 if room > 2 else room
+        return next((t for t in (self.short, self.letter) if len(t) <= fits), "")
 
 
 # --- Segments: the one place that decides what a bar shows ---------------------------------------
 
 
-def colors(p: Plan) -> dict[str, tuple[str, str]]:
-    """Deployment -> (rich colour, hex), in name order (deterministic); see `family_colors`."""
-    names = sorted(set(p.ledger.deployments()) | {k for k, d in p.decisions.items() if d.replicas})
-    return {n: (c, c) for n, c in family_colors(names).items()}
-
-
-def family_colors(keys: Sequence[str]) -> dict[str, str]:
-    """"namespace/name" -> "#rrggbb", distinct for any count, one hue family per namespace.
-
-    Namespace i (in name order) gets the hue i x the golden angle: hues of successive namespaces
-    land far apart and never repeat. Its j-th deployment gets that hue shifted by
-    FAMILY_SPREAD x (frac(j x phi) - 1/2), again never repeating, at a lightness cycling through
-    LIGHTNESS. rich prints "#rrggbb" in truecolor or the nearest colour the terminal has."""
-    by_ns: dict[str, list[str]] = {}
-    for key in sorted(keys):
-        by_ns.setdefault(key.split("/", 1)[0] if "/" in key else "", []).append(key)
-    out = {}
-    for i, ns in enumerate(sorted(by_ns)):
-        base = (i * GOLDEN_ANGLE) % 360.0
-        for j, key in enumerate(by_ns[ns]):
-            hue = (base + FAMILY_SPREAD * ((j * PHI) % 1.0 - 0.5)) % 360.0
-            r, g, b = colorsys.hls_to_rgb(hue / 360.0, LIGHTNESS[j % len(LIGHTNESS)], 0.75)
-            out[key] = f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
+def letter(i: int) -> str:
+    """0 -> 'A', 25 -> 'Z', 26 -> 'AA', 27 -> 'AB', ... (spreadsheet column names)."""
+    out = ""
+    i += 1
+    while i:
+        i, r = divmod(i - 1, 26)
+        out = chr(ord("A") + r) + out
     return out
 
 
-def gpu_segments(p: Plan, sl: GpuSlot, palette: dict[str, tuple[str, str]]) -> list[Segment]:
+def _hex(r: float, g: float, b: float) -> str:
+    return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
+
+
+def palette_colors(keys: Sequence[str]) -> dict[str, str]:
+    """Keys -> "#rrggbb", assigned in sorted order: PALETTE first, then (for more deployments than
+    it holds) hues a golden angle apart at cycling lightness; every colour differs from all others."""
+    out: dict[str, str] = {}
+    used = set(PALETTE)
+    for i, key in enumerate(sorted(set(keys))):
+        if i < len(PALETTE):
+            out[key] = PALETTE[i]
+            continue
+        j = i - len(PALETTE)
+        while True:
+            hue = (j * GOLDEN_ANGLE) % 360.0
+            color = _hex(*colorsys.hls_to_rgb(hue / 360.0, OVERFLOW_LIGHTNESS[j % len(OVERFLOW_LIGHTNESS)], 0.6))
+            if color not in used:
+                break
+            j += 7919  # a colour already given (rounding): step on to one that is not
+        used.add(color)
+        out[key] = color
+    return out
+
+
+def ink(color: str) -> str:
+    """Black or white text on `color`, whichever contrasts more (WCAG relative luminance)."""
+
+    def lin(c: int) -> float:
+        x = c / 255
+        return x / 12.92 if x <= 0.04045 else ((x + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (lin(int(color[i:i + 2], 16)) for i in (1, 3, 5))
+    lum = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    return "#000000" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "#ffffff"
+
+
+def looks(p: Plan) -> dict[str, Look]:
+    """Every deployment that holds GPUs -> its Look, in name order (deterministic)."""
+    names = sorted(set(p.ledger.deployments()) | {k for k, d in p.decisions.items() if d.replicas})
+    colors_ = palette_colors(names)
+    tails = [n.rsplit("/", 1)[-1] for n in names]
+    return {
+        n: Look(n, letter(i), colors_[n], ink(colors_[n]), t if tails.count(t) == 1 else n)
+        for i, (n, t) in enumerate(zip(names, tails))
+    }
+
+
+def gpu_segments(p: Plan, sl: GpuSlot, palette: dict[str, Look]) -> list[Segment]:
     segs = []
     for b in p.ledger.bookings_on(sl.node, sl.index):
-        style, color = palette.get(b.deployment, ("white", "#cccccc"))
+        look = palette.get(b.deployment)
+        color = look.color if look else "#cccccc"
         fp = b.footprint
         name = b.deployment + (f" #{b.replica}" if b.replica else "")
         for (_, label, char, opacity), val in zip(
             COMPONENTS, (fp.weights, fp.kv_cache, fp.activation + fp.overhead)
         ):
-            segs.append(Segment(f"{name} {label}", val, style, color, char, opacity))
+            segs.append(Segment(f"{name} {label}", val, color, color, char, opacity, owner=b.deployment))
     used = p.ledger.used_bytes(sl.node, sl.index)
     segs.append(Segment("foreign use", sl.foreign_bytes, FOREIGN[0], FOREIGN[1], FOREIGN[2]))
     segs.append(Segment("free", max(sl.budget_bytes - used, 0), FREE[0], FREE[1], FREE[2]))
-    segs.append(
-        Segment("reserve", sl.capacity_bytes - max(sl.budget_bytes, used), RESERVE[0], RESERVE[1], RESERVE[2])
-    )
+    segs.append(Segment("reserve", sl.capacity_bytes - max(sl.budget_bytes, used), RESERVE[0], RESERVE[1],
+                        RESERVE[2], pattern="hatch"))
     return [s for s in segs if s.bytes > 0]
 
 
@@ -103,14 +162,15 @@ def estimate_segments(est: Estimate) -> list[Segment]:
     free = max(est.budget_bytes - fp.total, 0)
     reserve = est.capacity_bytes - max(est.budget_bytes, fp.total)
     rows = (
-        ("weights", fp.weights, "dodger_blue2", "#1c86ee", "█"),
-        ("KV cache", fp.kv_cache, "green3", "#00cd00", "▓"),
-        ("activation", fp.activation, "dark_orange", "#ff8c00", "▒"),
-        ("overhead", fp.overhead, "magenta", "#cd00cd", "▒"),
-        ("free", free, *FREE),
-        ("reserve", reserve, *RESERVE),
+        ("weights", fp.weights, "dodger_blue2", "#1c86ee", "█", ""),
+        ("KV cache", fp.kv_cache, "green3", "#00cd00", "▓", ""),
+        ("activation", fp.activation, "dark_orange", "#ff8c00", "▒", ""),
+        ("overhead", fp.overhead, "magenta", "#cd00cd", "▒", ""),
+        ("free", free, *FREE, ""),
+        ("reserve", reserve, *RESERVE, "hatch"),
     )
-    return [Segment(label, max(val, 0), style, color, char) for label, val, style, color, char in rows]
+    return [Segment(label, max(val, 0), style, color, char, pattern=pat)
+            for label, val, style, color, char, pat in rows]
 
 
 def cells(values: Sequence[int], width: int) -> list[int]:
@@ -125,6 +185,25 @@ def cells(values: Sequence[int], width: int) -> list[int]:
         out[i] += 1
     return out
 
+
+def spans(segments: Sequence[Segment], width: int) -> list[tuple[str, int, list[int]]]:
+    """A bar of `width` characters as runs: (owner, characters, characters per segment of the run).
+
+    Consecutive segments of one deployment form one run; every deployment on the GPU gets at least
+    one character (its letter), taken from the widest run, so no booking vanishes in rounding."""
+    runs: list[list[int]] = []  # indices into segments
+    for i, seg in enumerate(segments):
+        if runs and seg.owner and segments[runs[-1][0]].owner == seg.owner:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    sizes = cells([sum(segments[i].bytes for i in run) for run in runs], width)
+    for k, run in enumerate(runs):
+        if segments[run[0]].owner and sizes[k] == 0 and width >= len(runs):
+            widest = max(range(len(runs)), key=lambda j: (sizes[j], -j))
+            sizes[widest] -= 1
+            sizes[k] = 1
+    return [(segments[run[0]].owner, n, cells([segments[i].bytes for i in run], n)) for run, n in zip(runs, sizes)]
 
 
 def short(product: str) -> str:

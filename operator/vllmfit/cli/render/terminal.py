@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rich.columns import Columns
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -15,17 +16,18 @@ from vllmfit.cli.render.layout import (
     FREE,
     NODES_AVAILABLE,
     RESERVE,
+    Look,
     Segment,
     as_flags,
-    cells,
-    colors,
     estimate_segments,
     gib,
     gpu_row_label,
     gpu_segments,
     hybrid_text,
+    looks,
     node_title,
     placement_text,
+    spans,
 )
 from vllmfit.core.memory import Estimate
 from vllmfit.core.placement import Plan
@@ -40,11 +42,26 @@ PHASE_STYLE = {
 }
 
 
+def letter_style(look: Look) -> str:
+    return f"bold {look.ink} on {look.color}"
 
-def bar(segments: Sequence[Segment], width: int = BAR_WIDTH) -> Text:
+
+def bar(segments: Sequence[Segment], width: int = BAR_WIDTH, palette: dict[str, Look] | None = None) -> Text:
+    """The segments as `width` characters; each deployment's run starts with the longest of its
+    name, short name or letter that fits, so the bar says whose bytes these are without colour."""
     text = Text()
-    for seg, n in zip(segments, cells([s.bytes for s in segments], width)):
-        text.append(seg.char * n, style=seg.style)
+    it = iter(segments)
+    for owner, n, per in spans(segments, width):
+        run = [next(it) for _ in per]
+        look = palette.get(owner) if palette and owner else None
+        label = look.label_for(n) if look else ""
+        if label and look:
+            text.append(label, style=letter_style(look))
+        skip = len(label)
+        for seg, k in zip(run, per):
+            cut = min(skip, k)
+            skip -= cut
+            text.append(seg.char * (k - cut), style=seg.style)
     return text
 
 
@@ -52,13 +69,15 @@ def bar(segments: Sequence[Segment], width: int = BAR_WIDTH) -> Text:
 
 
 def print_plan(console: Console, p: Plan, width: int | None = None) -> None:
-    palette = colors(p)
+    palette = looks(p)
     wide = console.width >= 120
     label_width = max((len(gpu_row_label(p, s)) for s in p.ledger.slots()), default=5)
     room = console.width - label_width - 30 - (28 if wide else 0)  # used/free text, deployments
     bar_width = width or max(16, min(60, room))
     console.print(summary_line(p))
     console.print(legend(palette))
+    if palette:
+        console.print(key_columns(palette))
     for node in sorted(p.ledger.nodes):
         console.print(node_table(p, node, palette, bar_width, wide, label_width))
     if p.decisions:
@@ -87,23 +106,34 @@ def summary_line(p: Plan) -> Text:
     return t
 
 
-def legend(palette: dict[str, tuple[str, str]]) -> Text:
-    t = Text()
+def legend(palette: dict[str, Look]) -> Text:
+    """What the characters mean, then the key: each deployment's letter, in its colour, and name."""
+    sample = next(iter(palette.values()), None)
+    t = Text("deployment: name or letter, ")
     for _, label, char, _ in COMPONENTS:
-        t.append(f"{char * 2} {label}  ")
-    for (style, _, char), label in ((FOREIGN, "foreign"), (FREE, "free"), (RESERVE, "reserve")):
+        t.append(char * 2, style=sample.color if sample else "")
+        t.append(f" {label}  ")
+    t.rstrip()
+    t.append("\nelse: ")
+    for (style, _, char), label in ((FOREIGN, "foreign use"), (FREE, "free"), (RESERVE, "reserve (capacity - budget)")):
         t.append(char * 2, style=style)
         t.append(f" {label}  ")
-    if palette:
-        t.append("\n")
-    for name, (style, _) in palette.items():
-        t.append("■ ", style=style)
-        t.append(f"{name}  ")
+    t.rstrip()
     return t
 
 
+def key_columns(palette: dict[str, Look]) -> Columns:
+    """Every deployment's letter and name, in columns as wide as the terminal allows."""
+    return Columns([key_item(look) for look in palette.values()], padding=(0, 3))
+
+
+def key_item(look: Look) -> Text:
+    """'A default/chat': the letter in the deployment's colour, then its name."""
+    return Text.assemble((f" {look.letter} ", letter_style(look)), " ", look.key)
+
+
 def node_table(
-    p: Plan, node: str, palette: dict[str, tuple[str, str]], width: int, wide: bool, label_width: int = 5
+    p: Plan, node: str, palette: dict[str, Look], width: int, wide: bool, label_width: int = 5
 ) -> Table:
     info = p.ledger.nodes[node]
     table = Table(
@@ -124,21 +154,23 @@ def node_table(
         label = gpu_row_label(p, sl)
         used = Text(f"{gib(p.ledger.used_bytes(sl.node, sl.index))}/{gib(sl.budget_bytes)} GiB, ")
         used.append(f"{gib(head)} free", style="red" if head < 0 else "")
-        row: list[Text | str] = [label, bar(gpu_segments(p, sl, palette), width), used]
+        row: list[Text | str] = [label, bar(gpu_segments(p, sl, palette), width, palette), used]
         if wide:
             deps = sorted({b.deployment for b in p.ledger.bookings_on(sl.node, sl.index)})
-            row.append(Text(", ").join([Text(d, style=palette.get(d, ("", ""))[0]) for d in deps]))
+            row.append(Text(", ").join([key_item(palette[d]) if d in palette else Text(d) for d in deps]))
         table.add_row(*row)
     return table
 
 
 
-def print_deployment(console: Console, p: Plan, key: str, palette: dict[str, tuple[str, str]]) -> None:
-    """Two to four lines: phase, name, model; where and how much; flags; then why not and fixes."""
+def print_deployment(console: Console, p: Plan, key: str, palette: dict[str, Look]) -> None:
+    """Two to four lines: phase, letter, name, model; where and how much; flags; then why not and fixes."""
     d = p.decisions[key]
     req = p.requests.get(key)
     head = Text(f"{d.phase:<13} ", style=PHASE_STYLE.get(d.phase, ""))
-    head.append("■ ", style=palette.get(key, ("", ""))[0])
+    look = palette.get(key)
+    head.append(look.letter if look else "-", style=letter_style(look) if look else "")
+    head.append(" ")
     head.append(key, style="bold")
     if req is not None:
         head.append(f"  {req.model.name}")
