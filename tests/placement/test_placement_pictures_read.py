@@ -206,3 +206,12 @@ def test_svg_bar_labels_fit_their_runs_and_wide_runs_carry_the_name() -> None:
         assert len(text) * svg.BAR_CHAR_PX + 4 + 1 <= width, (owner, text, width)  # its chip, inside the run
         named += text == looks[owner].short
     assert named >= len(labels) // 2  # most runs are wide enough for the name
+
+
+def test_palette_stays_distinct_in_a_256_colour_terminal() -> None:
+    """rich prints "#rrggbb" as the nearest of xterm's 256 colours where the terminal has no
+    truecolor: the palette's colours must not merge there either."""
+    from rich.color import Color, ColorSystem
+
+    numbers = [Color.parse(c).downgrade(ColorSystem.EIGHT_BIT).number for c in layout.PALETTE]
+    assert len(set(numbers)) == len(layout.PALETTE), numbers
