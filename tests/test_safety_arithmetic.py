@@ -22,7 +22,15 @@ from hypothesis import strategies as st
 
 from vllmfit.core.defaults import GIB
 from vllmfit.core.limits import MAX_GPU_MEMORY_BYTES
-from vllmfit.core.memory import KvLayout, VllmVersion, utilization_within
+from vllmfit.core.memory import (
+    BudgetPolicy,
+    KvLayout,
+    VllmVersion,
+    budget_bytes,
+    requested_bytes,
+    utilization_for,
+    utilization_within,
+)
 
 H100_T = 85031714816  # catalog/gpus.yaml cuda_total_bytes
 
@@ -92,6 +100,65 @@ def test_utilization_within_never_requests_one_byte_more_than_the_room(
     # and it is the largest such u: one step more asks for more than the room
     if u < 1.0:
         assert _requested(capacity, round(u + 0.0001, 4)) > room
+
+
+# --- the budget and vLLM's request -------------------------------------------------------------
+# ADR-0002 on an H100: int(0.9 x 85031714816) = int(76528543334.4) = 76528543334; - 2 GiB = 74381059686.
+
+
+def test_budget_bytes_by_hand_and_never_negative() -> None:
+    assert budget_bytes(H100_T, 0.9, 2 * GIB) == 74381059686
+    assert budget_bytes(H100_T, 0.9, 0) == 76528543334
+    assert budget_bytes(H100_T, 1.0, 0) == H100_T
+    assert budget_bytes(H100_T, 0.0, 0) == 0
+    assert budget_bytes(H100_T, 0.01, 2 * GIB) == 0  # 850317148 - 2147483648 < 0 -> 0
+    assert budget_bytes(H100_T, 0.9, 76528543334) == 0  # the reserve takes all of it, exactly
+    assert budget_bytes(H100_T, 0.9, 76528543333) == 1
+
+
+def test_a_budget_policy_hands_out_its_budget_and_holds_back_the_rest() -> None:
+    p = BudgetPolicy(0.9, 2 * GIB, "test")
+    assert p.budget(H100_T) == 74381059686
+    assert p.held_back(H100_T) == 85031714816 - 74381059686 == 10650655130
+    assert p.error(H100_T) is None
+    assert BudgetPolicy(0.0, 0, "t").error(H100_T) is None  # both ends of [0, 1] are allowed
+    assert BudgetPolicy(1.0, H100_T, "t").error(H100_T) is None  # a reserve of the whole GPU too
+    assert "outside [0, 1]" in (BudgetPolicy(1.0001, 0, "t").error() or "")
+    assert "outside [0, 1]" in (BudgetPolicy(-0.0001, 0, "t").error() or "")
+    assert "must not be negative" in (BudgetPolicy(0.9, -1, "t").error() or "")
+    assert "larger than the GPU" in (BudgetPolicy(0.9, H100_T + 1, "t").error(H100_T) or "")
+
+
+@pytest.mark.parametrize(("minor", "u", "requested"), [
+    (15, 0.2432, 20679713044),  # 0.15+: ceil(20679713043.2512)
+    (11, 0.2432, 20679713043),  # before: the float product, int() here (the comparison is the same)
+    (15, 0.5, 42515857408),  # an exact product: no rounding up
+    (11, 0.5, 42515857408),
+    (21, 1.0, H100_T),
+])
+def test_requested_bytes_is_vllms_request(minor: int, u: float, requested: int) -> None:
+    assert requested_bytes(H100_T, u, VllmVersion(0, minor)) == requested
+
+
+@pytest.mark.parametrize(("requested", "u"), [
+    # T x u >= requested exactly, so every version's request (ceil, or the product before 0.15) is enough:
+    (20679713044, 0.2433),  # T x 0.2432 = 20679713043.2512: ceil would do, the product would not
+    (20679713043, 0.2432),
+    (20671209872, 0.2432),  # T x 0.2431 = 20671209871.7696
+    (20671209871, 0.2431),
+    (42515857408, 0.5),  # T x 0.5 exactly
+    (42515857409, 0.5001),
+    (H100_T, 1.0),
+    (H100_T + 1, 1.0),  # capped: no u asks for more than the GPU
+    (1, 0.0001),
+])
+def test_utilization_for_is_the_smallest_u_whose_request_is_enough_in_every_version(requested: int, u: float) -> None:
+    from fractions import Fraction
+
+    assert utilization_for(H100_T, requested) == u
+    if requested <= H100_T:
+        assert H100_T * Fraction(str(u)) >= requested
+        assert H100_T * (Fraction(str(u)) - Fraction(1, 10**4)) < requested
 
 
 # --- sliding-window blocks per request ------------------------------------------------------------
