@@ -148,3 +148,80 @@ def test_a_refused_decision_releases_nothing_else() -> None:
     ledger.book(_decision("a", ("n", (0,), 1000)))
     ledger.book(Decision("default/a", "Pending"))
     assert ledger.used_bytes("n", 0) == 1000
+
+
+# --- the accounting the search and the operator read -----------------------------------------------
+
+
+def test_a_gpu_the_ledger_does_not_know_has_no_headroom_and_no_use() -> None:
+    ledger = placement.Ledger([node("n", H100, 1, foreign={0: FOREIGN})])
+    assert (ledger.used_bytes("n", 0), ledger.headroom_bytes("n", 0)) == (3221225472, 71159834214)
+    assert (ledger.used_bytes("n", 1), ledger.headroom_bytes("n", 1)) == (0, 0)
+    assert (ledger.used_bytes("gone", 0), ledger.headroom_bytes("gone", 0)) == (0, 0)
+
+
+def test_release_gives_back_exactly_what_was_booked() -> None:
+    ledger = placement.Ledger([node("n", H100, 2)])
+    ledger.book(_decision("a", ("n", (0, 1), 1000)))
+    ledger.book(_decision("b", ("n", (0,), 7)))
+    released = ledger.release("default/a")
+    assert sorted((b.index, b.footprint.total) for b in released) == [(0, 1000), (1, 1000)]
+    assert (ledger.used_bytes("n", 0), ledger.used_bytes("n", 1)) == (7, 0)
+    assert (ledger.headroom_bytes("n", 0), ledger.headroom_bytes("n", 1)) == (BUDGET - 7, BUDGET)
+    assert ledger.release("default/a") == [] and ledger.release("default/nobody") == []
+    assert ledger.deployments() == ["default/b"]
+    check_invariant(ledger)
+
+
+def test_a_gpu_pushed_over_its_budget_is_reported_with_the_deployments_on_it() -> None:
+    """Foreign use that grows after admission: the GPU is over budget by one byte, and the
+    deployments booked there are the ones to move (set_node's answer, affected, overfull)."""
+    ledger = placement.Ledger([node("n", H100, 2)])
+    ledger.book(_decision("a", ("n", (0,), 1000)))
+    ledger.book(_decision("b", ("n", (1,), 1000)))
+    assert ledger.set_node(node("n", H100, 2, foreign={0: BUDGET - 1000})) == []  # exactly full: fine
+    assert ledger.over_budget() == []
+    moved = ledger.set_node(node("n", H100, 2, foreign={0: BUDGET - 1000 + 1}))
+    assert moved == ["default/a"]
+    assert ledger.over_budget() == [("n", 0)]
+    assert ledger.headroom_bytes("n", 0) == -1
+    assert ledger.affected("n") == ledger.overfull_deployments("n") == ["default/a"]
+
+
+def test_a_gpu_that_disappears_reports_what_was_booked_on_it() -> None:
+    ledger = placement.Ledger([node("n", H100, 2)])
+    ledger.book(_decision("a", ("n", (1,), 1000)))
+    assert ledger.set_node(node("n", H100, 1)) == ["default/a"]  # GPU 1 is gone
+    assert ledger.affected("n") == ["default/a"]
+    assert ledger.remove_node("n") == ["default/a"]
+
+
+def test_restore_is_unchecked_and_an_overfull_restore_shows_in_over_budget() -> None:
+    ledger = placement.Ledger([node("n", H100, 1)])
+    bookings = _decision("a", ("n", (0,), BUDGET + 1)).bookings()
+    ledger.restore("default/a", bookings)
+    assert ledger.used_bytes("n", 0) == 74381059687
+    assert ledger.over_budget() == [("n", 0)]
+    assert ledger.bookings_of("default/a") == bookings
+    assert ledger.bookings_on("n", 0) == bookings
+
+
+def test_a_copy_books_apart_from_the_original() -> None:
+    ledger = placement.Ledger([node("n", H100, 1)])
+    ledger.book(_decision("a", ("n", (0,), 1000)))
+    twin = ledger.copy()
+    twin.book(_decision("b", ("n", (0,), 2000)))
+    twin.release("default/a")
+    assert (ledger.used_bytes("n", 0), twin.used_bytes("n", 0)) == (1000, 2000)
+    assert (ledger.deployments(), twin.deployments()) == (["default/a"], ["default/b"])
+    check_invariant(ledger)
+    check_invariant(twin)
+
+
+def test_bookings_on_a_gpu_are_sorted_by_deployment_and_replica() -> None:
+    ledger = placement.Ledger([node("n", H100, 1)])
+    ledger.book(_decision("b", ("n", (0,), 1), ("n", (0,), 2)))
+    ledger.book(_decision("a", ("n", (0,), 3)))
+    assert [(b.deployment, b.replica, b.footprint.total) for b in ledger.bookings_on("n", 0)] == [
+        ("default/a", 0, 3), ("default/b", 0, 1), ("default/b", 1, 2)]
+    assert ledger.bookings_on("n", 5) == [] and ledger.bookings_on("x", 0) == []
