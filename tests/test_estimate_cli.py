@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -154,3 +155,63 @@ def test_listings_never_cut_a_name(capsys, monkeypatch, command, columns):
     assert header[0] in ("NAME", "PRODUCT") and (("ALIASES" in header) == ("wide" in command))
     for name in names:  # every name whole, at the start of its own row
         assert any(line.split(" ")[0] == name for line in lines), name
+
+
+# --- issue 24: the common case on one 24 GB GPU ----------------------------------------------------
+
+COMMON_GPUS = {"NVIDIA-L4": 23616028672, "NVIDIA-A10G": 23609737216, "NVIDIA-GeForce-RTX-4090": 25220349952}
+COMMON_MODELS = {"meta-llama/Llama-3.1-8B-Instruct": 131072, "Qwen/Qwen2.5-7B-Instruct": 57344}  # KV B/token, bf16
+
+
+@pytest.mark.parametrize("gpu", sorted(COMMON_GPUS))
+@pytest.mark.parametrize("model", sorted(COMMON_MODELS))
+def test_an_8b_in_bf16_at_8k_is_admitted_on_a_24gb_gpu_with_the_kv_grant_shown(capsys, gpu, model):
+    """Plain vLLM serves these at its default --gpu-memory-utilization 0.9; so does vllmfit's default
+    (the counted policy: budget = int(0.9 x T)), and with no KV request the KV cache is the room left
+    on the empty GPU in whole blocks, at least one request of 8192 tokens."""
+    code, out, _ = run(capsys, "estimate", "--model", model, "--gpu", gpu, "--max-model-len", "8192", "-o", "json")
+    d = json.loads(out)
+    T, per_token = COMMON_GPUS[gpu], COMMON_MODELS[model]
+    budget = int(0.9 * T)
+    block = 16 * per_token
+    assert code == 0 and d["fits"]
+    assert d["per_gpu"]["capacity_bytes"] == T and d["per_gpu"]["budget_bytes"] == budget
+    assert d["per_gpu"]["reserve_bytes"] == 0 and d["budget_policy"]["held_back_bytes"] == T - budget
+    kv, total = d["per_gpu"]["kv_cache_bytes"], d["per_gpu"]["total_bytes"]
+    assert kv % block == 0 and total <= budget
+    assert budget - total < block + math.ceil(T / 10_000)  # grown: less than a block and u's rounding left
+    granted = d["kv_cache"]["granted_tokens"]
+    assert granted == kv // per_token - 16 >= 8192  # vLLM 0.33 holds the null block back
+    code, out, _ = run(capsys, "estimate", "--model", model, "--gpu", gpu, "--max-model-len", "8192")
+    assert code == 0 and f"KV cache: {d['kv_cache_tokens']} tokens" in out
+
+
+def test_vllms_own_utilization_on_an_l4_gets_a_checked_fix(capsys, monkeypatch):
+    """--gpu-memory-utilization 0.9 books the CUDA context outside R: 0.55 GiB + ceil(0.9 T) > int(0.9 T).
+    The fixes are each checked by running them."""
+    monkeypatch.setenv("COLUMNS", "200")  # one fix per line
+    argv = ["estimate", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "NVIDIA-L4", "--max-model-len", "8192",
+            "--gpu-memory-utilization", "0.9"]
+    code, out, _ = run(capsys, *argv)
+    assert code == 1
+    fixes = [f.strip() for f in out.split("fits with (each checked):\n", 1)[1].splitlines() if f.startswith("  --")]
+    assert fixes[0].startswith("--gpu-memory-utilization 0.8") and fixes[1].startswith("--budget-utilization 0.93 ")
+    for fix in fixes:
+        flags = fix.split(" (")[0].split()
+        args = [a for a in argv if a not in ("--gpu-memory-utilization", "0.9")] if flags[0] == "--gpu-memory-utilization" \
+            else argv
+        code, out, _ = run(capsys, *args, *flags, "-o", "json")
+        assert code == 0 and json.loads(out)["fits"], fix
+
+
+def test_a_spec_only_adr_0002_refuses_is_offered_the_counted_policy(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # one fix per line
+    argv = ["estimate", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "NVIDIA-L4", "--max-model-len", "8192",
+            "--budget-policy", "adr-0002"]
+    code, out, _ = run(capsys, *argv)
+    assert code == 1
+    fixes = [f.strip() for f in out.split("fits with (each checked):\n", 1)[1].splitlines() if f.startswith("  --")]
+    assert fixes[0].startswith("--budget-policy counted (0.9 x capacity; now 0.9 x capacity - 2.0 GiB (adr-0002)")
+    assert fixes.index(fixes[0]) < fixes.index("--quantization fp8")  # the policy before quantization
+    code, out, _ = run(capsys, *argv[:-2], "--budget-policy", "counted", "-o", "json")
+    assert code == 0 and json.loads(out)["fits"]

@@ -153,7 +153,7 @@ def test_a_growing_kv_cache_takes_the_room_left_and_no_more() -> None:
     """kvCache.grow: the KV cache grows into the GPU's headroom (block multiples); the ledger stays
     within budget and a later deployment is refused rather than squeezed."""
     ledger = placement.Ledger([node("n", H100, 1)])
-    ledger.book(placement.decide(ledger, request("a", QWEN_05B, "1", maxModelLen=4096)))
+    ledger.book(placement.decide(ledger, request("a", QWEN_05B, "1", maxModelLen=4096, kvCache={"concurrency": 1})))
     d = placement.decide(ledger, request("g", LLAMA_8B, "2", maxModelLen=8192, kvCache={"tokens": 8192,
                                                                                           "grow": True}))
     assert d.admitted
@@ -164,6 +164,32 @@ def test_a_growing_kv_cache_takes_the_room_left_and_no_more() -> None:
     block = 16 * 131072  # 16 tokens x 128 KiB (Llama-3.1-8B, bf16, TP 1)
     assert 0 <= ledger.headroom_bytes("n", 0) < block + math.ceil(H100.cuda_total_bytes / 10_000)
     assert not placement.decide(ledger, request("late", QWEN_05B, "3", maxModelLen=4096)).admitted
+
+
+def test_no_kv_request_gets_the_room_a_plain_vllm_server_gets_and_at_least_one_full_request() -> None:
+    """Issue 24: with no spec.kvCache the KV cache is what `grow` gives (the room left on the GPU, whole
+    blocks), never below one request of the context; a spec that asks for tokens gets exactly those."""
+    ledger = placement.Ledger([node("n", H100, 1)])
+    unasked = placement.decide(ledger, request("u", LLAMA_8B, "1", maxModelLen=8192))
+    grow = placement.decide(ledger, request("g", LLAMA_8B, "1", maxModelLen=8192, kvCache={"grow": True}))
+    assert unasked.admitted and grow.admitted
+    z = unasked.replicas[0].sizing
+    assert z.footprint == grow.replicas[0].sizing.footprint and z.granted_tokens == grow.replicas[0].sizing.granted_tokens
+    block = 16 * 131072  # 16 tokens x 128 KiB (Llama-3.1-8B, bf16, TP 1)
+    budget = int(0.9 * H100.cuda_total_bytes)  # counted: an empty H100
+    assert 0 <= budget - z.footprint.total < block + math.ceil(H100.cuda_total_bytes / 10_000)
+    # whole blocks; vLLM 0.33 holds one (the null block) back from the tokens it grants
+    assert z.footprint.kv_cache % block == 0 and z.granted_tokens == z.footprint.kv_cache // 131072 - 16
+    # a neighbour leaves room for one request of 8192 tokens and a bit: still admitted, at least one request
+    ledger.book(placement.decide(ledger, request("big", LLAMA_8B, "0", maxModelLen=8192,
+                                                 kvCache={"tokens": z.granted_tokens - 9000})))
+    squeezed = placement.decide(ledger, request("late", LLAMA_8B, "2", maxModelLen=8192))
+    if squeezed.admitted:
+        assert squeezed.replicas[0].sizing.granted_tokens >= 8192
+    # a spec asks for less
+    ledger = placement.Ledger([node("n", H100, 1)])
+    less = placement.decide(ledger, request("t", LLAMA_8B, "1", maxModelLen=8192, kvCache={"tokens": 16384}))
+    assert less.replicas[0].sizing.granted_tokens == 16384
 
 
 def test_a_mixed_capacity_group_books_each_gpus_own_request() -> None:

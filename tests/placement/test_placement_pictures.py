@@ -42,14 +42,14 @@ def test_svg_has_a_title_with_the_summary_a_legend_whole_labels_and_the_refused(
     assert root.find(f"{SVG}title").text.startswith("my cluster: 3 nodes, 5 GPUs (")
     assert lines[0] == "my cluster"
     summary = lines[1]
-    assert re.fullmatch(r"3 nodes, 5 GPUs \(\d in use\): used [\d.]+ GiB, free [\d.]+ GiB of [\d.]+ GiB budget; "
+    assert re.fullmatch(r"3 nodes, 5 GPUs \(\d in use\): used [\d.]+ GiB, budget left [\d.]+ GiB of [\d.]+ GiB; "
                         r"3 admitted, 1 refused", summary), summary
     budget = sum(sl.budget_bytes for sl in p.ledger.slots())
-    assert f"of {layout.gib(budget)} GiB budget" in summary
+    assert f"of {layout.gib(budget)} GiB;" in summary
     # legend: the components, then every deployment that holds GPUs, with its colour
     legend = root.find(f".//{SVG}g[@class='legend']")
     names = texts(legend)
-    assert names[:6] == ["weights", "KV cache", "activation + overhead", "foreign use", "free", "reserve"]
+    assert names[:6] == ["weights", "KV cache", "activation + overhead", "foreign use", "budget left", "held back"]
     assert names[6:] == ["A", "team-a/chat", "B", "team-a/tiny", "C", "team-b/tiny"]  # letter, name
     swatches = [g.find(f"{SVG}rect").get("fill") for g in legend.iter(f"{SVG}g") if g.get("class") == "key"]
     assert len(set(swatches)) == 3

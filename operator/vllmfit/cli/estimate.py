@@ -41,7 +41,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"])
     p.add_argument("--max-model-len", default="auto", help="context length, or auto (default)")
     p.add_argument("--max-num-seqs", type=int, help="the scheduler's cap on concurrent requests (default: vLLM's for the version and GPU)")
-    kv = p.add_argument_group("KV cache request (one of tokens, memory, concurrency; default: one full-length request)")
+    kv = p.add_argument_group("KV cache request (one of tokens, memory, concurrency; default: the room a plain vLLM "
+                              "server gets, at least one full-length request)")
     kv.add_argument("--kv-cache-tokens", type=int, metavar="N", help="KV capacity in tokens")
     kv.add_argument("--kv-cache-memory", metavar="QTY", help="KV capacity per GPU as a Kubernetes quantity, e.g. 20Gi")
     kv.add_argument("--kv-concurrency", type=int, metavar="N", help="requests of --typical-length held at once")
@@ -225,7 +226,7 @@ def settings_from_args(args: argparse.Namespace) -> memory.Settings:
     u = args.gpu_memory_utilization
     if u is not None and not 0 < u <= 1:
         raise UserError(f"--gpu-memory-utilization {u} must be in (0, 1]; e.g. 0.45 for half of a shared GPU")
-    return memory.Settings(
+    return memory.default_grant(memory.Settings(
         tp=args.tp, pp=args.pp, dtype=args.dtype, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         max_model_len=length, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=u, enforce_eager=args.enforce_eager, vllm_version=args.vllm_version,
@@ -234,7 +235,7 @@ def settings_from_args(args: argparse.Namespace) -> memory.Settings:
         lora_max_loras=(args.lora_max_loras or defaults.LORA_MAX_LORAS) if lora else None,
         lora_max_rank=defaults.LORA_MAX_RANK if args.lora_max_rank is None else args.lora_max_rank,
         lora_dtype=args.lora_dtype or "auto", cpu_offload_bytes=offload,
-    )
+    ))
 
 
 def parse_length(text: str) -> int:

@@ -39,7 +39,7 @@ def legend_html(palette: dict[str, Look]) -> str:
     ]
     items += [
         f'<span class="item"><span class="sw" style="background:{c}"></span>{lbl}</span>'
-        for c, lbl in ((FOREIGN[1], "foreign use"), (FREE[1], "free"), (HATCH_CSS, "reserve"))
+        for c, lbl in ((FOREIGN[1], "foreign use"), (FREE[1], "budget left"), (HATCH_CSS, "held back"))
     ]
     deps = [f'<span class="item">{swatch(look)} {html.escape(n)}</span>' for n, look in palette.items()]
     return (f'<p class="legend" title="legend">each deployment in its colour, lighter to the right: {" ".join(items)}</p>'

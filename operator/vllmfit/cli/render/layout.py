@@ -247,7 +247,7 @@ class Summary:
     def text(self) -> str:
         return (
             f"{self.nodes} nodes, {self.gpus} GPUs ({self.gpus_in_use} in use): used {gib(self.used_bytes)} GiB, "
-            f"free {gib(self.free_bytes)} GiB of {gib(self.budget_bytes)} GiB budget; "
+            f"budget left {gib(self.free_bytes)} GiB of {gib(self.budget_bytes)} GiB; "
             f"{self.admitted} admitted, {self.refused} refused" + (f", {self.pending} pending" if self.pending else "")
         )
 

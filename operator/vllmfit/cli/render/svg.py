@@ -167,7 +167,7 @@ def plan_svg(p: Plan, title: str = "vllmfit plan") -> str:
     x = 0
     sample = next(iter(palette.values()), None)
     items = [(label, sample.color if sample else "#4e79a7", op) for _, label, _, op in COMPONENTS]
-    items += [("foreign use", FOREIGN[1], 1.0), ("free", FREE[1], 1.0), ("reserve", "", 1.0)]
+    items += [("foreign use", FOREIGN[1], 1.0), ("budget left", FREE[1], 1.0), ("held back", "", 1.0)]
     out.append('<g class="legend">')
     for label, color, opacity in items:
         swatch = (hatch(x, x + 12, y, 12) + f'<rect x="{x}" y="{y}" width="12" height="12" fill="none" ' if not color

@@ -115,7 +115,7 @@ def legend(palette: dict[str, Look]) -> Text:
         t.append(f" {label}  ")
     t.rstrip()
     t.append("\nelse: ")
-    for (style, _, char), label in ((FOREIGN, "foreign use"), (FREE, "free"), (RESERVE, "reserve (capacity - budget)")):
+    for (style, _, char), label in ((FOREIGN, "foreign use"), (FREE, "budget left"), (RESERVE, "held back (capacity - budget)")):
         t.append(char * 2, style=style)
         t.append(f" {label}  ")
     t.rstrip()
@@ -288,10 +288,10 @@ def estimate_table(est: Estimate) -> Table:
         ("= footprint", fp.total),
         ("budget", est.budget_bytes),
         (
-            "free (budget - footprint)" if fp.total <= est.budget_bytes else "over budget by",
+            "budget left (budget - footprint)" if fp.total <= est.budget_bytes else "over budget by",
             abs(est.budget_bytes - fp.total),
         ),
-        ("reserve (capacity - budget)", est.capacity_bytes - est.budget_bytes),
+        ("held back (capacity - budget)", est.capacity_bytes - est.budget_bytes),
         ("capacity", est.capacity_bytes),
     ]
     for label, val in rows:

@@ -53,7 +53,7 @@ from vllmfit.core.memory.fixes import (
 )
 from vllmfit.core.memory.kv import KvLayout, adr_kv_bytes_per_token, kv_layout
 from vllmfit.core.memory.lora import lora_args, lora_bytes
-from vllmfit.core.memory.sizing import MIN_BATCHED_TOKENS, UNLIMITED, default_batch, size, vllm_startup
+from vllmfit.core.memory.sizing import MIN_BATCHED_TOKENS, UNLIMITED, default_batch, default_grant, size, vllm_startup
 from vllmfit.core.memory.types import (
     Estimate,
     Flags,
@@ -96,6 +96,7 @@ __all__ = [
     "cpu_offload_arg",
     "cpu_offloaded_bytes",
     "default_batch",
+    "default_grant",
     "default_policy",
     "estimate",
     "fixes",

@@ -114,6 +114,18 @@ def kv_request_bytes(model: ModelArch, r: Resolved, length: int) -> int:
     return lay.bytes_for(length, defaults.DEFAULT_KV_FULL_REQUESTS, r.batched_tokens, s.pp)
 
 
+def default_grant(s: Settings) -> Settings:
+    """A spec that asks for no KV cache (no tokens, memory or concurrency) is granted the room a plain
+    vLLM server would get: its KV cache grows into the room its GPUs have left when it is placed (an
+    empty GPU: the budget less everything else the process books), never below one request of the
+    full context (DEFAULT_KV_FULL_REQUESTS). A spec asks for less with spec.kvCache. The `adr` memory
+    policy keeps ADR-0002's formulas. docs/memory-model.md, "The KV request"."""
+    if s.policy != "vllm" or s.kv_grow or s.gpu_memory_utilization is not None or \
+            s.kv_tokens is not None or s.kv_bytes is not None or s.kv_concurrency is not None:
+        return s
+    return replace(s, kv_grow=True)
+
+
 def explicit_request(s: Settings) -> bool:
     """A KV request that does not scale with the context (memory, tokens, or a concurrency at a
     given typical length)."""
@@ -222,7 +234,7 @@ def _size(model: ModelArch, s: Settings, gpu: GpuType, available: int) -> Sizing
             length = cap
     sizing = finish(model, r, gpu, length, kv_request_bytes(model, r, length), warnings)
     if sizing.footprint.total <= available and s.kv_grow and available < UNLIMITED and \
-            s.gpu_memory_utilization is None and lay.block_bytes and not lay.pooling:
+            s.gpu_memory_utilization is None and lay.block_bytes and not lay.pooling and not model.pooling:
         # the u rounding slack of the first sizing is not part of the room's cost (it is recomputed)
         room = int(available - (sizing.footprint.non_kv - sizing.footprint.slack) - rounding)
         grown = room // lay.block_bytes * lay.block_bytes

@@ -94,9 +94,10 @@ class Request:
 
 
 def settings_from_spec(spec: VLLMDeploymentSpec, policy: memory.Policy = "vllm") -> Settings:
-    """The memory model's settings for a spec; the vLLM version comes from the image tag."""
+    """The memory model's settings for a spec; the vLLM version comes from the image tag. No KV
+    request: the room a plain vLLM server would get (memory.default_grant)."""
     kv = spec.kv_cache or KvCacheSpec()
-    return Settings(
+    return memory.default_grant(Settings(
         tp=spec.tensor_parallel_size,
         pp=spec.pipeline_parallel_size,
         dtype=spec.dtype,
@@ -119,7 +120,7 @@ def settings_from_spec(spec: VLLMDeploymentSpec, policy: memory.Policy = "vllm")
         lora_max_rank=spec.lora.max_lora_rank if spec.lora else defaults.LORA_MAX_RANK,
         lora_dtype=spec.lora.lora_dtype if spec.lora else "auto",
         cpu_offload_bytes=spec.cpu_offload_bytes,
-    )
+    ))
 
 
 def refusal(node: NodeInfo, spec: VLLMDeploymentSpec) -> str | None:
