@@ -243,3 +243,80 @@ def test_sliding_window_blocks_per_request_equal_vllms_formula(window: int, batc
                                                                block_size: int, minor: int) -> None:
     layout = KvLayout(block_size, 4096, 0, 1, window, VllmVersion(0, minor))
     assert layout.blocks_per_request(length, batched) == _vllm_sliding_blocks(window, batched, length, block_size)
+
+
+# --- KV sizing on a full-attention layout, by hand -------------------------------------------------
+# block size 16 tokens, one block of every layer slot = 1 MiB, one full-attention group:
+# a request of 1000 tokens holds ceil(1000 / 16) = 63 blocks; the pool keeps one null block.
+MIB = 1 << 20
+
+
+def _full(minor: int = 21) -> KvLayout:
+    return KvLayout(block_size=16, block_bytes=MIB, full_groups=1, sliding_groups=0, window=None,
+                    version=VllmVersion(0, minor))
+
+
+def test_full_attention_blocks_and_bytes() -> None:
+    kv = _full()
+    assert kv.blocks_per_request(1000, 2048) == 63
+    assert kv.blocks_per_request(1008, 2048) == 63 and kv.blocks_per_request(1009, 2048) == 64
+    assert kv.bytes_for(1000, 7, 2048) == (7 * 63 + 1) * MIB == 442 * MIB
+    assert kv.bytes_for_tokens(1000) == (63 + 1) * MIB
+    assert kv.bytes_per_token == MIB // 16 == 65536
+
+
+def test_num_blocks_pool_tokens_and_concurrency() -> None:
+    kv = _full()
+    assert kv.num_blocks(100 * MIB + 5) == 100
+    assert kv.num_blocks(100 * MIB - 1) == 99
+    assert kv.num_blocks(-MIB) == 0
+    assert KvLayout(16, 0, 1, 0, None, VllmVersion(0, 21)).num_blocks(MIB) == 0
+    assert kv.pool_tokens(100 * MIB) == (100 - 1) * 16 == 1584  # the null block is not the tenant's
+    assert kv.pool_tokens(MIB) == 0
+    assert kv.concurrency(100 * MIB, 1000, 2048) == pytest.approx(99 / 63)
+    assert kv.concurrency(MIB, 1000, 2048) == 0.0
+
+
+@pytest.mark.parametrize(("kv_bytes", "limit", "length"), [
+    (442 * MIB, 131072, 1008),  # 7 x 63 + 1 = 442 blocks: 63 blocks each = 1008 tokens
+    (442 * MIB - 1, 131072, 992),  # one byte less: 7 x 62 + 1 = 435 blocks fit, 63 do not
+    (442 * MIB, 1000, 992),  # the limit, rounded down to the block size (62 x 16)
+    (8 * MIB, 131072, 16),  # 7 x 1 + 1 = 8 blocks: one block each
+    (8 * MIB - 1, 131072, 0),  # not even that
+])
+def test_max_length_is_the_longest_context_that_fits(kv_bytes: int, limit: int, length: int) -> None:
+    kv = _full()
+    assert kv.max_length(kv_bytes, 7, 2048, limit) == length
+    if length:
+        assert kv.bytes_for(length, 7, 2048) <= kv_bytes
+    if length + 16 <= limit:
+        assert kv.bytes_for(length + 16, 7, 2048) > kv_bytes
+
+
+@pytest.mark.parametrize(("kv_bytes", "seqs"), [
+    (442 * MIB, 7),  # (442 - 1) // 63 = 7
+    (442 * MIB - 1, 6),
+    (64 * MIB, 1),
+    (64 * MIB - 1, 0),
+    (0, 0),
+])
+def test_max_seqs_is_the_most_requests_that_fit(kv_bytes: int, seqs: int) -> None:
+    kv = _full()
+    assert kv.max_seqs(kv_bytes, 1000, 2048) == seqs
+    if seqs:
+        assert kv.bytes_for(1000, seqs, 2048) <= kv_bytes < kv.bytes_for(1000, seqs + 1, 2048)
+
+
+@pytest.mark.parametrize("minor", [11, 15, 17, 19])
+def test_logged_tokens_before_0_21_are_blocks_times_block_size(minor: int) -> None:
+    # 100 blocks, one group: 100 x 16 = 1600 tokens; concurrency 100 / 63 requests of 1000 tokens
+    tokens, concurrency = _full(minor).tokens(100 * MIB, 1000, 2048)
+    assert tokens == 1600
+    assert concurrency == pytest.approx(100 / 63)
+
+
+def test_logged_tokens_from_0_21_are_concurrency_times_length() -> None:
+    tokens, concurrency = _full(21).tokens(100 * MIB, 1000, 2048)
+    assert concurrency == pytest.approx(100 / 63)
+    assert tokens == int(100 / 63 * 1000) == 1587
+    assert _full(21).tokens(MIB // 2, 1000, 2048) == (0, 0.0)
