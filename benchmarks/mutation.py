@@ -57,11 +57,13 @@ DEFAULT = ["ledger", "search", "place", "budget", "kv", "margin", "sizing"]
 
 # Functions that hold a safety bound: a survivor in one of these is a test to write.
 SAFETY = {
-    "core/placement/ledger.py": r"book|headroom_bytes|used_bytes|over_budget|overfull|affected|_add|release|restore"
-                                r"|_index|_unindex|_reindex|_node_group_key|_set_group_key|group_index",
-    "core/placement/search.py": r".*",
-    "core/placement/place.py": r".*",
-    "core/placement/decide.py": r".*",
+    "core/placement/ledger.py": r"book|headroom_bytes|used_bytes|over_budget|overfull_deployments|affected|_add|release"
+                                r"|restore|_index|_unindex|_reindex|_node_group_key|_set_group_key|group_index",
+    # the search and placement: what picks a GPU with room and checks a pinned group (not the
+    # preferences among fits, nor selector matching)
+    "core/placement/search.py": r"_pick|_first|_search|_min_need|_full_sizing",
+    "core/placement/place.py": r"_check_pinned|_per_gpu|_decide|_kv_too_large|_place_replicas|_pinned",
+    "core/placement/decide.py": r"$^",
     "core/memory/budget.py": r"budget_bytes|budget|held_back|error|utilization_for|utilization_within|requested_bytes",
     "core/memory/kv.py": r".*",
     "core/memory/margin.py": r".*",
