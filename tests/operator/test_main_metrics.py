@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllmfit import main as cli
+from vllmfit.core import memory
 from vllmfit.operator import main
 from vllmfit.operator.state import get_store
 from vllmfit.sources import catalog
@@ -35,7 +36,7 @@ def test_operator_command_runs_kopf_clusterwide_with_its_flags(captured: dict[st
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POD_NAME", "vllmfit-operator-abc")
     store = get_store()
-    old = (store.options.namespace, store.options.default_image)
+    old = (store.options.namespace, store.options.default_image, store.options.budget)
     try:
         assert cli.main(["operator", "--metrics-port", "0", "--health-port", "18081", "--peering", "vllmfit",
                          "--default-image", "registry.local/vllm:v0.21.0", "--namespace", "vllmfit-system",
@@ -54,7 +55,7 @@ def test_operator_command_runs_kopf_clusterwide_with_its_flags(captured: dict[st
         assert (captured["standalone"], captured["peering_name"], captured["liveness_endpoint"]) == (True, None, None)
         assert captured["priority"] is None
     finally:
-        store.options.namespace, store.options.default_image = old
+        store.options.namespace, store.options.default_image, store.options.budget = old
 
 
 def samples() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -72,7 +73,8 @@ def test_replicas_get_distinct_stable_peering_priorities() -> None:
     assert main.peering_priority(names[0]) == prios[0]
 
 
-async def test_metrics_follow_the_ledger(cluster: Cluster, operator: Operator) -> None:
+async def test_metrics_follow_the_ledger(cluster: Cluster, operator: Operator, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(get_store().options, "budget", memory.BudgetPolicy(0.90, 2 * GIB))  # BUDGET's figures
     before = samples().get(("vllmfit_admissions_total", (("result", "Admitted"),)), 0)
     await cluster.create(node("gpu-a", gpus=2))
     await cluster.create(vd("llama", "Qwen/Qwen2.5-7B-Instruct"))

@@ -17,8 +17,9 @@ states) except NODE_DATA_REFUSED's node. docs/metrics.md gives the bound of each
 
 from __future__ import annotations
 
+import functools
 import platform
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -48,6 +49,20 @@ WEBHOOK = Histogram("vllmfit_webhook_duration_seconds", "Time to answer one admi
                     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
 
 GPU_LABELS = ["node", "gpu", "uuid", "product"]
+
+
+def counted(handler: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """`fn` (a Kopf handler) with its exceptions counted in vllmfit_reconcile_errors_total{handler}."""
+
+    @functools.wraps(fn)
+    async def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fn(*args, **kwargs)
+        except Exception:
+            RECONCILE_ERRORS.labels(handler).inc()
+            raise
+
+    return run
 
 
 def observe_review(webhook: str, outcome: str, seconds: float) -> None:

@@ -6,6 +6,7 @@ The handling lives in one module per watched kind (`vllmdeployments`, `nodes`, `
 `common` (Effects, Events, parsing), `decide` (decisions -> records, under the lock), `children`
 (Deployments, Services, claim templates), `writes` (finish: the crash-safe order of writes, and
 place: reservations and gates) and `sweep`. A new watch is one line here and a function there.
+`counted` counts each handler's exceptions in vllmfit_reconcile_errors_total{handler}.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from vllmfit.operator.handlers import (
     vllmdeployments,
 )
 from vllmfit.operator.handlers.common import RESOURCE
+from vllmfit.operator.metrics import counted
 
 OURS = {builders.MANAGED_BY: "vllmfit"}
 REPLICA_PODS = {builders.LABEL_DEPLOYMENT: kopf.PRESENT, **OURS}
@@ -34,22 +36,23 @@ kopf.on.login(id="login")(startup.login)
 kopf.on.cleanup(id="cleanup")(startup.cleanup)
 
 # VLLMDeployment
-kopf.on.create(*RESOURCE, id="admit")(vllmdeployments.on_create)
-kopf.on.update(*RESOURCE, id="readmit", field="spec")(vllmdeployments.on_update)
-kopf.on.resume(*RESOURCE, id="resume")(vllmdeployments.on_resume)
-kopf.on.event(*RESOURCE, id="adopt")(vllmdeployments.on_event)
-kopf.on.delete(*RESOURCE, id="release")(vllmdeployments.on_delete)
+kopf.on.create(*RESOURCE, id="admit")(counted("admit", vllmdeployments.on_create))
+kopf.on.update(*RESOURCE, id="readmit", field="spec")(counted("readmit", vllmdeployments.on_update))
+kopf.on.resume(*RESOURCE, id="resume")(counted("resume", vllmdeployments.on_resume))
+kopf.on.event(*RESOURCE, id="adopt")(counted("adopt", vllmdeployments.on_event))
+kopf.on.delete(*RESOURCE, id="release")(counted("release", vllmdeployments.on_delete))
 
 # Nodes
-kopf.on.event("", "v1", "nodes", id="nodes")(nodes.on_node)
+kopf.on.event("", "v1", "nodes", id="nodes")(counted("nodes", nodes.on_node))
 
 # Pods of vLLM replicas (health and logs; the reservation gate and claim allocation)
-kopf.on.event("", "v1", "pods", id="pods", labels=REPLICA_PODS)(replica_pods.on_pod)
-kopf.on.event("", "v1", "pods", id="gates", labels=REPLICA_PODS)(replica_pods.on_gated_pod)
+kopf.on.event("", "v1", "pods", id="pods", labels=REPLICA_PODS)(counted("pods", replica_pods.on_pod))
+kopf.on.event("", "v1", "pods", id="gates", labels=REPLICA_PODS)(counted("gates", replica_pods.on_gated_pod))
 
 # Reservation pods (device-plugin nodes)
-kopf.on.event("", "v1", "pods", id="reservations", labels=RESERVATION_PODS)(reservation_pods.on_reservation)
+kopf.on.event("", "v1", "pods", id="reservations", labels=RESERVATION_PODS)(
+    counted("reservations", reservation_pods.on_reservation))
 
 # DRA objects
-kopf.on.event("resource.k8s.io", "v1", "resourceslices", id="slices")(dra_objects.on_slice)
-kopf.on.event("resource.k8s.io", "v1", "resourceclaims", id="claims")(dra_objects.on_claim)
+kopf.on.event("resource.k8s.io", "v1", "resourceslices", id="slices")(counted("slices", dra_objects.on_slice))
+kopf.on.event("resource.k8s.io", "v1", "resourceclaims", id="claims")(counted("claims", dra_objects.on_claim))

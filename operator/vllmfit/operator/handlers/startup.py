@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from typing import Any
 
 import kopf
@@ -12,6 +13,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiException
 
+from vllmfit import __version__
 from vllmfit.core.spec import api
 from vllmfit.operator import claims, metrics, reservations
 from vllmfit.operator.handlers.children import children_state
@@ -25,6 +27,9 @@ from vllmfit.operator.state import Store, get_store
 
 logger = logging.getLogger(__name__)
 
+IDENTITY = "vllmfit"
+USER_AGENT = f"{IDENTITY}/{__version__}"
+
 
 def configure(settings: kopf.OperatorSettings) -> None:
     """Kopf settings the operator relies on: handler progress in annotations (not in status,
@@ -33,6 +38,20 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=api.GROUP, key="last-handled-configuration")
     settings.persistence.finalizer = f"{api.GROUP}/finalizer"
+    # Identity: Events say "vllmfit" (source.component, reportingComponent; `kubectl describe`
+    # shows "From vllmfit") and name the pod that posted them; every write carries the User-Agent
+    # vllmfit/<version>, which the API server takes as the field manager.
+    settings.posting.reporting_component = IDENTITY
+    settings.posting.reporting_instance = os.environ.get("POD_NAME") or socket.gethostname()
+    settings.posting.event_name_prefix = f"{IDENTITY}-"
+
+
+class Identified(kopf.ConnectionInfo):
+    """Kopf's connection with vllmfit's User-Agent (Kopf's own is kopf/<version>): its writes
+    (finalizers, annotations, Events) are managed by "vllmfit" as the operator's are."""
+
+    def as_http_headers(self) -> dict[str, str]:
+        return {**super().as_http_headers(), "User-Agent": USER_AGENT}
 
 
 async def load_config() -> client.Configuration:
@@ -54,10 +73,10 @@ async def login(**_: Any) -> kopf.ConnectionInfo:
     store = get_store()
     cfg = store.kube_config or await load_config()
     token = (cfg.api_key.get("BearerToken") or cfg.api_key.get("authorization") or "").removeprefix("Bearer ")
-    return kopf.ConnectionInfo(server=str(cfg.host), ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
-                               scheme="Bearer" if token else None, token=token or None,
-                               certificate_path=cfg.cert_file, private_key_path=cfg.key_file,
-                               default_namespace=store.options.namespace)
+    return Identified(server=str(cfg.host), ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
+                      scheme="Bearer" if token else None, token=token or None,
+                      certificate_path=cfg.cert_file, private_key_path=cfg.key_file,
+                      default_namespace=store.options.namespace)
 
 
 async def list_cluster(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -119,6 +138,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     if store.api is not None:
         await store.api.close()
     store.api = client.ApiClient(store.kube_config or await load_config())
+    store.api.user_agent = USER_AGENT  # the field manager of every write: "vllmfit"
     node_dicts, deployments = await list_cluster(store)
     await claims.load(store)  # the DRA nodes' GPUs and claims, before the ledger is rebuilt
     problems = store.rebuild(node_dicts, deployments)
