@@ -16,7 +16,7 @@ GIB = 1 << 30
 
 
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> str:
-    assert cli.main(["plan", "-f", EXAMPLE, *args]) == 0
+    assert cli.main(["plan", "-f", EXAMPLE, *args]) == 1  # research/llama-70b-128k fits nowhere, on purpose
     return capsys.readouterr().out
 
 
@@ -27,7 +27,7 @@ def plan_json() -> dict:
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert cli.main(["plan", "-f", EXAMPLE, "--output", "json"]) == 0
+        assert cli.main(["plan", "-f", EXAMPLE, "--output", "json"]) == 1  # one unschedulable, like estimate
     return json.loads(out.getvalue())
 
 
@@ -98,7 +98,7 @@ def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_html_is_one_self_contained_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "plan.html"
-    assert cli.main(["plan", "-f", EXAMPLE, "-o", "html", "--out-file", str(target)]) == 0
+    assert cli.main(["plan", "-f", EXAMPLE, "-o", "html", "--out-file", str(target)]) == 1
     text = target.read_text()
     assert text.startswith("<!DOCTYPE html>") and "<svg" in text
     assert not re.search(r"""(src|href)=["']|<script|<link|@import|url\(""", text)
@@ -124,3 +124,52 @@ def test_dash_o_is_the_output_format_on_every_command_like_kubectl(command):
     assert args.output == "json"
     if command[0] in ("plan", "status"):
         assert cli.build_parser(command[0]).parse_args([*command, "--out-file", "f"]).out_file == "f"
+
+
+# --- issue 24: every example plans; exit codes ------------------------------------------------------
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
+H100_NODE = """apiVersion: v1
+kind: Node
+metadata:
+  name: gpu-1
+  labels: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3, nvidia.com/gpu.count: "1", nvidia.com/gpu.memory: "81559"}
+"""
+
+
+@pytest.mark.parametrize("example", [p.name for p in EXAMPLES if p.name != "cluster.yaml"])
+def test_every_example_plans_next_to_the_cluster_without_an_input_error(capsys, example: str) -> None:
+    path = str(Path(EXAMPLE).parent / example)
+    code = cli.main(["plan", "-f", EXAMPLE, "-f", path, "-o", "json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1  # the cluster's research/llama-70b-128k fits nowhere
+    assert data["errors"] == []
+    names = {d["name"] for d in data["deployments"]}
+    assert len(names) > 13  # the cluster's 13 and the example's own
+
+
+def test_a_kind_plan_does_not_use_is_ignored_with_a_note(capsys) -> None:
+    code = cli.main(["plan", "-f", EXAMPLE, "-f", str(Path(EXAMPLE).parent / "model-cache.yaml"), "-o", "json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1 and data["errors"] == []
+    assert any("PersistentVolumeClaim hf-model-cache ignored" in w for w in data["warnings"])
+
+
+def test_deployments_without_nodes_say_so_and_exit_2(capsys) -> None:
+    code = cli.main(["plan", "-f", str(Path(EXAMPLE).parent / "llama-8b.yaml")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("vllmfit: error: no GPU node in the input to place 1 VLLMDeployment(s) on")
+    assert "0/0 nodes" not in err
+
+
+def test_exit_0_when_everything_fits_and_1_when_anything_does_not(tmp_path: Path, capsys) -> None:
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text(H100_NODE)
+    fits = str(Path(EXAMPLE).parent / "llama-8b.yaml")  # about 25 GiB: fits one H100
+    assert cli.main(["plan", "-f", str(nodes), "-f", fits, "-o", "json"]) == 0
+    capsys.readouterr()
+    too_big = str(Path(EXAMPLE).parent / "llama-70b-too-big.yaml")
+    assert cli.main(["plan", "-f", str(nodes), "-f", fits, "-f", too_big, "-o", "json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert sorted(d["phase"] for d in data["deployments"]) == ["Admitted", "Unschedulable"]

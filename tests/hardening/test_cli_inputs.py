@@ -97,7 +97,7 @@ def _plan(capsys, tmp_path: Path, text: str) -> dict:
     f = tmp_path / "cluster.yaml"
     f.write_text(text)
     code, out, err = run(capsys, "plan", "-f", str(f), "--output", "json")
-    assert code == 0, err
+    assert code in (0, 1), err  # 1: something is unschedulable (issue 24), still planned
     return json.loads(out)
 
 

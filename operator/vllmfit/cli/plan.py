@@ -1,8 +1,11 @@
 """`vllmfit plan` (offline, from exported or hand-written YAML) and `vllmfit status` (live cluster).
 
-plan: every document is read on its own; a bad one (malformed YAML, unknown kind, a node
-without GPU information, a deployment naming a missing model) becomes one line in
-Plan.errors and the rest is still planned. Deployments whose status says Admitted/Running
+plan: every document is read on its own; a bad one (malformed YAML, an object without a kind, a
+node without GPU information, a deployment naming a missing model) becomes one line in
+Plan.errors and the rest is still planned; a Kubernetes object of a kind plan does not use (a
+PersistentVolumeClaim, a Service) is ignored with a note in Plan.warnings. Exit code: 0 when every
+deployment is admitted, 1 when any is not (as `estimate`), 2 for input that cannot be planned
+(no GPU node for the deployments). Deployments whose status says Admitted/Running
 with status.memory keep those bookings (never moved); all others are decided in creation order.
 
 status: the same pictures from the live cluster's status fields; nothing is decided again.
@@ -164,6 +167,7 @@ class Objects:
     slices: list[dict[str, Any]] = field(default_factory=list)  # resource.k8s.io ResourceSlices
     claims: list[dict[str, Any]] = field(default_factory=list)  # resource.k8s.io ResourceClaims
     errors: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  # objects of kinds plan does not use (a note each)
 
 
 _DOC_SPLIT = re.compile(r"^---[ \t]*(?:#.*)?$", re.MULTILINE)
@@ -248,6 +252,9 @@ def _collect(out: Objects, where: str, data: Any) -> None:
         out.slices.append(data)
     elif kind == "ResourceClaim" and str(data.get("apiVersion")) == "resource.k8s.io/v1":
         out.claims.append(data)
+    elif kind and isinstance(data.get("apiVersion"), str):  # a Kubernetes object plan has no use for
+        out.ignored.append(f"{where}: {kind} {name} ignored (plan reads Node, {KIND}, ConfigMap, "
+                           "resource.k8s.io/v1 ResourceSlice and ResourceClaim)")
     else:
         out.errors.append(
             f"{where}: unknown kind {kind or '(none)'!r} {name}; expected Node, {KIND}, "
@@ -385,7 +392,7 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
         plan.requests.update({r.key: r for r in requests})
         plan.decisions.update(shown)
     plan.errors = sorted(plan.errors + errors)
-    plan.warnings = sorted(set(plan.warnings) | set(notes))
+    plan.warnings = sorted(set(plan.warnings) | set(notes) | set(objs.ignored))
     return plan
 
 
@@ -450,8 +457,13 @@ def run_plan(args: argparse.Namespace) -> int:
     if not plan.ledger.nodes and not plan.decisions:
         detail = f": {plan.errors[0]}" if plan.errors else ""
         raise UserError(f"nothing to plan: no usable Node or {KIND} in the input{detail}")
+    if not plan.ledger.nodes:
+        detail = f" ({plan.errors[0]})" if plan.errors else ""
+        raise UserError(f"no GPU node in the input to place {len(plan.decisions)} {KIND}(s) on{detail}; add the "
+                        "cluster's nodes: -f nodes.yaml (kubectl get nodes -o yaml), e.g. -f examples/cluster.yaml")
     emit(plan, args.output, args.out_file, "vllmfit plan: " + ", ".join(args.filename))
-    return 0
+    # like `estimate`: 1 when anything does not fit (a deployment refused, or a replica left unplaced)
+    return 0 if all(d.admitted for d in plan.decisions.values()) else 1
 
 
 # --- status: the live cluster ------------------------------------------------------------------
