@@ -13,6 +13,8 @@ function first), so a run of the safety-bound modules takes minutes on two cores
 - the tests: the placement and memory tests (the scale smoke test excluded), see TESTS.
 - `--budget-s`: the wall time mutants may run; mutants not run by then are counted as not run.
 - `--sample N`: at most N mutants per module, drawn with `--seed` (every mutant when 0).
+- `--drop-tests FILES`: leave these test files out: with the same --rev and --seed, the same
+  mutants are run with and without them (what new tests kill).
 
 Score = (killed + timeout) / (killed + timeout + survived + suspicious); mutants in functions no
 selected test reaches ("no tests") are counted apart, as are mutants not run. Prints a table per
@@ -20,7 +22,7 @@ module, then each surviving mutant as a diff (those in a safety-bound function m
 then as its last line one JSON object whose keys end in their units.
 
     .venv/bin/python benchmarks/mutation.py [--modules ledger,budget] [--rev REV] [--budget-s 900]
-        [--sample 0] [--seed 22] [--max-children 2] [--keep DIR] [--show 200]
+        [--sample 0] [--seed 22] [--drop-tests FILES] [--max-children 2] [--keep DIR] [--show 200]
 """
 
 from __future__ import annotations
@@ -180,6 +182,9 @@ def main() -> None:
     ap.add_argument("--modules", default=",".join(DEFAULT),
                     help=f"comma-separated, of {', '.join(MODULES)}; or 'all' (default: %(default)s)")
     ap.add_argument("--rev", help="mutate and test this git revision instead of the working tree")
+    ap.add_argument("--drop-tests", default="", metavar="FILES",
+                    help="comma-separated test files to leave out (the same code and mutants, fewer tests: "
+                         "a before/after comparison of new tests)")
     ap.add_argument("--budget-s", type=float, default=900.0, help="wall time for running mutants (default 900)")
     ap.add_argument("--sample", type=int, default=0, help="at most N mutants per module (0: all)")
     ap.add_argument("--seed", type=int, default=22)
@@ -209,6 +214,8 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as stage:
             prepare(work, stage_tree(a.rev, Path(stage)), modules, TESTS)
+        for t in filter(None, (x.strip() for x in a.drop_tests.split(","))):
+            (work / t).unlink()
         # 1. generate the mutants and record which tests reach which function (a filter that matches
         #    nothing stops mutmut right after that); 2. run the chosen mutants until the budget ends.
         mutmut(work, ["vllmfit.no.such.mutant"], a.max_children, a.budget_s)
@@ -260,7 +267,7 @@ def main() -> None:
             print(f"... and {len(survivors) - a.show} more (--show)")
         wall = time.monotonic() - t0
         print(json.dumps({
-            "modules": ",".join(modules), "rev": a.rev or "working-tree",
+            "modules": ",".join(modules), "rev": a.rev or "working-tree", "dropped_tests": a.drop_tests,
             "score_percent": round(score(total), 1),
             "mutants_total": sum(total.values()), "killed_mutants": total["killed"],
             "timeout_mutants": total["timeout"], "survived_mutants": total["survived"],
