@@ -320,3 +320,53 @@ def test_logged_tokens_from_0_21_are_concurrency_times_length() -> None:
     assert concurrency == pytest.approx(100 / 63)
     assert tokens == int(100 / 63 * 1000) == 1587
     assert _full(21).tokens(MIB // 2, 1000, 2048) == (0, 0.0)
+
+
+# --- the KV cache's element size, and the 0.33 pipeline term through every caller -------------------
+
+
+def test_kv_dtype_bytes_follow_the_flag_then_the_checkpoint_then_the_model() -> None:
+    import dataclasses
+
+    from vllmfit.core.memory import Settings
+    from vllmfit.core.memory.kv import kv_dtype_bytes
+    from vllmfit.core.model.facts import Quant
+    from vllmfit.sources import catalog
+
+    llama = catalog.model("meta-llama/Llama-3.1-8B-Instruct")  # bfloat16
+    kv_fp8 = dataclasses.replace(llama, quant=Quant("fp8", 8, kv_fp8=True))
+    assert kv_dtype_bytes(llama, Settings()) == 2
+    for flag in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        assert kv_dtype_bytes(llama, Settings(kv_cache_dtype=flag)) == 1
+    assert kv_dtype_bytes(kv_fp8, Settings()) == 1  # "auto" takes the checkpoint's fp8 KV scheme
+    assert kv_dtype_bytes(kv_fp8, Settings(kv_cache_dtype="bfloat16")) == 2  # an explicit flag wins
+    assert kv_dtype_bytes(llama, Settings(kv_cache_dtype="float32")) == 4
+
+
+def test_0_33_counts_one_pipeline_stage_by_default_and_in_concurrency_tokens_and_max_length() -> None:
+    # W 4096, bs 16, 1 MiB blocks, one sliding group; F = (PP + 1) x B.
+    kv = _layout(VllmVersion(0, 33))
+    assert kv.blocks_per_request(131072, 1025) == 386  # PP 1 by default: 4095 + 2050 -> 385 + 1
+    # PP 2, B 683: 4095 + 2049 = 6144 -> 385 blocks; PP 1 would give 4095 + 1366 = 5461 -> 342 + 1 = 343
+    assert kv.blocks_per_request(131072, 683, 2) == 385
+    assert kv.concurrency(386 * MIB, 131072, 683, 2) == pytest.approx(385 / 385)
+    assert kv.max_seqs(2 * 385 * MIB + MIB, 131072, 683, 2) == 2
+
+
+def test_a_sliding_layout_passes_the_batch_through_tokens_and_max_length() -> None:
+    kv = _layout(VllmVersion(0, 21))  # W 4096, bs 16
+    # B 2049: ceil(min(6144, L) / 16) + 1 blocks per request; 1001 blocks, 0.21: int(1001 / 385 x L)
+    tokens, concurrency = kv.tokens(1001 * MIB, 131072, 2049)
+    assert concurrency == pytest.approx(1001 / 385)
+    assert tokens == int(1001 / 385 * 131072)
+    # 2 requests and the null block in 771 blocks: 385 each; a longer context needs no more
+    assert kv.max_length(771 * MIB, 2, 2049, 131072) == 131072
+    assert kv.max_length(771 * MIB - 1, 2, 2049, 131072) == (384 - 1) * 16  # 384 blocks each: 6128 tokens
+
+
+def test_a_layout_without_groups_holds_nothing() -> None:
+    kv = KvLayout(16, MIB, 0, 0, None, VllmVersion(0, 21))
+    assert kv.blocks_per_request(1000, 2048) == 0
+    assert kv.concurrency(100 * MIB, 1000, 2048) == 0.0
+    assert kv.pool_tokens(100 * MIB) == 0
+    assert kv.max_seqs(100 * MIB, 1000, 2048) == 0
