@@ -105,10 +105,12 @@ def stage_tree(rev: str | None, stage: Path) -> Path:
     return stage
 
 
-def prepare(work: Path, tree: Path, modules: list[str], tests: list[str]) -> None:
+def prepare(work: Path, tree: Path, modules: list[str], tests: list[str], drop: list[str]) -> None:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(tree / "operator" / "vllmfit", work / PKG, symlinks=False, ignore=ignore)
     shutil.copytree(tree / "tests", work / "tests", symlinks=False, ignore=ignore)
+    for t in drop:
+        (work / t).unlink()
     for d in EXTRA:
         shutil.copytree(tree / d, work / d, symlinks=False, ignore=ignore)
     only = [f'"{PKG}/{MODULES[m]}"' for m in modules]
@@ -213,15 +215,15 @@ def main() -> None:
     work.mkdir(parents=True)
     try:
         with tempfile.TemporaryDirectory() as stage:
-            prepare(work, stage_tree(a.rev, Path(stage)), modules, TESTS)
-        for t in filter(None, (x.strip() for x in a.drop_tests.split(","))):
-            (work / t).unlink()
+            prepare(work, stage_tree(a.rev, Path(stage)), modules, TESTS,
+                    [x.strip() for x in a.drop_tests.split(",") if x.strip()])
         # 1. generate the mutants and record which tests reach which function (a filter that matches
         #    nothing stops mutmut right after that); 2. run the chosen mutants until the budget ends.
         mutmut(work, ["vllmfit.no.such.mutant"], a.max_children, a.budget_s)
         generated = results(work, modules)
         log = (work / "mutmut.log").read_text(errors="replace")
-        if "failed to collect stats" in log or "Failed to run clean test" in log or not any(generated.values()):
+        failed = ("failed to collect stats", "Failed to run clean test", "BadTestExecutionCommandsException")
+        if any(f in log for f in failed) or not any(generated.values()):
             sys.exit(f"mutmut generated no mutants; see {work / 'mutmut.log'}:\n" + (work / "mutmut.log").read_text()[-3000:])
         rnd = random.Random(a.seed)
         chosen: list[str] = []
