@@ -178,3 +178,119 @@ def test_scheduler_allocation_failures_are_recognised() -> None:
     cpu = copy.deepcopy(pod)
     cpu["status"]["conditions"][0]["message"] = "0/2 nodes are available: 2 Insufficient cpu."
     assert dra.allocation_failure(cpu) is None
+
+
+# --- issue 21 items 5, 6: every capacity, request policies, device types, counters, bounds ----------
+# Written first: on the old code the template asked for memory alone (dra-example-driver's compute
+# default, the whole device, took every later claim's room), MIG devices were counted as GPUs and a
+# claim on one was not foreign use of its GPU, a slice's memory was replaced by the catalog's, and
+# numbers from slices and claims were taken unbounded.
+
+def compute_slice(n: int = 1) -> dict:
+    """dra-example-driver v0.4.0's GPU profile: a `compute` capacity next to `memory`."""
+    s = example_slice(n=n)
+    for d in s["spec"]["devices"]:
+        d["capacity"]["compute"] = {"value": "100", "requestPolicy": {
+            "default": "100", "validRange": {"min": "1", "max": "100", "step": "1"}}}
+    return s
+
+
+@pytest.mark.parametrize("version", DRA_KUBE)
+def test_every_capacity_a_device_publishes_is_requested_within_its_policy(version: str) -> None:
+    [dev] = dra.devices_from_slices([compute_slice()], drivers=("gpu.example.com",))["kind-worker"]
+    assert [c.name for c in dev.capacities] == ["compute", "memory"]
+    t = dra.claim_template("x-0", "llm", "x", 0, [(dev.uuid, 16 * GIB)], device_class="gpu.example.com",
+                           driver="gpu.example.com", devices=[dev])
+    [req] = t["spec"]["spec"]["devices"]["requests"]
+    # memory as booked (the scheduler rounds it to the 8Gi step), compute at the least the range allows
+    assert req["exactly"]["capacity"]["requests"] == {"compute": "1", "memory": "16Gi"}
+    assert kubernetes_validate.validate(t, version, strict=True)
+
+
+def test_capacities_without_a_policy_and_with_valid_values() -> None:
+    s = example_slice(n=1)
+    caps = s["spec"]["devices"][0]["capacity"]
+    caps["cores"] = {"value": "64"}  # no policy: any amount; left out it would take all 64
+    caps["slots"] = {"value": "8", "requestPolicy": {"default": "8", "validValues": ["2", "4", "8"]}}
+    [dev] = dra.devices_from_slices([s], drivers=("gpu.example.com",))["kind-worker"]
+    assert dra.capacity_requests(dev, 10 * GIB) == {"cores": "1", "memory": "10Gi", "slots": "2"}
+
+
+def test_a_request_the_policy_cannot_grant_is_refused_before_anything_is_written() -> None:
+    s = example_slice(n=1)
+    s["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"] = {"default": "20Gi",
+                                                                      "validValues": ["10Gi", "20Gi"]}
+    [dev] = dra.devices_from_slices([s], drivers=("gpu.example.com",))["kind-worker"]
+    assert dra.capacity_requests(dev, 15 * GIB) == {"memory": "15Gi"}  # rounded to 20Gi by the scheduler
+    with pytest.raises(dra.Unsatisfiable, match="'memory' capacity cannot grant 30Gi"):
+        dra.capacity_requests(dev, 30 * GIB)
+
+
+@pytest.mark.parametrize("q,want,got", [
+    ({"validRange": {"min": "8Gi", "max": "80Gi", "step": "8Gi"}}, 9 * GIB, 16 * GIB),
+    ({"validRange": {"min": "8Gi", "max": "80Gi", "step": "8Gi"}}, 1, 8 * GIB),
+    ({"validRange": {"min": "8Gi", "max": "80Gi", "step": "8Gi"}}, 81 * GIB, None),
+    ({"validRange": {"min": "1Mi"}}, 5 * GIB + 1, 5 * GIB + 1),  # no step: as asked
+    ({"validValues": ["4Gi", "2Gi"]}, 3 * GIB, 4 * GIB),
+])
+def test_rounding_follows_the_scheduler(q: dict, want: int, got: int | None) -> None:
+    policy = dra._policy(q)
+    assert policy is not None and policy.rounded(want) == got
+
+
+def mig_slice() -> dict:
+    """NVIDIA's driver with MIG: whole GPU gpu-0 and its MIG device, both consuming counter set gpu-0-counters."""
+    s = slice8()
+    s["spec"]["devices"] = s["spec"]["devices"][:2]
+    whole = s["spec"]["devices"][0]
+    whole["attributes"]["type"] = {"string": "gpu"}
+    whole["consumesCounters"] = [{"counterSet": "gpu-0-counters", "counters": {"memory": {"value": "81559Mi"}}}]
+    mig = {"name": "gpu-0-mig-3g40gb-0", "attributes": {"type": {"string": "mig"}, "profile": {"string": "3g.40gb"},
+                                                        "uuid": {"string": "MIG-1"},
+                                                        "parentUUID": {"string": H100_UUID0}},
+           "capacity": {"memory": {"value": "40192Mi"}}}
+    counted = {"name": "gpu-0-part", "attributes": {"type": {"string": "mig"}},
+               "consumesCounters": [{"counterSet": "gpu-0-counters", "counters": {"memory": {"value": "10Gi"}}}],
+               "capacity": {"memory": {"value": "10Gi"}}}
+    s["spec"]["devices"] += [mig, counted]
+    return s
+
+
+def test_mig_devices_are_not_gpus_and_a_claim_on_one_is_foreign_use_of_its_gpu() -> None:
+    devs = dra.devices_from_slices([mig_slice()])["h100-node-a"]
+    assert [d.name for d in devs] == ["gpu-0", "gpu-1"]  # the MIG devices are not counted as GPUs
+    by_key = {d.key: d for d in devs}
+    uses = dra.consumption([claim("mig-job", "gpu-0-mig-3g40gb-0", None), claim("part", "gpu-0-part", None)], by_key)
+    assert [(u.claim, u.device[2], u.bytes) for u in uses] == [
+        ("llm/mig-job", "gpu-0", 40192 * MIB),  # by parentUUID
+        ("llm/part", "gpu-0", 10 * GIB)]  # by the shared counter set
+    info = dra.node_from_dra("h100-node-a", {}, devs, uses, catalog.gpu_for_label)
+    assert {s.index: s.foreign_bytes for s in info.gpus} == {0: 40192 * MIB + 10 * GIB, 1: 0}
+
+
+def test_values_from_the_cluster_are_bounded() -> None:
+    s = slice8()
+    s["spec"]["devices"][0]["capacity"]["memory"]["value"] = "1Pi"  # more than any GPU
+    s["spec"]["devices"][1]["capacity"]["memory"]["value"] = "1e400"
+    s["spec"]["devices"][2]["capacity"] = {f"c{i}": {"value": "1"} for i in range(40)}  # too many capacities
+    s["spec"]["devices"][3]["attributes"]["index"] = {"int": 10**9}  # an index no node has: ignored
+    devs = dra.devices_from_slices([s])["h100-node-a"]
+    assert [d.name for d in devs] == ["gpu-3", "gpu-4", "gpu-5", "gpu-6", "gpu-7"]
+    assert devs[0].index is None
+    huge = example_slice(n=dra.limits.MAX_GPUS_PER_NODE + 1)
+    assert dra.devices_from_slices([huge], drivers=("gpu.example.com",)) == {}  # more GPUs than a node has
+    by_key = {d.key: d for d in devs}
+    [u] = dra.consumption([claim("big", "gpu-3", "100Ti")], by_key)
+    assert u.bytes == 81559 * MIB  # never more than the device has
+
+
+def test_a_catalog_entry_never_replaces_the_memory_a_slice_reports() -> None:
+    s = slice8()
+    s["spec"]["devices"] = s["spec"]["devices"][:1]
+    s["spec"]["devices"][0]["capacity"]["memory"]["value"] = "40Gi"  # named H100 80GB, publishes 40 GiB
+    devs = dra.devices_from_slices([s])["h100-node-a"]
+    info = dra.node_from_dra("h100-node-a", {}, devs, [], catalog.gpu_for_label)
+    h100 = catalog.gpu("NVIDIA-H100-80GB-HBM3")
+    gpu = info.gpus[0].gpu
+    assert gpu.memory_bytes == 40 * GIB
+    assert gpu.cuda_total_bytes == 40 * GIB - (h100.memory_bytes - h100.cuda_total_bytes)

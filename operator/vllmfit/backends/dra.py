@@ -19,6 +19,14 @@ only while the sum of the claims' consumed capacity fits. vllmfit then:
 
 Device keys are (driver, pool, device); capacity names are normalised (`memory` and
 `<driver>/memory` are one capacity: the domain defaults to the device's driver).
+
+Issue 21 (items 5, 6): a claim asks for every capacity the device publishes (a capacity left out
+is consumed at its default, the whole device for dra-example-driver's `compute`, so a second
+claim would not fit): `memory` as booked, every other one at the least its request policy
+allows, each rounded the way the scheduler rounds it; only whole GPUs are GPUs (MIG and other
+partitions are not counted as GPUs; what a claim takes through a partition is foreign use of its
+parent, found by parentUUID or a shared counter set); every number read from a slice or a claim
+is bounded (vllmfit.core.limits); a catalog entry never replaces the memory a slice reports.
 """
 
 from __future__ import annotations
@@ -27,10 +35,11 @@ import hashlib
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from vllmfit.core import limits
 from vllmfit.core.model.facts import GpuType
 from vllmfit.core.placement import GpuSlot, NodeInfo
 from vllmfit.core.placement.inputs import GpuLookup
@@ -91,6 +100,89 @@ def capacity_name(name: str, driver: str) -> str:
 
 # --- ResourceSlices -> devices -----------------------------------------------------------------
 
+MAX_CAPACITIES = 32  # per device (the API allows 32 attributes + capacities)
+MAX_CAPACITY_VALUE = 1 << 62
+MAX_VALID_VALUES = 64
+WHOLE_GPU_TYPES = (None, "gpu")  # NVIDIA's driver: attribute `type` is gpu, mig or vfio
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A capacity's requestPolicy (KEP-5075): a default, and valid values or a valid range."""
+
+    default: int | None = None
+    values: tuple[int, ...] = ()
+    min: int | None = None
+    max: int | None = None
+    step: int | None = None
+
+    def rounded(self, want: int) -> int | None:
+        """What the scheduler consumes for a request of `want` (rounded up to a valid value or
+        the range's step); None when no value can hold it."""
+        if self.values:
+            return next((v for v in self.values if v >= want), None)
+        if self.min is not None:
+            got = max(want, self.min)
+            if self.step:
+                got = self.min + -(-(got - self.min) // self.step) * self.step
+            return None if self.max is not None and got > self.max else got
+        return want
+
+    def least(self) -> int:
+        """The least a request may ask for."""
+        if self.values:
+            return self.values[0]
+        return self.min if self.min is not None and self.min > 0 else 1
+
+
+@dataclass(frozen=True)
+class Capacity:
+    name: str
+    value: int
+    policy: Policy | None = None
+
+    def request(self, want: int) -> int | None:
+        """The amount to request for `want` (rounded as the scheduler would); None if impossible."""
+        got = self.policy.rounded(want) if self.policy else want
+        return None if got is None or got > self.value else got
+
+
+def _bounded(q: Any) -> int:
+    n = quantity_bytes(q)
+    if not 0 <= n <= MAX_CAPACITY_VALUE:
+        raise ValueError(f"quantity out of range: {q!r}")
+    return n
+
+
+def _policy(raw: Any) -> Policy | None:
+    if not isinstance(raw, Mapping):
+        return None
+    default = _bounded(raw["default"]) if raw.get("default") is not None else None
+    values = raw.get("validValues")
+    if isinstance(values, list) and values:
+        return Policy(default, tuple(sorted({_bounded(v) for v in values[:MAX_VALID_VALUES]})))
+    rng = raw.get("validRange")
+    if isinstance(rng, Mapping) and rng.get("min") is not None:
+        step = _bounded(rng["step"]) if rng.get("step") is not None else None
+        return Policy(default, (), _bounded(rng["min"]), _bounded(rng["max"]) if rng.get("max") is not None else None,
+                      step or None)
+    return Policy(default)
+
+
+def _capacities(raw: Any, driver: str) -> tuple[Capacity, ...] | None:
+    """A device's capacities, bounded; None when there are too many or one is unreadable."""
+    if not isinstance(raw, Mapping) or len(raw) > MAX_CAPACITIES:
+        return None
+    out = []
+    try:
+        for k, v in raw.items():
+            if not isinstance(v, Mapping):
+                return None
+            out.append(Capacity(capacity_name(str(k), driver), _bounded(v.get("value")), _policy(v.get("requestPolicy"))))
+    except (ValueError, TypeError, KeyError):
+        return None
+    return tuple(sorted(out, key=lambda c: c.name))
+
 
 @dataclass(frozen=True)
 class Device:
@@ -105,6 +197,11 @@ class Device:
     memory_bytes: int
     shareable: bool  # allowMultipleAllocations and a memory capacity
     index: int | None = None  # the driver's `index` attribute, when it has one
+    capacities: tuple[Capacity, ...] = ()  # every capacity it publishes (memory among them)
+    partitions: tuple[tuple[tuple[str, str, str], int], ...] = ()  # (MIG device key, its memory) on this GPU
+
+    def capacity(self, name: str) -> Capacity | None:
+        return next((c for c in self.capacities if c.name == name), None)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -137,30 +234,61 @@ def devices_from_slices(slices: Iterable[Mapping[str, Any]], drivers: Sequence[s
         key = (spec.get("driver"), (spec.get("pool") or {}).get("name"))
         counts[key] = counts.get(key, 0) + 1  # type: ignore[index]
     out: dict[str, list[Device]] = {}
+    parts: dict[str, list[tuple[tuple[str, str, str], str | None, frozenset[str], int]]] = {}
     for s in current:
         spec = s.get("spec") or {}
         pool = spec.get("pool") or {}
         driver, node = str(spec.get("driver")), spec.get("nodeName")
         if not node or counts[(driver, pool.get("name"))] < int(pool.get("resourceSliceCount") or 1):
             continue
-        for d in spec.get("devices") or []:
-            attrs = d.get("attributes") or {}
-            caps = {capacity_name(k, driver): v for k, v in (d.get("capacity") or {}).items()}
-            if MEMORY not in caps or not isinstance(caps[MEMORY], Mapping):
+        for d in (spec.get("devices") or [])[:limits.MAX_GPUS_PER_NODE * (1 + limits.MAX_MIG_PER_GPU)]:
+            if not isinstance(d, Mapping):
                 continue
-            try:
-                mem = quantity_bytes(caps[MEMORY].get("value"))
-            except ValueError:
+            attrs = d.get("attributes") or {}
+            caps = _capacities(d.get("capacity") or {}, driver)
+            mem_cap = next((c for c in caps or () if c.name == MEMORY), None)
+            if mem_cap is None or not limits.MIN_GPU_MEMORY_BYTES // 1024 <= mem_cap.value <= limits.MAX_GPU_MEMORY_BYTES:
+                continue  # not a GPU vllmfit can size, or a number no GPU has
+            key = (driver, str(pool.get("name")), str(d.get("name")))
+            counters = frozenset(str(c.get("counterSet")) for c in d.get("consumesCounters") or []
+                                 if isinstance(c, Mapping) and c.get("counterSet"))
+            kind = _attr(attrs, "type", driver)
+            parent = _attr(attrs, "parentUUID", driver)
+            if kind not in WHOLE_GPU_TYPES or parent is not None:
+                parts.setdefault(str(node), []).append((key, str(parent) if parent else None, counters, mem_cap.value))
+                continue  # a MIG device or another partition: not a whole GPU
+            if mem_cap.value < limits.MIN_GPU_MEMORY_BYTES:
                 continue
             product = next((str(v) for a in PRODUCT_ATTRIBUTES if (v := _attr(attrs, a, driver)) is not None), "")
             index = _attr(attrs, "index", driver)
+            uuid = _attr(attrs, UUID_ATTRIBUTE, driver)
             out.setdefault(str(node), []).append(Device(
-                driver, str(pool.get("name")), str(d.get("name")), str(node), _attr(attrs, UUID_ATTRIBUTE, driver),
-                "-".join(product.split()), mem, bool(d.get("allowMultipleAllocations")),
-                index if isinstance(index, int) else None))
-    for devs in out.values():
+                driver, key[1], key[2], str(node), str(uuid)[:128] if uuid is not None else None,
+                "-".join(product.split())[:128], mem_cap.value, bool(d.get("allowMultipleAllocations")),
+                index if isinstance(index, int) and 0 <= index < limits.MAX_GPUS_PER_NODE else None,
+                caps or (), _counters_marker(counters)))
+    for node, devs in list(out.items()):
+        if len(devs) > limits.MAX_GPUS_PER_NODE:
+            del out[node]  # more GPUs than a node has: not believed
+            continue
         devs.sort(key=lambda d: (d.index if d.index is not None else _number(d.name)[0], d.name))
+        out[node] = [_with_partitions(d, parts.get(node, [])) for d in devs]
     return out
+
+
+def _counters_marker(counters: frozenset[str]) -> tuple[tuple[tuple[str, str, str], int], ...]:
+    """The counter sets a whole GPU consumes, kept until its partitions are attached."""
+    return tuple((("", "counter", c), -1) for c in sorted(counters))
+
+
+def _with_partitions(d: Device, parts: Sequence[tuple[tuple[str, str, str], str | None, frozenset[str], int]]
+                     ) -> Device:
+    """The device with the partitions (MIG devices) carved from it: those naming its UUID as
+    parentUUID, or consuming a counter set it consumes too (partitionable devices, KEP-4815)."""
+    counters = {k[2] for k, n in d.partitions if n == -1}
+    mine = tuple((key, mem) for key, parent, used, mem in parts
+                 if (parent is not None and parent == d.uuid) or (parent is None and counters & used))
+    return replace(d, partitions=mine)
 
 
 def shareable(devices: Sequence[Device]) -> bool:
@@ -210,22 +338,29 @@ def consumption(claims: Iterable[Mapping[str, Any]], devices: Mapping[tuple[str,
     (rounded up by the device's request policy: what the scheduler counts), or the whole device
     when the result has none (a device that is not shared: the claim holds all of it)."""
     out = []
+    parts = {pk: (d, mem) for d in devices.values() for pk, mem in d.partitions if mem >= 0}
     for c in claims:
         meta = c.get("metadata") or {}
         name = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
         owner, replica = claim_owner(c)
         results = ((((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or [])
-        for r in results:
+        for r in results[:limits.MAX_GPUS_PER_NODE * 8] if isinstance(results, list) else []:
+            if not isinstance(r, Mapping):
+                continue
             key = (str(r.get("driver")), str(r.get("pool")), str(r.get("device")))
             dev = devices.get(key)
             if dev is None:
+                if key in parts:  # a MIG device of a GPU vllmfit shares: its memory is taken there
+                    parent, mem = parts[key]
+                    out.append(Use(name, parent.key, min(mem, parent.memory_bytes), None, None))
                 continue
-            consumed = {capacity_name(k, dev.driver): v for k, v in (r.get("consumedCapacity") or {}).items()}
+            raw = r.get("consumedCapacity")
+            consumed = {capacity_name(str(k), dev.driver): v for k, v in raw.items()} if isinstance(raw, Mapping) else {}
             try:
                 used = quantity_bytes(consumed[MEMORY]) if MEMORY in consumed else dev.memory_bytes
             except ValueError:
                 used = dev.memory_bytes
-            out.append(Use(name, key, used, owner, replica))
+            out.append(Use(name, key, min(max(used, 0), dev.memory_bytes), owner, replica))  # bounded by the device
     return out
 
 
@@ -254,11 +389,23 @@ def node_from_dra(node: str, labels: Mapping[str, str], devices: Sequence[Device
     for d in devices:
         k = known.get(d.uuid) if d.uuid else None
         i = index[d.key]
-        gpu: GpuType = k.gpu if k else gpu_lookup(d.product or "unknown", d.memory_bytes // (1 << 20))
+        gpu: GpuType = k.gpu if k else reported(gpu_lookup(d.product or "unknown", d.memory_bytes // (1 << 20)),
+                                                 d.memory_bytes)
         foreign, mine = used.get(d.key, (0, 0))
         excess = max(0, mine - (booked or {}).get((node, i), 0))
         slots.append(GpuSlot(node, i, gpu, d.uuid, max(foreign + excess, k.foreign_bytes if k else 0)))
     return NodeInfo(node, dict(labels), tuple(sorted(slots, key=lambda s: s.index)), agent.warnings if agent else ())
+
+
+def reported(gpu: GpuType, memory_bytes: int) -> GpuType:
+    """The catalog's facts for a product with the memory the slice reports: a catalog entry never
+    replaces a capacity the cluster reports (a smaller partition, another memory size of the same
+    name). What CUDA cannot use (total minus cudaMemGetInfo's total) stays the catalog's."""
+    if gpu.memory_bytes == memory_bytes:
+        return gpu
+    hidden = max(0, gpu.memory_bytes - gpu.cuda_total_bytes)
+    return replace(gpu, memory_bytes=memory_bytes, cuda_total_bytes=max(0, memory_bytes - hidden),
+                   source=f"{gpu.source}; memory from the ResourceSlice")
 
 
 def foreign_claims(node: str, devices: Sequence[Device], uses: Iterable[Use], agent: NodeInfo | None = None
@@ -275,22 +422,48 @@ def template_name(deployment: str, replica: int) -> str:
     return f"{deployment}-{replica}"
 
 
+class Unsatisfiable(ValueError):
+    """A device's request policy cannot grant what a replica booked there (one line)."""
+
+
+def capacity_requests(device: Device | None, need: int) -> dict[str, str]:
+    """Every capacity `device` publishes, as a claim request: memory for `need` bytes, every other
+    capacity at the least its policy allows (a capacity left out is consumed at its default, the
+    whole device when it has none), each rounded up as the scheduler rounds it. Without the
+    device's capacities (not read yet): memory alone. Raises Unsatisfiable."""
+    if device is None or not device.capacities:
+        return {MEMORY: quantity(need)}
+    out = {}
+    for c in device.capacities:
+        want = need if c.name == MEMORY else (c.policy.least() if c.policy else 1)
+        got = c.request(want)
+        if got is None:
+            raise Unsatisfiable(f"{device.node} {device.name}: the request policy of its {c.name!r} capacity cannot "
+                                f"grant {quantity(want)} (of {quantity(c.value)})")
+        # memory: exactly what was booked (the scheduler rounds it up; the rest is counted as the
+        # driver's rounding, node_from_dra); the others: the least the policy allows
+        out[c.name] = quantity(want if c.name == MEMORY else got)
+    return out
+
+
 def claim_template(name: str, namespace: str, deployment: str, replica: int,
-                   gpus: Sequence[tuple[str, int]], *, device_class: str, driver: str = NVIDIA_DRIVER
-                   ) -> dict[str, Any]:
+                   gpus: Sequence[tuple[str, int]], *, device_class: str, driver: str = NVIDIA_DRIVER,
+                   devices: Sequence[Device | None] | None = None) -> dict[str, Any]:
     """The ResourceClaimTemplate of one replica: per GPU (UUID, bytes booked there) one request
-    `gpu<i>` for exactly that device and that much memory; a distinctAttribute constraint on the
+    `gpu<i>` for exactly that device, asking for that much memory and every other capacity the
+    device (`devices[i]`) publishes (`capacity_requests`); a distinctAttribute constraint on the
     UUID across the requests of a TP group. Its claims carry vllmfit's labels (foreign use is
-    every claim without them)."""
+    every claim without them). Raises Unsatisfiable."""
     labels = {MANAGED_BY: "vllmfit", LABEL_DEPLOYMENT: deployment, LABEL_REPLICA: str(replica)}
     requests = []
     for i, (uuid, need) in enumerate(gpus):
+        caps = capacity_requests(devices[i] if devices is not None and i < len(devices) else None, need)
         requests.append({"name": f"gpu{i}", "exactly": {
             "deviceClassName": device_class,
             "allocationMode": "ExactCount",
             "count": 1,
             "selectors": [{"cel": {"expression": f'device.attributes["{driver}"].{UUID_ATTRIBUTE} == "{uuid}"'}}],
-            "capacity": {"requests": {MEMORY: quantity(need)}},
+            "capacity": {"requests": caps},
         }})
     devices: dict[str, Any] = {"requests": requests}
     if len(requests) > 1:

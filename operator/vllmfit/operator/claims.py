@@ -73,14 +73,19 @@ def desired(store: Store, key: str, p: api.ReplicaPlacement) -> dict[str, Any] |
         if b.replica == p.replica and b.node == p.node:
             need[b.index] = need.get(b.index, 0) + b.footprint.total
     gpus = []
+    by_uuid = {d.uuid: d for d in store.devices().get(p.node, []) if d.uuid}
     for g in p.gpus:
         slot = store.ledger.slot(p.node, g.index)
         if slot is None or not slot.uuid or g.index not in need:
             return None
         gpus.append((slot.uuid, need[g.index]))
     ns, name = key.split("/", 1)
-    t = dra.claim_template("", ns, name, p.replica, gpus, device_class=store.options.dra_device_class,
-                           driver=store.options.dra_driver)
+    try:
+        t = dra.claim_template("", ns, name, p.replica, gpus, device_class=store.options.dra_device_class,
+                               driver=store.options.dra_driver, devices=[by_uuid.get(u) for u, _ in gpus])
+    except dra.Unsatisfiable as e:
+        logger.error("%s replica %d: no claim can ask for what it booked: %s", key, p.replica, e)
+        return None
     t["metadata"]["name"] = f"{dra.template_name(name, p.replica)}-{dra.fingerprint(t)[:10]}"
     return t
 
