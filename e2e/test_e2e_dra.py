@@ -9,7 +9,7 @@ consumed capacity must be what the ledger counts (booked bytes, plus the driver'
 foreign use), and no GPU may hold more than its capacity.
 
 Skipped without kind and Docker (see conftest.py). Knobs: VLLMFIT_E2E_DRA_CLUSTER (cluster
-name), VLLMFIT_E2E_DRA_NODE_IMAGE (kind node image, default kindest/node:v1.35.0),
+name), VLLMFIT_E2E_DRA_NODE_IMAGE (kind node image, default kindest/node:v1.35.0 by digest),
 VLLMFIT_E2E_DRA_DRIVER_REF (dra-example-driver git ref, default v0.4.0), VLLMFIT_E2E_KEEP=1.
 """
 
@@ -29,7 +29,11 @@ from .conftest import HERE, IMAGE, ROOT, Kube, run, wait_for
 pytestmark = [pytest.mark.e2e, pytest.mark.dra]
 
 CLUSTER = os.environ.get("VLLMFIT_E2E_DRA_CLUSTER", "vllmfit-dra")
-NODE_IMAGE = os.environ.get("VLLMFIT_E2E_DRA_NODE_IMAGE", "kindest/node:v1.35.0")
+# Pinned by digest (kind v0.31.0's release notes): a re-pushed tag cannot change the API server,
+# scheduler and kubelet this test runs against.
+NODE_IMAGE = os.environ.get(
+    "VLLMFIT_E2E_DRA_NODE_IMAGE",
+    "kindest/node:v1.35.0@sha256:452d707d4862f52530247495d180205e029056831160e22870e37e3f6c1ac31f")
 DRIVER_REF = os.environ.get("VLLMFIT_E2E_DRA_DRIVER_REF", "v0.4.0")
 DRIVER_REPO = "https://github.com/kubernetes-sigs/dra-example-driver"
 NAMESPACE, TEST_NAMESPACE = "vllmfit", "e2e-dra"
@@ -130,6 +134,15 @@ def test_two_colocated_deployments_claim_what_the_ledger_books(dra_kube: Kube, r
         consumed = quantity_bytes(result["consumedCapacity"]["memory"])
         booked = statuses[owner]["memory"][0]["totalBytes"]
         assert consumed == -(-booked // step) * step  # the request, rounded up by the driver's policy
+        # v0.4.0 also publishes `compute` (default: all of it): every capacity is requested, the
+        # others at their policy's minimum, or the second claim would not fit (issue 21 item 6)
+        device = next(d for s in slices for d in s["spec"]["devices"] if d["name"] == result["device"]
+                      and s["spec"]["pool"]["name"] == result["pool"])
+        assert set(result["consumedCapacity"]) == set(device["capacity"]), (result, device)
+        for cap, spec in device["capacity"].items():
+            rng = (spec.get("requestPolicy") or {}).get("validRange") or {}
+            if cap != "memory" and rng.get("min"):
+                assert quantity_bytes(result["consumedCapacity"][cap]) == quantity_bytes(rng["min"])
         consumed_total += consumed
     assert len(devices) == 1  # colocated on the one GPU vllmfit chose
     # the ledger counts what the scheduler counts: booked bytes plus the rounding as foreign use
