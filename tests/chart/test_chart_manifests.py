@@ -21,7 +21,7 @@ KUBE_VERSIONS = ["1.29", "1.35"]
 kubernetes-validate 1.37 ships schemas for 1.25-1.37."""
 
 # Kinds kubernetes-validate has no schema for, and how each is checked instead.
-CUSTOM_KINDS = {"ClusterKopfPeering", "Certificate", "Issuer", "ServiceMonitor"}
+CUSTOM_KINDS = {"ClusterKopfPeering", "Certificate", "Issuer", "ServiceMonitor", "PrometheusRule"}  # the last: promtool
 
 OPERATOR = "vllmfit-operator"
 AGENT = "vllmfit-agent"
@@ -196,6 +196,11 @@ def test_default_install_objects(render):
             ("ClusterRole", "vllmfit-view"),
             ("ValidatingAdmissionPolicy", "vllmfit-gpu-inventory"),
             ("ValidatingAdmissionPolicyBinding", "vllmfit-gpu-inventory"),
+            # helm uninstall's post-delete hook (test_chart_operations.py)
+            ("ServiceAccount", "vllmfit-uninstall"),
+            ("ClusterRole", "vllmfit-uninstall"),
+            ("ClusterRoleBinding", "vllmfit-uninstall"),
+            ("Job", "vllmfit-uninstall"),
         ]
     )
     for d in render():

@@ -13,6 +13,7 @@ import os
 import socket
 from typing import Any
 
+from vllmfit import __version__
 from vllmfit.core import defaults, memory
 from vllmfit.core.errors import UserError
 
@@ -81,6 +82,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         f"Kubernetes quantity; node label {defaults.BUDGET_RESERVE_LABEL} overrides it (default: "
                         "$VLLMFIT_BUDGET_RESERVE or %(default)s, the counted policy; 2Gi is ADR-0002's)")
     p.add_argument("--verbose", action="store_true", help="log Kopf's debug messages")
+    p.add_argument("--release-finalizers", action="store_true",
+                   help="do not run: remove vllmfit's finalizer from every VLLMDeployment and exit, so none is "
+                        "left stuck once the operator is gone (the chart's post-delete hook; docs/operations.md)")
+    p.add_argument("--settle-seconds", type=float, default=5.0, metavar="S",
+                   help="with --release-finalizers: done once a pass S seconds after the last removal finds "
+                        "nothing (an operator still stopping may add the finalizer back) (default 5)")
     hook = _webhook()
     if hook is not None:
         hook.add_arguments(p)
@@ -111,8 +118,78 @@ def budget_policy(args: argparse.Namespace) -> memory.BudgetPolicy:
     return policy
 
 
+FINALIZER = "vllmfit.dev/finalizer"  # Kopf's settings.persistence.finalizer (handlers.startup.configure)
+RELEASE_TIMEOUT_S = 300.0
+
+
+def release_finalizers(custom: Any, settle: float, *, timeout: float = RELEASE_TIMEOUT_S,
+                       say: Any = print, sleep: Any = None) -> int:
+    """Remove FINALIZER from every VLLMDeployment (a JSON Patch that tests the entry it removes,
+    so another controller's finalizer is never touched), again until a pass `settle` seconds
+    after the last removal finds none. Returns how many were removed; raises UserError past
+    `timeout` (an operator that keeps adding it back is still running)."""
+    import time
+
+    from vllmfit.core.spec import api
+
+    sleep = sleep or time.sleep
+    removed, quiet_since, deadline = 0, time.monotonic(), time.monotonic() + timeout
+    while True:
+        found = 0
+        listed = custom.list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL)
+        for obj in listed.get("items") or []:
+            meta = obj.get("metadata") or {}
+            finalizers = list(meta.get("finalizers") or [])
+            if FINALIZER not in finalizers:
+                continue
+            i = finalizers.index(FINALIZER)
+            patch = [{"op": "test", "path": f"/metadata/finalizers/{i}", "value": FINALIZER},
+                     {"op": "remove", "path": f"/metadata/finalizers/{i}"}]
+            try:
+                custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, meta.get("namespace") or "default",
+                                                      api.PLURAL, meta.get("name"), patch,
+                                                      _content_type="application/json-patch+json")
+            except Exception as e:  # kubernetes.client.ApiException: gone (404) or changed (409, 422): look again
+                if getattr(e, "status", None) not in (404, 409, 422):
+                    raise
+                found += 1
+                continue
+            found += 1
+            removed += 1
+            say(f"released {meta.get('namespace')}/{meta.get('name')}")
+        now = time.monotonic()
+        if found:
+            quiet_since = now
+        elif now - quiet_since >= settle:
+            return removed
+        if now > deadline:
+            raise UserError(f"the finalizer {FINALIZER} keeps coming back after {timeout:.0f} s: a vllmfit "
+                            "operator is still running (scale it to 0 first)")
+        sleep(min(1.0, max(settle, 0.05)))
+
+
+def run_release(args: argparse.Namespace) -> int:
+    from kubernetes import client, config
+
+    try:
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config()
+        else:  # $KUBECONFIG read now (the client reads it once, at import)
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
+    except (config.ConfigException, OSError) as e:
+        raise UserError(f"cannot reach the API server: {e}") from None
+    with client.ApiClient() as api_client:
+        api_client.user_agent = f"vllmfit/{__version__}"
+        n = release_finalizers(client.CustomObjectsApi(api_client), args.settle_seconds)
+    print(f"{n} VLLMDeployment finalizer(s) released; none left")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
+
+    if args.release_finalizers:
+        return run_release(args)
 
     import kopf
 
