@@ -37,7 +37,9 @@ def test_tokens_are_whole_blocks_plus_the_null_block() -> None:
     assert sz.footprint.kv_cache == (math.ceil(40_000 / 16) + 1) * BLOCK == 5_244_977_152
     assert sz.granted_tokens == 40_000  # (2501 blocks - the null block) x 16
     assert sz.flags.kv_cache_memory_bytes == 5_244_977_152
-    assert sz.max_concurrency == pytest.approx(2500 / 2048)  # 32k requests: 2048 blocks each
+    # 32k requests: 2048 blocks each; vLLM's logged concurrency divides every block, the null block
+    # too (get_max_concurrency_for_kv_cache_config; tests/data/vllm-oracle)
+    assert sz.max_concurrency == pytest.approx(2501 / 2048)
 
 
 def test_memory_is_taken_as_given() -> None:
@@ -51,14 +53,14 @@ def test_concurrency_at_a_typical_length() -> None:
     sz = size(max_model_len=16384, kv_concurrency=64, typical_len=2048)
     assert sz.footprint.kv_cache == (64 * 2048 // 16 + 1) * BLOCK == 17_181_966_336
     assert sz.concurrency_typical == pytest.approx(64.0)
-    assert sz.max_concurrency == pytest.approx(8.0)  # 8192 usable blocks / 1024 per 16k request
+    assert sz.max_concurrency == pytest.approx(8193 / 1024)  # 8193 blocks (null included) / 1024 per 16k
     assert sz.granted_tokens == 64 * 2048
 
 
 def test_nothing_asked_is_one_full_length_request_and_vllms_own_max_num_seqs() -> None:
     sz = size(max_model_len=8192)
     assert sz.footprint.kv_cache == (8192 // 16 + 1) * BLOCK
-    assert sz.max_concurrency == pytest.approx(1.0)
+    assert sz.max_concurrency == pytest.approx(513 / 512)  # as vLLM logs it: the null block counted
     # vLLM's API-server default on a >= 70 GiB non-A100 GPU: B 8192, S 1024 (vllm-flags.md section 3)
     assert (sz.flags.max_num_seqs, sz.flags.max_num_batched_tokens) == (1024, 8192)
     a100 = memory.size(LLAMA, Settings(max_model_len=8192), A100, int(0.9 * A100.cuda_total_bytes) - 2 * GIB)
@@ -214,7 +216,7 @@ def test_a_policy_sets_the_budget_and_bad_ones_are_refused() -> None:
     (["--budget-reserve", "100Gi"], "larger than the GPU"),
     (["--budget-reserve", "lots"], "not a Kubernetes quantity"),
     (["--kv-cache-tokens", "1000", "--kv-cache-memory", "1Gi"], "keep --kv-cache-tokens"),
-    (["--kv-cache-tokens", "40000000"], "the largest that fits is kvCache.tokens"),
+    (["--kv-cache-tokens", "40000000"], "the largest that fits is --kv-cache-tokens"),  # CLI words (issue 24)
 ])
 def test_bad_policy_and_kv_requests_exit_2_with_one_line(capsys, argv: list[str], says: str) -> None:
     code = cli.main(["estimate", "--model", LLAMA.name, *argv])
@@ -241,3 +243,23 @@ def test_the_operator_refuses_a_bad_cluster_policy_before_starting(capsys, argv:
     code = cli.main(["operator", *argv])
     err = capsys.readouterr().err.strip()
     assert code == 2 and says in err and "\n" not in err
+
+
+def test_cli_errors_speak_flags_and_a_request_below_one_request_is_not_called_too_large(capsys) -> None:
+    """Issue 24: the CLI names its flags (the webhook keeps the spec's fields); a KV request smaller than
+    one request of maxModelLen is refused by the sizing (exit 1) with checked fixes, not as 'more than
+    any GPU can hold'."""
+    import json
+
+    assert cli.main(["estimate", "--model", LLAMA.name, "--max-num-seqs", "4096", "--max-num-batched-tokens", "2048"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-num-batched-tokens 2048 is less than --max-num-seqs 4096" in err and "max_num" not in err
+    assert cli.main(["estimate", "--model", LLAMA.name, "--max-model-len", "8192", "--kv-cache-tokens", "4000",
+                     "-o", "json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    assert d["reasons"][0].startswith("KV cache 0.5 GiB cannot hold one request of 8192 tokens")
+    # 4000 tokens = 250 blocks: the longest request they hold is 4000 tokens; 8192 tokens hold one of 8192
+    assert d["suggestions"] == ["maxModelLen: 4000", "kvCache: {tokens: 8192}"]
+    for argv in (["--max-model-len", "4000", "--kv-cache-tokens", "4000"], ["--max-model-len", "8192", "--kv-cache-tokens", "8192"]):
+        assert cli.main(["estimate", "--model", LLAMA.name, *argv, "-o", "json"]) == 0
+        assert json.loads(capsys.readouterr().out)["fits"]

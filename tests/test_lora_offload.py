@@ -265,7 +265,7 @@ def test_estimate_cli_json(capsys):
 
 
 @pytest.mark.parametrize(("argv", "words"), [
-    (["--lora-max-rank", "24"], "maxLoraRank 24"),
+    (["--lora-max-rank", "24"], "--lora-max-rank 24"),  # the CLI speaks its flags (issue 24)
     (["--lora-max-loras", "0"], "--lora-max-loras must be a positive number"),
     (["--cpu-offload", "ten"], "--cpu-offload 'ten' is not a Kubernetes quantity"),
 ])

@@ -120,6 +120,31 @@ def budget_from_args(args: argparse.Namespace) -> memory.BudgetPolicy:
     return policy
 
 
+SPEC_WORDS_AS_FLAGS = (
+    ("kvCache.tokens", "--kv-cache-tokens"), ("kvCache.memory", "--kv-cache-memory"),
+    ("kvCache.concurrency", "--kv-concurrency"), ("kvCache.typicalLength", "--typical-length"),
+    ("typicalLength", "--typical-length"), ("lora.maxLoraRank", "--lora-max-rank"), ("lora.maxLoras", "--lora-max-loras"),
+    ("lora.loraDtype", "--lora-dtype"), ("tensorParallelSize", "--tp"), ("pipelineParallelSize", "--pp"),
+    ("maxModelLen", "--max-model-len"), ("maxNumSeqs", "--max-num-seqs"), ("maxNumBatchedTokens", "--max-num-batched-tokens"),
+    ("gpuMemoryUtilization", "--gpu-memory-utilization"), ("kvCacheDtype", "--kv-cache-dtype"),
+    ("cpuOffload", "--cpu-offload"), ("vllmVersion", "--vllm-version"), ("enforceEager", "--enforce-eager"),
+    ("spec.strict", "--strict"), ("dtype: ", "--dtype "), ("quantization: ", "--quantization "),
+    ("kvCache gives both", "the KV flags give both"),
+)
+"""The spec's words in the memory model's messages -> the flags `estimate` takes (the webhook and
+the operator keep the spec's words)."""
+
+
+def cli_error(message: str) -> str:
+    """A refusal in the CLI's words: 'kvCache.tokens 4000000 ...' -> '--kv-cache-tokens 4000000 ...'."""
+    import re
+
+    for word, flag in SPEC_WORDS_AS_FLAGS:
+        message = re.sub(rf"(?<![\w.-]){re.escape(word)}(?![\w])" if word[-1].isalnum() else re.escape(word), flag,
+                         message)
+    return message
+
+
 def cli_words(fix: str) -> str:
     """A budget policy fix in the CLI's flags: 'budget policy counted (...)' -> '--budget-policy counted
     (...)', 'budget policy utilization 0.93 (...)' -> '--budget-utilization 0.93 (...)'."""
@@ -254,6 +279,13 @@ def parse_length(text: str) -> int:
 
 
 def run_estimate(args: argparse.Namespace) -> int:
+    try:
+        return _run_estimate(args)
+    except UserError as e:  # the memory model speaks the spec's fields; the CLI speaks its flags
+        raise UserError(cli_error(str(e))) from None
+
+
+def _run_estimate(args: argparse.Namespace) -> int:
     model = load_model_config(args.model_config, args.params) if args.model_config else resolve_model(args.model)
     gpu = resolve_gpu(args)
     s = settings_from_args(args)

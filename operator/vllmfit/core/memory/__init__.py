@@ -44,6 +44,7 @@ from vllmfit.core.memory.budget import (
 )
 from vllmfit.core.memory.estimate import estimate
 from vllmfit.core.memory.fixes import (
+    MAX_FIX_TP,
     SPEC_NAMES,
     Fix,
     fixes,
@@ -53,7 +54,14 @@ from vllmfit.core.memory.fixes import (
 )
 from vllmfit.core.memory.kv import KvLayout, adr_kv_bytes_per_token, kv_layout
 from vllmfit.core.memory.lora import lora_args, lora_bytes
-from vllmfit.core.memory.sizing import MIN_BATCHED_TOKENS, UNLIMITED, default_batch, default_grant, size, vllm_startup
+from vllmfit.core.memory.sizing import (
+    MIN_BATCHED_TOKENS,
+    UNLIMITED,
+    default_batch,
+    default_grant,
+    size,
+    vllm_startup,
+)
 from vllmfit.core.memory.types import (
     Estimate,
     Flags,
@@ -72,6 +80,7 @@ from vllmfit.core.memory.weights import adr_weights_bytes, cpu_offload_arg, cpu_
 __all__ = [
     "ADR_POLICY",
     "DEFAULT_POLICY",
+    "MAX_FIX_TP",
     "MIB",
     "MIN_BATCHED_TOKENS",
     "POLICIES",

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from vllmfit.core import defaults
 from vllmfit.core.memory.budget import DEFAULT_POLICY, POLICIES, BudgetPolicy, utilization_within
-from vllmfit.core.memory.sizing import explicit_request, resolve, size
+from vllmfit.core.memory.sizing import explicit_request, kv_request_bytes, resolve, size
 from vllmfit.core.memory.types import Settings, Sizing, SpecError, fmt_gib
 from vllmfit.core.memory.validation import can_run
 from vllmfit.core.model.facts import GpuType, ModelArch, check_tp
@@ -176,6 +176,12 @@ def fixes(model: ModelArch, s: Settings, gpu: GpuType, other_gpus: tuple[GpuType
     for c in numeric({}):
         if ok(c):
             add(c)
+    granted = _granted(model, s, gpu) if explicit_request(s) and s.max_model_len else None
+    if granted is not None and s.max_model_len and granted < s.max_model_len:  # less than one request
+        for c in ({"kv_tokens": s.max_model_len},
+                  {"max_model_len": granted // s.block_size * s.block_size}):
+            if min(c.values()) >= min(defaults.MIN_AUTO_MAX_MODEL_LEN, model.max_model_len) and ok(c):  # type: ignore[type-var]
+                add(c)
     kv_dtype = [c for c in singles if "kv_cache_dtype" in c]
     quant = [c for c in singles if "quantization" in c]
     for c in kv_dtype:
@@ -192,9 +198,10 @@ def fixes(model: ModelArch, s: Settings, gpu: GpuType, other_gpus: tuple[GpuType
         add({"tp": tp_fix})
     # 3. two changes together, where neither alone fits
     lone = [c for c in singles if not ok(c)]
+    alone = {kv for o in out for kv in o.changes if len(o.changes) == 1}
     for c in lone:
         for p in numeric(c):
-            if ok(p):
+            if ok(p) and not any(kv in alone for kv in p.items() if kv[0] not in c):  # not when the number alone fits
                 add(p)
     if len(lone) == 2 and ok({**lone[0], **lone[1]}):
         add({**lone[0], **lone[1]})
@@ -282,6 +289,13 @@ def kv_request_too_large(model: ModelArch, s: Settings, gpus: tuple[GpuType, ...
     TP: with the largest that fits. None when some GPU holds it (or there is no explicit request)."""
     if s.policy != "vllm" or not explicit_request(s):
         return None
+    try:
+        r0 = resolve(model, s, gpus[0]) if gpus else None
+    except SpecError:
+        return None
+    if r0 is not None and s.max_model_len and not model.pooling and not r0.layout.pooling and \
+            kv_request_bytes(model, r0, s.max_model_len) < r0.layout.bytes_for(s.max_model_len, 1, r0.batched_tokens, s.pp):
+        return None  # less than one request of the context: not too large (the sizing says why, with fixes)
     best: tuple[int, str] | None = None
     for g in sorted(gpus, key=lambda g: (-g.cuda_total_bytes, g.product)):
         budget = (policies or {}).get(g, policy).budget(g.cuda_total_bytes)

@@ -46,7 +46,7 @@ def validate(model: ModelArch, s: Settings) -> list[str]:
     if s.max_num_batched_tokens is not None and 0 < s.max_num_batched_tokens < seqs:
         # vLLM SchedulerConfig: "max_num_batched_tokens (B) must be greater than or equal to max_num_seqs (S)."
         errors.append(
-            f"max_num_batched_tokens {s.max_num_batched_tokens} is less than max_num_seqs {seqs}; vLLM refuses "
+            f"maxNumBatchedTokens {s.max_num_batched_tokens} is less than maxNumSeqs {seqs}; vLLM refuses "
             f"to start: use at least {seqs}"
         )
     ckpt = model.quant.method if model.quant else None

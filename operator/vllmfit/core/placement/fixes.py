@@ -6,7 +6,7 @@ import functools
 from dataclasses import replace
 from typing import Any
 
-from vllmfit.core import memory
+from vllmfit.core import defaults, memory
 from vllmfit.core.memory import Settings, SpecError
 from vllmfit.core.model.facts import GpuType, ModelArch
 from vllmfit.core.placement import affinity
@@ -71,20 +71,27 @@ def _suggest(ledger: Ledger, req: Request, policy: memory.Policy) -> list[str]:
     room = _roomiest(ledger, req, s)
     if room is not None:
         gpu, avail, budget = room
-        for fx in _memory_fixes(req.model, s, gpu, avail, budget):
-            # a budget policy change is a fit by its arithmetic, not a spec change
-            if fx.policy is not None or fits(**_spec_update(spec, fx)):
+        # never a TP beyond the most GPUs of this type one node has (a TP group lives on one node)
+        max_tp = max((len(ledger.type_indices(nd, gpu)) for nd in ledger.nodes), default=1)
+        for fx in _memory_fixes(req.model, s, gpu, avail, budget, max_tp):
+            # a budget policy change is a fit by its arithmetic, not a spec change; it is set on the
+            # operator (--budget-utilization / --budget-reserve) or the node pool's labels
+            if fx.policy is not None:
+                out.append(f"{fx.text}: node labels {defaults.BUDGET_UTILIZATION_LABEL} / "
+                           f"{defaults.BUDGET_RESERVE_LABEL}, or the operator's --budget-utilization / "
+                           "--budget-reserve")
+            elif fits(**_spec_update(spec, fx)):
                 out.append(fx.text)
     return out
 
 
 @functools.lru_cache(maxsize=1024)
 def _memory_fixes(model: ModelArch, s: Settings, gpu: GpuType, available: int,
-                  budget: memory.BudgetPolicy) -> tuple[memory.Fix, ...]:
+                  budget: memory.BudgetPolicy, max_tp: int = memory.MAX_FIX_TP) -> tuple[memory.Fix, ...]:
     """memory.fixes, cached: it sizes the model a dozen times, and the answer depends only on these
     (a refused spec asked again, by kubectl retries or the operator's waiting list, costs nothing)."""
     try:
-        return tuple(memory.fixes(model, s, gpu, (), available=available, policy=budget))
+        return tuple(memory.fixes(model, s, gpu, (), available=available, policy=budget, max_tp=max_tp))
     except SpecError:
         return ()
 
