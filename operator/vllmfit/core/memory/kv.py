@@ -42,12 +42,26 @@ def kv_heads_per_rank(model: ModelArch, tp: int) -> int:
     return max(1, model.num_kv_heads // tp)
 
 
-def kv_bytes_per_token_layer(model: ModelArch, s: Settings) -> int:
-    """KV bytes of one token in one attention layer on one TP rank (vllm-memory-accounting §5)."""
+INDEXER_QUANT_BLOCK = 128
+"""The sparse-MLA indexer stores its keys as fp8 with one 4-byte scale per 128 elements, uint8
+(models/deepseek_v32/attention.py: head_dim + head_dim // quant_block_size * 4)."""
+
+
+def kv_bytes_per_token_layer(model: ModelArch, s: Settings, kind: str = "full") -> int:
+    """KV bytes of one token in one attention layer on one TP rank (vllm-memory-accounting §5):
+    kvh_rank x (head_size + head_size_v) x d (AttentionSpec.page_size_bytes / block_size); a
+    sliding layer with its own shapes (MiMo-V2 swa_*) uses them; MLA: one latent vector, not
+    divided by TP, plus the sparse-MLA indexer's key cache."""
     d = kv_dtype_bytes(model, s)
     if model.is_mla:  # one latent vector per token, not divided by TP
-        return model.head_dim * d
-    return 2 * kv_heads_per_rank(model, s.tp) * model.head_dim * d
+        indexer = model.indexer_head_dim + model.indexer_head_dim // INDEXER_QUANT_BLOCK * 4
+        return model.head_dim * d + indexer
+    heads, hk, hv = model.num_kv_heads, model.head_dim, model.kv_head_dim_v or model.head_dim
+    if kind == "sliding" and model.swa_num_kv_heads:
+        heads = model.swa_num_kv_heads
+        hk = model.swa_head_dim or hk
+        hv = model.swa_head_dim_v or hk
+    return max(1, heads // s.tp) * (hk + hv) * d
 
 
 @dataclass(frozen=True)
@@ -64,12 +78,28 @@ class KvLayout:
     state_groups: int = 0  # recurrent-state groups (hybrid models)
     state_blocks: int = 0  # blocks one request holds in each state group
     state_page_bytes: int = 0  # one layer's state page before padding (per rank)
+    full_scale: int = 1  # a kind whose page is smaller holds scale x block_size tokens per block
+    sliding_scale: int = 1  # (vLLM unify_kv_cache_spec_page_size: the page sizes are made equal)
+
+    @property
+    def full_block_size(self) -> int:
+        return self.block_size * self.full_scale
+
+    @property
+    def sliding_block_size(self) -> int:
+        return self.block_size * self.sliding_scale
+
+    @property
+    def min_block_size(self) -> int:
+        sizes = [self.full_block_size] * bool(self.full_groups) + [self.sliding_block_size] * bool(self.sliding_groups)
+        return min(sizes or [self.block_size])
 
     @property
     def bytes_per_token(self) -> int:
         """KV bytes per token of context, as if every attention group were full attention
         (recurrent-state groups do not grow with the context)."""
-        return self.block_bytes * (self.full_groups + self.sliding_groups) // self.block_size
+        return (self.block_bytes * self.full_groups // self.full_block_size
+                + self.block_bytes * self.sliding_groups // self.sliding_block_size)
 
     @property
     def state_bytes_per_request(self) -> int:
@@ -81,12 +111,13 @@ class KvLayout:
         return self.full_groups + self.sliding_groups + self.state_groups
 
     def blocks_per_request(self, length: int, batched_tokens: int, pp: int = 1) -> int:
-        bs = self.block_size
-        blocks = self.full_groups * ceil_div(length, bs)
+        blocks = self.full_groups * ceil_div(length, self.full_block_size)
         if self.sliding_groups and self.window:
             in_flight = batched_tokens * ((pp + 1) if self.version.at_least(33) else 1)
-            per = ceil_div(min(self.window - 1 + in_flight, length), bs) + 1
+            per = ceil_div(min(self.window - 1 + in_flight, length), self.sliding_block_size) + 1
             blocks += self.sliding_groups * per
+        elif self.sliding_groups:
+            blocks += self.sliding_groups * ceil_div(length, self.sliding_block_size)
         return blocks + self.state_groups * self.state_blocks
 
     def bytes_for(self, length: int, seqs: int, batched_tokens: int, pp: int = 1) -> int:
@@ -96,14 +127,17 @@ class KvLayout:
 
     def bytes_for_tokens(self, tokens: int) -> int:
         """KV bytes of a pool that holds `tokens` tokens in every group, plus the null block."""
-        return (self.groups * ceil_div(tokens, self.block_size) + 1) * self.block_bytes
+        attn = self.full_groups * ceil_div(tokens, self.full_block_size) + \
+            self.sliding_groups * ceil_div(tokens, self.sliding_block_size)
+        state = self.state_groups * ceil_div(tokens, self.block_size)
+        return (attn + state + 1) * self.block_bytes
 
     def pool_tokens(self, kv_bytes: int) -> int:
         """Tokens `kv_bytes` hold in every group (the null block, taken from the pool by vLLM's
         BlockPool, excluded): what a KV request in tokens is granted."""
         if not self.groups or not self.block_bytes:
             return 0
-        return max(self.num_blocks(kv_bytes) - 1, 0) // self.groups * self.block_size
+        return max(self.num_blocks(kv_bytes) - 1, 0) // self.groups * self.min_block_size
 
     def concurrency(self, kv_bytes: int, length: int, batched_tokens: int, pp: int = 1) -> float:
         """Requests of `length` tokens the pool holds at once (the null block excluded)."""
@@ -119,12 +153,13 @@ class KvLayout:
         if not blocks or not self.groups:
             return 0, 0.0
         per_req = self.blocks_per_request(length, batched_tokens, pp)
-        usable = blocks - (1 if self.version.null_block_reserved else 0)
-        concurrency = usable / per_req if per_req else 0.0
+        # every block, the null block included: get_max_concurrency_for_kv_cache_config divides
+        # num_blocks (0.33 too; its null-block reservation is in the fit check, not in this log)
+        concurrency = blocks / per_req if per_req else 0.0
         if self.version.tokens_from_concurrency or self.sliding_groups:
             # hybrids from 0.21 too: "GPU KV cache size" is concurrency x L, not blocks x block size
             return int(concurrency * length), concurrency
-        return blocks // self.groups * self.block_size, concurrency
+        return blocks // self.groups * self.min_block_size, concurrency
 
     def max_length(self, kv_bytes: int, seqs: int, batched_tokens: int, limit: int, pp: int = 1) -> int:
         """Largest multiple of the block size <= limit such that `seqs` requests fit in kv_bytes."""
@@ -147,6 +182,9 @@ class KvLayout:
 KERNEL_MIN_BLOCK = 16
 """Smallest kernel block of FlashAttention, FlashInfer and Triton attention (0.21+
 `get_supported_kernel_block_sizes`; 0.11 HybridAttentionMambaModelConfig uses 16 too)."""
+SPARSE_MLA_BLOCK = 64
+"""Block size of the sparse-MLA backends (v1/attention/backends/mla/flashmla_sparse.py
+get_supported_kernel_block_sizes: [64]); the indexer cache follows it."""
 MLA_MIN_BLOCK = 128
 """MLA backends' block alignment in _align_hybrid_block_size (0.21+)."""
 GDN_CHECKPOINT_ALIGNMENT = 64
@@ -219,6 +257,8 @@ def _hybrid_layout(model: ModelArch, s: Settings, version: VllmVersion, n_attn: 
 def kv_layout(model: ModelArch, s: Settings, version: VllmVersion) -> KvLayout:
     """Page sizes and groups (vllm-memory-accounting §5-6), for the fullest PP stage."""
     bs = s.block_size
+    if model.is_sparse_mla:  # every sparse-MLA backend (FlashMLA sparse) takes 64-token blocks
+        bs = max(bs, SPARSE_MLA_BLOCK)
     per_layer = kv_bytes_per_token_layer(model, s) * bs
     types = [t for t in model.layer_types if t]
     stage = ceil_div(len(types), s.pp)
@@ -231,13 +271,22 @@ def kv_layout(model: ModelArch, s: Settings, version: VllmVersion) -> KvLayout:
     if n_slide == 0 or n_full == 0:
         # one group holding every layer of the stage
         kind_sliding = n_full == 0 and n_slide > 0
+        if kind_sliding:
+            per_layer = kv_bytes_per_token_layer(model, s, "sliding") * bs
         return KvLayout(bs, stage * per_layer, 0 if kind_sliding else 1, 1 if kind_sliding else 0,
                         model.sliding_window, version, pooling=model.pooling)
     # hybrid: group size g = the smallest bucket (or the largest if max < ratio x min)
     small, large = min(n_full, n_slide), max(n_full, n_slide)
     g = large if large < version.hybrid_group_ratio * small else small
-    return KvLayout(bs, g * per_layer, ceil_div(n_full, g), ceil_div(n_slide, g), model.sliding_window, version,
-                    pooling=model.pooling)
+    # layers whose page is smaller hold more tokens per block, so that every page is equal
+    # (v1/core/kv_cache_utils.py unify_kv_cache_spec_page_size; MiMo-V2: full 4 x 320, sliding 8 x 320)
+    page_full = per_layer
+    page_slide = kv_bytes_per_token_layer(model, s, "sliding") * bs
+    page = max(page_full, page_slide)
+    full_scale = page // page_full if page % page_full == 0 else 1
+    slide_scale = page // page_slide if page % page_slide == 0 else 1
+    return KvLayout(bs, g * page, ceil_div(n_full, g), ceil_div(n_slide, g), model.sliding_window, version,
+                    pooling=model.pooling, full_scale=full_scale, sliding_scale=slide_scale)
 
 
 def adr_kv_bytes_per_token(model: ModelArch, s: Settings) -> int:

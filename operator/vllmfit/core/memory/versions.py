@@ -48,7 +48,8 @@ class VllmVersion:
 
     @property
     def null_block_reserved(self) -> bool:
-        """0.33 plans capacity against KV_avail - one block (the null block)."""
+        """0.33's fit check plans against KV_avail - one block (the null block); the logged
+        capacity still divides every block (vLLM oracle, tests/data/vllm-oracle)."""
         return self.at_least(33)
 
     @property

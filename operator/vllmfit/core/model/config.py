@@ -238,6 +238,12 @@ def _parse(
         types = plan.attention
         if window is None:
             types = tuple("full" for _ in types)
+    elif isinstance(cfg.get("hybrid_layer_pattern"), list) and len(cfg["hybrid_layer_pattern"]) == layers:
+        # MiMo-V2-Flash: 1 = sliding-window layer (window sliding_window_size), 0 = full attention
+        # (vllm/model_executor/models/mimo_v2.py MiMoV2FlashDecoderLayer.is_swa_layer)
+        types = tuple("sliding" if t == 1 else "full" for t in cfg["hybrid_layer_pattern"])
+        swa = cfg.get("sliding_window_size", window)
+        window = swa if isinstance(swa, int) and not isinstance(swa, bool) and swa > 0 else window
     elif window is not None and model_type in ("gemma2",):  # Gemma 2: alternate sliding/full, sliding first
         types = tuple("sliding" if i % 2 == 0 else "full" for i in range(layers))
     elif window is not None and model_type in ("gemma3", "gemma3_text"):
@@ -314,6 +320,14 @@ def _parse(
         attn_output_gate=bool(cfg.get("attn_output_gate", model_type == "qwen3_next")),
         rope_cache_elems=_rope_cache_elems(cfg, rope_dim if kv_lora else int(
             head_dim * min(_factor(cfg.get("partial_rotary_factor") or 1, "partial_rotary_factor"), 1.0))),
+        kv_head_dim_v=_count(cfg.get("v_head_dim"), "v_head_dim", limits.MAX_HEAD_DIM) if not kv_lora else 0,
+        swa_num_kv_heads=_count(cfg.get("swa_num_key_value_heads"), "swa_num_key_value_heads", limits.MAX_HEADS),
+        swa_head_dim=_count(cfg.get("swa_head_dim"), "swa_head_dim", limits.MAX_HEAD_DIM),
+        swa_head_dim_v=_count(cfg.get("swa_v_head_dim"), "swa_v_head_dim", limits.MAX_HEAD_DIM),
+        # DeepSeek sparse attention: vLLM builds the indexer when the config has index_topk
+        # (models/deepseek_v2.py); its key cache is index_head_dim (+ fp8 scales) per token and layer
+        indexer_head_dim=_count(cfg.get("index_head_dim"), "index_head_dim", limits.MAX_HEAD_DIM)
+        if kv_lora and cfg.get("index_topk") is not None else 0,
         source=source,
         aliases=aliases,
         state=plan.spec if plan.spec is not None and any(plan.state) else None,

@@ -72,6 +72,11 @@ class ModelArch:
     attention_bias: bool = False
     attn_output_gate: bool = False  # q_proj also emits a gate (Qwen3-Next, Qwen3.5)
     rope_cache_elems: int = 0  # cos/sin cache vLLM keeps per rotary embedding (positions x rotary dim)
+    kv_head_dim_v: int = 0  # V head size of (non-MLA) attention when it differs from head_dim (0: the same)
+    swa_num_kv_heads: int = 0  # sliding-window layers' own KV heads / head sizes (MiMo-V2: swa_*; 0: the same)
+    swa_head_dim: int = 0
+    swa_head_dim_v: int = 0
+    indexer_head_dim: int = 0  # sparse MLA (DeepSeek-V3.2, GLM-5): the indexer's key cache per layer (index_head_dim)
     state: StateSpec | None = None  # recurrent state of Mamba / short-conv / GDN / linear-attention layers
     state_layers: tuple[bool, ...] = ()  # per layer: carries a recurrent state
     mlp_kinds: tuple[str, ...] = ()  # per layer: "dense" | "moe" | "" (none); () = first_k_dense rule
@@ -83,6 +88,11 @@ class ModelArch:
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
+
+    @property
+    def is_sparse_mla(self) -> bool:
+        """DeepSeek sparse attention: MLA with a lightning indexer (64-token blocks, indexer KV)."""
+        return self.is_mla and self.indexer_head_dim > 0
 
     @property
     def is_moe(self) -> bool:
