@@ -150,3 +150,11 @@ def test_a_reservation_carries_the_tolerations_of_the_deployments_on_its_gpu_and
     assert pod["spec"]["tolerations"][1:] == tols
     assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
     assert "imagePullSecrets" not in rsv.reservation_pod(rsv.Config(), "n", 0, "r")["spec"]
+
+
+def test_the_runtime_class_of_sharing_replicas_is_the_configured_one_not_a_constant() -> None:
+    r = api.ReplicaPlacement(replica=0, node="n", gpus=[api.GpuRef(index=0, uuid="GPU-0")])
+    assert binding.bind(r, 1, exclusive=False).pod["runtimeClassName"] == "nvidia"  # the chart's default
+    assert binding.bind(r, 1, exclusive=False, runtime_class="nvidia-legacy").pod["runtimeClassName"] == "nvidia-legacy"
+    assert "runtimeClassName" not in binding.bind(r, 1, exclusive=False, runtime_class="").pod  # the default runtime
+    assert "runtimeClassName" not in binding.bind(r, 1, exclusive=True, runtime_class="x").pod  # limits need none

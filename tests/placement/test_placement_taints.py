@@ -122,3 +122,39 @@ def test_too_many_taints_is_a_node_that_takes_nothing_new() -> None:
     r = placement.read_node(node_obj({"taints": many}), catalog.gpu_for_label)
     assert r.info is not None and r.info.unschedulable and r.info.taints == ()
     assert any("spec.taints" in w for w in r.warnings)
+
+
+# --- issue 21 item 5: where no binding of the device-plugin backend can hold a GPU ------------------
+
+def labelled(**labels: str) -> dict[str, object]:
+    obj = node_obj({})
+    obj["metadata"]["labels"].update(labels)  # type: ignore[index]
+    return obj
+
+
+@pytest.mark.parametrize("labels,why", [
+    ({"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "time-slicing"},
+     "node(s) shared each GPU through the device plugin (time-slicing, nvidia.com/gpu.replicas=4)"),
+    ({"nvidia.com/gpu.sharing-strategy": "mps", "nvidia.com/gpu.replicas": "2"}, "(mps, nvidia.com/gpu.replicas=2)"),
+    ({"nvidia.com/gpu.replicas": "8"}, "(time-slicing or MPS, nvidia.com/gpu.replicas=8)"),
+    ({"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}, "node(s) ran GKE's GPU driver"),
+    ({"vllmfit.dev/binding": "none"}, "node(s) had label vllmfit.dev/binding=none"),
+])
+def test_a_node_without_a_safe_binding_gets_nothing_and_says_why(labels: dict[str, str], why: str) -> None:
+    from vllmfit.sources import catalog
+    r = placement.read_node(labelled(**labels), catalog.gpu_for_label)
+    assert r.info is not None and r.info.unsafe is not None and why in r.info.unsafe
+    d = placement.decide(placement.Ledger([r.info]), request("a", **SMALL))
+    assert not d.admitted and why in d.message
+
+
+@pytest.mark.parametrize("labels", [
+    {"nvidia.com/gpu.replicas": "1", "nvidia.com/gpu.sharing-strategy": "none"},
+    {"cloud.google.com/gke-accelerator": "nvidia-l4", "nvidia.com/gpu.deploy.container-toolkit": "true"},
+    {"nvidia.com/gpu.replicas": "4", "vllmfit.dev/binding": "visible-devices"},  # the administrator vouches
+])
+def test_nodes_with_a_safe_binding_are_used(labels: dict[str, str]) -> None:
+    from vllmfit.sources import catalog
+    r = placement.read_node(labelled(**labels), catalog.gpu_for_label)
+    assert r.info is not None and r.info.unsafe is None
+    assert placement.decide(placement.Ledger([r.info]), request("a", **SMALL)).admitted

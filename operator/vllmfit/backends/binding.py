@@ -44,12 +44,16 @@ def visible_devices(gpus: Sequence[api.GpuRef]) -> str:
 
 
 def bind(replica: api.ReplicaPlacement, n_gpus: int, *, exclusive: bool, pins: Sequence[str] | None = None,
-         gated: bool = False, claim_template: str | None = None) -> Binding:
+         gated: bool = False, claim_template: str | None = None, runtime_class: str | None = RUNTIME_CLASS
+         ) -> Binding:
     """`pins`: the UUIDs to pin to (None: from the placement). `gated`: the pod waits behind the
     reservation gate until the operator sees every pinned GPU held; with no pins known yet it
     names no GPU (`void`) and is replaced once they are. `claim_template`: a DRA node; the
     container gets its GPUs through a claim made from that ResourceClaimTemplate (the DRA driver
-    exposes them; no limit, no runtime class, no env)."""
+    exposes them; no limit, no runtime class; NVIDIA_VISIBLE_DEVICES=void). `runtime_class`: the
+    RuntimeClass of sharing replicas, the same as the reservation pods' (chart value
+    `placement.reservation.runtimeClassName`; empty or None where the NVIDIA runtime is the
+    default)."""
     if claim_template:
         # The driver's CDI edits inject the claimed GPUs; void keeps the NVIDIA runtime (the
         # default runtime on GPU Operator nodes) from adding what an image's own env names
@@ -65,7 +69,7 @@ def bind(replica: api.ReplicaPlacement, n_gpus: int, *, exclusive: bool, pins: S
         visible = ",".join(pins or ()) or reservation.VOID
     env = ({"name": "NVIDIA_VISIBLE_DEVICES", "value": visible},
            {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"})
-    pod: dict[str, Any] = {"runtimeClassName": RUNTIME_CLASS}
+    pod: dict[str, Any] = {"runtimeClassName": runtime_class} if runtime_class else {}
     annotations: dict[str, str] = {}
     if gated:
         pod["schedulingGates"] = [{"name": reservation.GATE}]

@@ -127,7 +127,8 @@ def exclusive(ledger: Ledger, key: str, node: str, gpus: Iterable[int]) -> bool:
 
 def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: api.Flags, model_name: str,
                *, exclusive: bool, weights_bytes: int = 0, pins: Sequence[str] | None = None,
-               gated: bool = False, claim_template: str | None = None) -> dict[str, Any]:
+               gated: bool = False, claim_template: str | None = None,
+               runtime_class: str | None = binding.RUNTIME_CLASS) -> dict[str, Any]:
     """The Deployment running one replica, pinned to its node and GPUs, with the spec's
     podTemplate merged in (podtemplate.merge). The startup probe allows for loading
     `weights_bytes` (the replica's checkpoint) unless the template sets its timing.
@@ -148,7 +149,8 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
     resources = {k: dict(v) for k, v in (spec.resources or {}).items() if isinstance(v, dict)}
     for part in resources.values():
         part.pop(GPU_RESOURCE, None)
-    gpu = binding.bind(replica, n_gpus, exclusive=exclusive, pins=pins, gated=gated, claim_template=claim_template)
+    gpu = binding.bind(replica, n_gpus, exclusive=exclusive, pins=pins, gated=gated, claim_template=claim_template,
+                       runtime_class=runtime_class)
     if gpu.limits:
         resources.setdefault("limits", {}).update(gpu.limits)
     if gpu.claims:

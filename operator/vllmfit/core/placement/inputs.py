@@ -69,9 +69,13 @@ class NodeInfo:
     error: str | None = None  # why nothing may be placed here (an invalid budget policy label)
     taints: tuple[Taint, ...] = ()  # spec.taints (core.placement.taints)
     unschedulable: bool = False  # spec.unschedulable (cordoned)
+    unsafe: str | None = None  # why no binding vllmfit has can hold its GPUs (core.placement.nodes.binding_problem)
 
     def refuses(self, tolerations: tuple[Toleration, ...]) -> str | None:
-        """Why this node takes no new pod with these tolerations (cordon, untolerated taint)."""
+        """Why this node takes no new pod with these tolerations (no safe GPU binding, cordon,
+        untolerated taint), in the kube-scheduler's way of counting nodes."""
+        if self.unsafe:
+            return self.unsafe
         if not self.taints and not self.unschedulable:
             return None
         return untolerated(self.taints, self.unschedulable, tolerations)
@@ -125,7 +129,7 @@ def settings_from_spec(spec: VLLMDeploymentSpec, policy: memory.Policy = "vllm")
 
 def refusal(node: NodeInfo, spec: VLLMDeploymentSpec) -> str | None:
     """Why `node` takes no new replica of `spec` for its taints or cordon (None: it may)."""
-    return node.refuses(tolerations_of(spec)) if node.taints or node.unschedulable else None
+    return node.refuses(tolerations_of(spec)) if node.taints or node.unschedulable or node.unsafe else None
 
 
 def request_from_object(obj: VLLMDeployment, model: ModelArch) -> Request:

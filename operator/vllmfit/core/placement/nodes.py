@@ -130,8 +130,9 @@ def read_node(
     node_spec = obj.get("spec") if isinstance(obj, Mapping) else None
     taints, unschedulable, problem = read_taints(node_spec)
     info = _with_policy(r.info, policy)
-    if (info.taints, info.unschedulable) != (taints, unschedulable):
-        info = replace(info, taints=taints, unschedulable=unschedulable)
+    unsafe = binding_problem(info.labels)
+    if (info.taints, info.unschedulable, info.unsafe) != (taints, unschedulable, unsafe):
+        info = replace(info, taints=taints, unschedulable=unschedulable, unsafe=unsafe)
     warnings = (*r.warnings, f"node {r.name}: {problem}") if problem else r.warnings
     return replace(r, info=info, warnings=warnings)
 
@@ -199,6 +200,47 @@ def _read_node(
         return NodeRead(name, fallback, None, tuple(warnings))
     kept = previous if previous is not None else fallback
     return NodeRead(name, kept, problem, tuple(warnings))
+
+
+BINDING_LABEL = "vllmfit.dev/binding"
+"""A node-pool label the cluster administrator sets to override what vllmfit reads from the node:
+`visible-devices` (the NVIDIA container runtime honours NVIDIA_VISIBLE_DEVICES here: share its
+GPUs through reservation pods) or `none` (place nothing here)."""
+SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"  # GPU Feature Discovery: none, time-slicing, mps
+REPLICAS_LABEL = "nvidia.com/gpu.replicas"
+GKE_ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
+GPU_OPERATOR_LABEL = "nvidia.com/gpu.deploy.container-toolkit"  # the GPU Operator's NVIDIA runtime runs here
+
+
+def binding_problem(labels: Mapping[str, str]) -> str | None:
+    """Why no GPU binding of vllmfit's device-plugin backend can hold this node's GPUs (None: one
+    can), in the kube-scheduler's way of counting nodes (issue 21 item 5):
+
+    - time-slicing or MPS in the device plugin (`nvidia.com/gpu.replicas` > 1, or the sharing
+      strategy label): one `nvidia.com/gpu` is a fraction of a GPU, so neither a reservation pod
+      nor a replica's limit holds a whole GPU;
+    - GKE's own GPU driver (the `cloud.google.com/gke-accelerator` label without the GPU
+      Operator's container toolkit): its device plugin exposes only the GPUs a container
+      requests, so NVIDIA_VISIBLE_DEVICES cannot give a replica the GPU its reservation holds.
+
+    The label `vllmfit.dev/binding` overrides: `visible-devices` (the administrator vouches for
+    the NVIDIA runtime there) or `none`. A node whose GPUs DRA shares is read from its
+    ResourceSlices instead and is not concerned."""
+    override = labels.get(BINDING_LABEL, "").strip()
+    if override == "visible-devices":
+        return None
+    if override == "none":
+        return f"node(s) had label {BINDING_LABEL}=none"
+    replicas = labels.get(REPLICAS_LABEL, "").strip()
+    strategy = labels.get(SHARING_LABEL, "").strip()
+    if (replicas.isdigit() and int(replicas) > 1) or strategy in ("time-slicing", "mps"):
+        how = strategy if strategy in ("time-slicing", "mps") else "time-slicing or MPS"
+        return (f"node(s) shared each GPU through the device plugin ({how}, {REPLICAS_LABEL}={replicas or '?'}): "
+                "a reservation cannot hold a whole GPU there; use DRA or turn sharing off on that node pool")
+    if labels.get(GKE_ACCELERATOR_LABEL) and labels.get(GPU_OPERATOR_LABEL) != "true":
+        return (f"node(s) ran GKE's GPU driver, which exposes only requested GPUs (NVIDIA_VISIBLE_DEVICES cannot "
+                f"pin a shared GPU); use DRA, the GPU Operator, or label the pool {BINDING_LABEL}=visible-devices")
+    return None
 
 
 def node_from_object(

@@ -125,7 +125,8 @@ async def sync_children(store: Store, key: str) -> None:
                          pins: list[str] | None = pins, gated: bool = gated, tmpl: str | None = tmpl) -> dict[str, Any]:
                     return builders.deployment(obj, p, flags, req.model.name, exclusive=exclusive and not tmpl,
                                                weights_bytes=weights, pins=pins, gated=gated and not exclusive,
-                                               claim_template=tmpl)
+                                               claim_template=tmpl,
+                                               runtime_class=store.options.reservation.runtime_class)
 
                 if await apply_deployment(apps, make, ex, rec.body) and not tmpl:
                     store.whole[(key, p.replica)] = p.node
