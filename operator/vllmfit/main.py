@@ -37,9 +37,19 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+def program_name(argv0: str) -> str:
+    """How the user called us, for usage and error lines: `vllmfit`, or `kubectl vllmfit` when
+    run as the kubectl plugin (the console script kubectl-vllmfit, found by kubectl on PATH; a
+    plugin named kubectl-a_b is called as `kubectl a-b`)."""
+    name = os.path.basename(argv0 or "")
+    if name.startswith("kubectl-") and len(name) > len("kubectl-"):
+        return "kubectl " + name.removeprefix("kubectl-").replace("_", "-")
+    return "vllmfit"
+
+
+def build_parser(command: str | None = None, prog: str = "vllmfit") -> argparse.ArgumentParser:
     parser = OneLineParser(
-        prog="vllmfit", description="Fit vLLM deployments onto shared GPUs without out-of-memory."
+        prog=prog, description="Fit vLLM deployments onto shared GPUs without out-of-memory."
     )
     parser.add_argument("--version", action="version", version=f"vllmfit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -55,7 +65,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(argv[0] if argv else None)
+    prog = program_name(sys.argv[0] if sys.argv else "")
+    parser = build_parser(argv[0] if argv else None, prog)
     args = parser.parse_args(argv)
     try:
         code = int(args.func(args) or 0)
@@ -65,11 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return 141  # 128 + SIGPIPE, what a shell reports for a command killed by a closed pipe
     except RecursionError:
-        print("vllmfit: error: input nested too deeply", file=sys.stderr)
+        print(f"{prog}: error: input nested too deeply", file=sys.stderr)
         return 2
     except (UserError, ValueError, LookupError, OSError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"vllmfit: error: {msg}", file=sys.stderr)
+        print(f"{prog}: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
