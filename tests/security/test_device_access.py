@@ -195,3 +195,24 @@ def test_the_merge_raises_only_a_template_error(spec: dict[str, Any]) -> None:
         podtemplate.merge(pod, {}, template)
     except podtemplate.TemplateError as e:
         assert str(e).startswith("podTemplate cannot be merged") and isinstance(e, ValueError)
+
+
+# --- issue 21 item 4: an inline model config is not trusted for a model vllmfit knows ----------------
+
+TINY = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 1,
+        "num_key_value_heads": 1, "intermediate_size": 64, "vocab_size": 128, "max_position_embeddings": 2048}
+
+
+@pytest.mark.parametrize("field", ["modelConfig", "modelConfigRef"])
+def test_a_model_config_for_a_catalog_model_is_refused(field: str) -> None:
+    value: object = TINY if field == "modelConfig" else {"name": "cfg"}
+    problems = builders.spec_problems(obj(**{field: value}))  # spec.model: Llama-3.1-8B, in the catalog
+    assert problems == [(f"spec.{field}: meta-llama/Llama-3.1-8B-Instruct is in vllmfit's catalog, whose config is "
+                        f"what vLLM loads; remove spec.{field} (a config that differs from the real one would book "
+                        "the wrong memory)")]
+
+
+def test_a_model_config_for_a_model_vllmfit_does_not_know_is_used() -> None:
+    o = api.VLLMDeployment.model_validate({"metadata": {"name": "t", "namespace": "ns"},
+                                           "spec": {"model": "acme/private-tiny", "modelConfig": TINY}})
+    assert builders.spec_problems(o) == []

@@ -27,6 +27,7 @@ from typing import Any
 from vllmfit.backends.binding import GPU_RESOURCE
 from vllmfit.core import defaults
 from vllmfit.core.spec import api
+from vllmfit.sources import catalog
 
 CONTAINER = "vllm"
 SHM_VOLUME = "dshm"
@@ -147,9 +148,28 @@ def _use(field: str, use: str | None, why: str = "vllmfit's GPU binding sets it"
     return f"{field} is set by vllmfit; use {use} instead" if use else f"{field} is set by vllmfit ({why}); remove it"
 
 
+def model_config_problem(spec: api.VLLMDeploymentSpec) -> str | None:
+    """Inline `modelConfig` (or `modelConfigRef`) is not trusted for a model vllmfit knows
+    (issue 21 item 4): vLLM loads the real config of a catalog model, so a smaller config written
+    by a tenant would only make vllmfit book less than the server takes, next to other tenants'
+    servers. For a model vllmfit does not know (a private repository, a local path) the spec's
+    config is all it has, and it is used (docs/webhook.md, "What vllmfit believes")."""
+    if spec.model_config_inline is None and spec.model_config_ref is None:
+        return None
+    try:
+        catalog.model(spec.model)
+    except LookupError:
+        return None
+    field = "spec.modelConfig" if spec.model_config_inline is not None else "spec.modelConfigRef"
+    return (f"{field}: {spec.model} is in vllmfit's catalog, whose config is what vLLM loads; remove {field} "
+            "(a config that differs from the real one would book the wrong memory)")
+
+
 def problems(spec: api.VLLMDeploymentSpec) -> list[str]:
-    """One message per podTemplate (or spec.env) field that fights what vllmfit owns."""
-    out = [f"spec.env {e.get('name')} is set by vllmfit's GPU binding; use spec.placement.gpuIndices to choose GPUs"
+    """One message per podTemplate (or spec.env) field that fights what vllmfit owns, and a
+    modelConfig vllmfit does not trust (`model_config_problem`)."""
+    out = [p for p in [model_config_problem(spec)] if p]
+    out += [f"spec.env {e.get('name')} is set by vllmfit's GPU binding; use spec.placement.gpuIndices to choose GPUs"
            for e in spec.env if e.get("name") in BINDING_ENV or is_device_env(e.get("name"))]
     for part, values in sorted((spec.resources or {}).items()):
         if isinstance(values, Mapping):
