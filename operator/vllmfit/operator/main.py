@@ -67,6 +67,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reservation-service-account", default=os.environ.get("VLLMFIT_RESERVATION_SERVICE_ACCOUNT") or "",
                    help="service account of reservation pods: it may get and patch pods in the operator's "
                         "namespace (the pod writes its GPU's UUID on itself)")
+    p.add_argument("--reservation-image-pull-secret", action="append", default=[], metavar="NAME",
+                   help="a Secret in the operator's namespace that reservation pods pull their image with "
+                        "(repeatable)")
     p.add_argument("--dra-driver", default=os.environ.get("VLLMFIT_DRA_DRIVER") or "gpu.nvidia.com",
                    help="DRA driver whose ResourceSlices publish the GPUs (default: gpu.nvidia.com)")
     p.add_argument("--dra-device-class", default=os.environ.get("VLLMFIT_DRA_DEVICE_CLASS") or "gpu.nvidia.com",
@@ -209,7 +212,8 @@ def run(args: argparse.Namespace) -> int:
     store.options.reservation = rsv.Config(
         namespace=args.namespace or "default", image=args.reservation_image or rsv.Config().image,
         priority_class=args.reservation_priority_class, runtime_class=args.reservation_runtime_class,
-        service_account=args.reservation_service_account)
+        service_account=args.reservation_service_account,
+        image_pull_secrets=tuple(getattr(args, "reservation_image_pull_secret", None) or ()))
     settings = kopf.OperatorSettings()
     handlers.configure(settings)
     hook = _webhook()
