@@ -72,7 +72,7 @@ def test_pinned_overfit_without_reschedule_is_unschedulable_with_a_checked_fix_e
     assert d.phase == "Unschedulable"
     head = ledger.headroom_bytes("a", 0)
     assert d.message.startswith("pinned placement does not fit: a: GPU 0 needs ")
-    assert f"{memory.fmt_gib(head)} free" in d.message
+    assert f"{memory.fmt_gib(head)} of budget left" in d.message
     assert "placement.nodeName: b, placement.gpuIndices: [0]" in d.suggestions
     assert "placement.allowReschedule: true" in d.suggestions
     for fix in d.suggestions:  # every suggestion, applied, fits

@@ -122,7 +122,7 @@ def gpu_row_svg(p: Plan, sl: GpuSlot, palette: dict[str, Look], y: int, indent: 
         f'<text x="{indent}" y="{y + 13}" font-size="12" {MONO}>{html.escape(gpu_label_text(sl))}</text>'
         + svg_bar(gpu_segments(p, sl, palette), x, y, palette=palette)
         + f'<text x="{x + SVG_BAR + 8}" y="{y + 13}" font-size="12" {FONT}>'
-        f"{gib(used)}/{gib(sl.budget_bytes)} GiB, {gib(head)} free</text>"
+        f"{gib(used)}/{gib(sl.budget_bytes)} GiB, {gib(head)} left</text>"
     )
 
 

@@ -153,7 +153,7 @@ def node_table(
         head = p.ledger.headroom_bytes(sl.node, sl.index)
         label = gpu_row_label(p, sl)
         used = Text(f"{gib(p.ledger.used_bytes(sl.node, sl.index))}/{gib(sl.budget_bytes)} GiB, ")
-        used.append(f"{gib(head)} free", style="red" if head < 0 else "")
+        used.append(f"{gib(head)} left", style="red" if head < 0 else "")
         row: list[Text | str] = [label, bar(gpu_segments(p, sl, palette), width, palette), used]
         if wide:
             deps = sorted({b.deployment for b in p.ledger.bookings_on(sl.node, sl.index)})

@@ -66,7 +66,7 @@ def _check_pinned(
         None,
         (
             f"{node.name}: {slots[tight].label} needs {fmt_gib(fps[tight].total)}, "
-            f"{fmt_gib(max(heads[tight], 0))} free"
+            f"{fmt_gib(max(heads[tight], 0))} of budget left"
         ),
         warnings,
     )
