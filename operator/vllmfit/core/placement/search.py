@@ -14,6 +14,7 @@ from vllmfit.core.model.facts import GpuType, ModelArch
 from vllmfit.core.placement import affinity
 from vllmfit.core.placement.inputs import NodeInfo, Request, refusal
 from vllmfit.core.placement.ledger import Ledger, NodeSet
+from vllmfit.core.placement.taints import tolerations_of
 from vllmfit.core.spec.api import VLLMDeploymentSpec
 
 # --- Sizing (cached: the result depends only on model, settings, GPU type and `available`) ------
@@ -79,7 +80,11 @@ def schedulable(ledger: Ledger, matching: NodeSet | None, spec: VLLMDeploymentSp
     """`matching` (None: every node) without the nodes that refuse the spec's pods for a taint or
     a cordon; `matching` itself when no node refuses them."""
     names = ledger.nodes if matching is None else matching.names
-    barred = {n for n in names if refusal(ledger.nodes[n], spec)}
+    marked = [n for n in names if (nd := ledger.nodes[n]).taints or nd.unschedulable or nd.unsafe]
+    if not marked:
+        return matching  # the common case: no node is cordoned, tainted or unsafe
+    tol = tolerations_of(spec)
+    barred = {n for n in marked if ledger.nodes[n].refuses(tol)}
     return matching if not barred else ledger.node_set(n for n in names if n not in barred)
 
 
