@@ -385,7 +385,7 @@ def _state_json(est: memory.Estimate) -> dict[str, Any] | None:
 
 def _policy_json(est: memory.Estimate) -> dict[str, Any]:
     p = est.policy if isinstance(est.policy, memory.BudgetPolicy) else memory.DEFAULT_POLICY
-    return {"utilization": p.utilization, "reserve_bytes": p.reserve_bytes, "source": p.source,
+    return {"name": p.name, "utilization": p.utilization, "reserve_bytes": p.reserve_bytes, "source": p.source,
             "held_back_bytes": p.held_back(est.capacity_bytes)}
 
 
