@@ -231,7 +231,7 @@ def test_the_cli_policy_moves_the_budget(capsys) -> None:
                      "--budget-reserve", "1Gi", "-o", "json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["per_gpu"]["budget_bytes"] == int(0.95 * T) - GIB
-    assert d["budget_policy"] == {"utilization": 0.95, "reserve_bytes": GIB, "source": "CLI",
+    assert d["budget_policy"] == {"name": "custom", "utilization": 0.95, "reserve_bytes": GIB, "source": "CLI",
                                   "held_back_bytes": T - (int(0.95 * T) - GIB)}
 
 
