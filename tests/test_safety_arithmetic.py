@@ -370,3 +370,25 @@ def test_a_layout_without_groups_holds_nothing() -> None:
     assert kv.concurrency(100 * MIB, 1000, 2048) == 0.0
     assert kv.pool_tokens(100 * MIB) == 0
     assert kv.max_seqs(100 * MIB, 1000, 2048) == 0
+
+
+def test_0_33_max_length_counts_the_pipeline_term() -> None:
+    # PP 2, B 683: 385 blocks per request at any length past the window (see above); PP 1 would be 343.
+    kv = _layout(VllmVersion(0, 33))
+    assert kv.max_length(2 * 385 * MIB + MIB, 2, 683, 131072, 2) == 131072
+    assert kv.max_length(2 * 385 * MIB + MIB - 1, 2, 683, 131072, 2) < 131072
+
+
+def test_a_pooling_model_without_layer_types_holds_no_kv_cache() -> None:
+    import dataclasses
+
+    from vllmfit.core.memory import Settings
+    from vllmfit.core.memory.kv import kv_layout
+    from vllmfit.sources import catalog
+
+    bge = dataclasses.replace(catalog.model("BAAI/bge-m3"), layer_types=())
+    assert bge.pooling
+    kv = kv_layout(bge, Settings(), VllmVersion(0, 21))
+    assert (kv.block_bytes, kv.groups, kv.pooling, kv.version) == (0, 0, True, VllmVersion(0, 21))
+    assert kv.bytes_for(8192, 4, 2048) == 0
+    assert kv.blocks_per_request(8192, 2048) == 0
