@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -173,3 +174,28 @@ def test_exit_0_when_everything_fits_and_1_when_anything_does_not(tmp_path: Path
     assert cli.main(["plan", "-f", str(nodes), "-f", fits, "-f", too_big, "-o", "json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert sorted(d["phase"] for d in data["deployments"]) == ["Admitted", "Unschedulable"]
+
+
+def test_the_common_case_is_admitted_on_one_l4_with_the_room_as_kv_cache(tmp_path: Path, capsys) -> None:
+    """Issue 24: Llama-3.1-8B bf16 at 8k on an empty L4 is admitted by `plan` too (the counted budget),
+    and with no kvCache it gets the room left (whole 2 MiB blocks of 16 x 128 KiB), at least 8192 tokens."""
+    f = tmp_path / "l4.yaml"
+    f.write_text("""apiVersion: v1
+kind: Node
+metadata:
+  name: l4
+  labels: {nvidia.com/gpu.product: NVIDIA-L4, nvidia.com/gpu.count: "1", nvidia.com/gpu.memory: "23034"}
+---
+apiVersion: vllmfit.dev/v1alpha1
+kind: VLLMDeployment
+metadata: {name: chat, namespace: default}
+spec: {model: meta-llama/Llama-3.1-8B-Instruct, maxModelLen: 8192}
+""")
+    assert cli.main(["plan", "-f", str(f), "-o", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    [g] = data["gpus"]
+    [d] = data["deployments"]
+    assert d["phase"] == "Admitted" and g["budget_bytes"] == int(0.9 * g["capacity_bytes"])
+    kv = d["per_gpu"]["kv_cache_bytes"]
+    assert kv % (16 * 131072) == 0 and kv // 131072 - 16 >= 8192  # one null block held back (vLLM 0.33)
+    assert 0 <= g["headroom_bytes"] < 16 * 131072 + math.ceil(g["capacity_bytes"] / 10_000)
