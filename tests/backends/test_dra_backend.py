@@ -294,3 +294,13 @@ def test_a_catalog_entry_never_replaces_the_memory_a_slice_reports() -> None:
     gpu = info.gpus[0].gpu
     assert gpu.memory_bytes == 40 * GIB
     assert gpu.cuda_total_bytes == 40 * GIB - (h100.memory_bytes - h100.cuda_total_bytes)
+
+
+def test_a_dra_node_keeps_the_taints_and_cordon_of_its_node_object() -> None:
+    from dataclasses import replace
+
+    from vllmfit.core.placement import taints
+    devs = dra.devices_from_slices([slice8()])["h100-node-a"]
+    facts = replace(NodeInfo("h100-node-a", {}, ()), taints=(taints.Taint("k", "v", "NoSchedule"),), unschedulable=True)
+    info = dra.node_from_dra("h100-node-a", {}, devs, [], catalog.gpu_for_label, facts=facts)
+    assert info.taints == facts.taints and info.unschedulable

@@ -373,7 +373,7 @@ def device_indices(devices: Sequence[Device], agent: NodeInfo | None = None) -> 
 
 def node_from_dra(node: str, labels: Mapping[str, str], devices: Sequence[Device], uses: Iterable[Use],
                   gpu_lookup: GpuLookup, *, booked: Mapping[tuple[str, int], int] | None = None,
-                  agent: NodeInfo | None = None) -> NodeInfo:
+                  agent: NodeInfo | None = None, facts: NodeInfo | None = None) -> NodeInfo:
     """A DRA node's GPUs as the ledger sees them (indices: `device_indices`). Foreign use of a
     GPU: the memory claims vllmfit did not make consume, plus what vllmfit's own claims consume
     beyond what it booked (`booked`: (node, index) -> bytes; the scheduler rounds requests up to
@@ -394,7 +394,9 @@ def node_from_dra(node: str, labels: Mapping[str, str], devices: Sequence[Device
         foreign, mine = used.get(d.key, (0, 0))
         excess = max(0, mine - (booked or {}).get((node, i), 0))
         slots.append(GpuSlot(node, i, gpu, d.uuid, max(foreign + excess, k.foreign_bytes if k else 0)))
-    return NodeInfo(node, dict(labels), tuple(sorted(slots, key=lambda s: s.index)), agent.warnings if agent else ())
+    # `facts`: what the Node object says; its taints and cordon hold on a DRA node too (issue 21)
+    return NodeInfo(node, dict(labels), tuple(sorted(slots, key=lambda s: s.index)), agent.warnings if agent else (),
+                    taints=facts.taints if facts else (), unschedulable=facts.unschedulable if facts else False)
 
 
 def reported(gpu: GpuType, memory_bytes: int) -> GpuType:

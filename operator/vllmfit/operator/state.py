@@ -141,7 +141,7 @@ class Store:
         agent = info if info is not None and any(s.uuid for s in info.gpus) else None
         try:
             return dra.node_from_dra(name, info.labels if info else {}, devs, uses, catalog.gpu_for_label,
-                                     booked=booked, agent=agent)
+                                     booked=booked, agent=agent, facts=info)
         except LookupError as e:
             logger.warning("node %s: DRA devices unusable: %s", name, e)
             return None
