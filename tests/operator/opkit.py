@@ -39,7 +39,12 @@ _clock = itertools.count(1)
 
 
 def vd(name: str, model: str = "Qwen/Qwen2.5-7B-Instruct", *, ns: str = "default", **spec: Any) -> dict[str, Any]:
-    """A VLLMDeployment as the API server would store it (KMock fills in no metadata)."""
+    """A VLLMDeployment as the API server would store it (KMock fills in no metadata). With no kvCache
+    it asks for one request of the full context (kvCache.concurrency 1), the KV cache these tests
+    were written for: a spec that asks for nothing is granted the room left on its GPUs (issue 24),
+    which would take whole GPUs from the neighbours these tests place."""
+    if "kvCache" not in spec and "gpuMemoryUtilization" not in spec:
+        spec = {**spec, "kvCache": {"concurrency": 1}}
     return {
         "apiVersion": f"{api.GROUP}/{api.VERSION}",
         "kind": api.KIND,

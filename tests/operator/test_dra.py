@@ -154,8 +154,9 @@ async def test_a_foreign_claim_before_admission_is_foreign_use(cluster: Cluster,
     st = await cluster.phase("pinned", "Admitted")
     [(i, need)] = booked(cluster, "pinned")
     assert i == 1
-    free = (int(0.9 * get_store().ledger.slot("gpu-d", 0).capacity_bytes) - 2 * GIB - 60 * GIB) / GIB  # ADR-0002
-    assert st["warnings"] == [(f"pinned placement does not fit (gpu-d: GPU 0 needs {need / GIB:.1f} GiB, {free:.1f} GiB free); "
+    free = (int(0.9 * get_store().ledger.slot("gpu-d", 0).capacity_bytes) - 60 * GIB) / GIB  # the counted policy
+    assert st["warnings"] == [(f"pinned placement does not fit (gpu-d: GPU 0 needs {need / GIB:.1f} GiB, {free:.1f} GiB "
+                               "of budget left); "
                               "placed on gpu-d GPU 1 instead")]
     await one_template(cluster, "pinned", U[1])
     await release(cluster, "training", "research")  # the job ends: GPU 0 is free again

@@ -74,7 +74,7 @@ def test_replicas_get_distinct_stable_peering_priorities() -> None:
 
 
 async def test_metrics_follow_the_ledger(cluster: Cluster, operator: Operator, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(get_store().options, "budget", memory.BudgetPolicy(0.90, 2 * GIB))  # BUDGET's figures
+    monkeypatch.setattr(get_store().options, "budget", memory.BudgetPolicy(0.90, 0))  # BUDGET's figures (counted)
     before = samples().get(("vllmfit_admissions_total", (("result", "Admitted"),)), 0)
     await cluster.create(node("gpu-a", gpus=2))
     await cluster.create(vd("llama", "Qwen/Qwen2.5-7B-Instruct"))
