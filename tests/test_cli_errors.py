@@ -11,7 +11,7 @@ from kubernetes.client import V1Node, V1NodeList, V1ObjectMeta
 from kubernetes.client.exceptions import ApiException
 
 from vllmfit import main as entry
-from vllmfit.cli import plan as plancmd
+from vllmfit.cli import status as statuscmd
 from vllmfit.core.errors import UserError
 
 
@@ -58,7 +58,7 @@ ARGS = argparse.Namespace(kubeconfig=None, context=None, output="table", out_fil
 def test_status_without_the_crd_says_so_in_a_sentence() -> None:
     assert str(ApiException(status=404, reason="Not Found")).startswith("(404)")  # what was printed before
     with pytest.raises(UserError) as err:
-        plancmd.run_status(ARGS, _Nodes(), _NoCrd(404, "Not Found"))
+        statuscmd.run_status(ARGS, _Nodes(), _NoCrd(404, "Not Found"))
     msg = str(err.value)
     assert "(404)" not in msg and "\n" not in msg
     assert "vllmdeployments.vllmfit.dev" in msg and "not installed" in msg
@@ -69,7 +69,7 @@ def test_status_without_the_crd_says_so_in_a_sentence() -> None:
     (403, "Forbidden", "may not list"), (401, "Unauthorized", "credentials"), (500, "Internal Server Error", "500")])
 def test_status_api_refusals_are_sentences(status: int, reason: str, words: str) -> None:
     with pytest.raises(UserError) as err:
-        plancmd.run_status(ARGS, _Nodes(), _NoCrd(status, reason))
+        statuscmd.run_status(ARGS, _Nodes(), _NoCrd(status, reason))
     msg = str(err.value)
     assert not msg.split(": ", 1)[1].startswith("("), msg
     assert words in msg and "\n" not in msg

@@ -11,7 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllmfit.cli import plan
+from vllmfit.cli import documents
 
 scalar = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=12),
                    st.sampled_from(["yes", "no", "on", "0x1f", "1_000", "~", "", "2025-01-01", ".inf", "0o17",
@@ -25,14 +25,14 @@ data = st.recursive(scalar, lambda c: st.lists(c, max_size=4) | st.dictionaries(
 @given(data, st.sampled_from([False, True]))
 def test_load_yaml_is_pyyaml_safe_load(value: object, flow: bool) -> None:
     text = yaml.dump(value, Dumper=yaml.CSafeDumper, default_flow_style=flow, allow_unicode=True)
-    assert plan.load_yaml(text) == yaml.load(text, Loader=yaml.CSafeLoader)
+    assert documents.load_yaml(text) == yaml.load(text, Loader=yaml.CSafeLoader)
 
 
 def test_anchors_merge_keys_and_tags_follow_pyyaml() -> None:
     for text in ["a: &x [1, 2]\nb: *x\n", "base: &b {x: 1}\nm:\n  <<: *b\n  y: 2\n", "!!str 12", "a: !!int '12'",
                  "t: 2025-06-01T10:00:00Z\nq: '2025-06-01T10:00:00Z'\n"]:
-        assert plan.load_yaml(text) == yaml.load(text, Loader=yaml.CSafeLoader)
-    a = plan.load_yaml("a: &x [1, 2]\nb: *x\n")
+        assert documents.load_yaml(text) == yaml.load(text, Loader=yaml.CSafeLoader)
+    a = documents.load_yaml("a: &x [1, 2]\nb: *x\n")
     assert a["a"] is a["b"]  # shared, like PyYAML: an alias bomb costs no memory
 
 
@@ -55,10 +55,10 @@ items:
     labels: {a: b}
   status: {}
 """
-    blanked = plan.blank_unread(text)
+    blanked = documents.blank_unread(text)
     assert blanked.count("\n") == text.count("\n")
     assert "managedFields" not in blanked and "kubelet" not in blanked
-    got = plan.load_yaml(blanked)
+    got = documents.load_yaml(blanked)
     want = yaml.load(text, Loader=yaml.CSafeLoader)
     del want["items"][0]["metadata"]["managedFields"]
     assert got == want
@@ -68,7 +68,7 @@ items:
         yaml.load(broken, Loader=yaml.CSafeLoader)
     except yaml.MarkedYAMLError as e:
         line = e.problem_mark.line + 1
-    errs = plan.read_objects([("x.yaml", broken)]).errors
+    errs = documents.read_objects([("x.yaml", broken)]).errors
     assert errs and f"(line {line})" in errs[0], errs
 
 
@@ -100,14 +100,14 @@ kind: List
 """
     want = yaml.load(text, Loader=yaml.CSafeLoader)
     del want["items"][0]["status"]
-    got = plan.load_yaml(plan.blank_unread(text))
+    got = documents.load_yaml(documents.blank_unread(text))
     assert got == want
     assert got["items"][1]["status"] == {"phase": "Admitted"}  # a VLLMDeployment's status is read
 
 
 def test_a_managed_fields_key_inside_a_value_is_not_touched() -> None:
     text = "data:\n  note: |\n    managedFields: kept as text\n  inline: {managedFields: [1]}\n"
-    assert plan.load_yaml(plan.blank_unread(text)) == yaml.load(text, Loader=yaml.CSafeLoader)
+    assert documents.load_yaml(documents.blank_unread(text)) == yaml.load(text, Loader=yaml.CSafeLoader)
 
 
 def test_a_realistic_kubectl_export_plans_the_same_with_and_without_blanking(monkeypatch, capsys,
@@ -131,8 +131,8 @@ def test_a_realistic_kubectl_export_plans_the_same_with_and_without_blanking(mon
         return json.loads(capsys.readouterr().out)
 
     fast = run()
-    monkeypatch.setattr(plan, "blank_unread", lambda text: text)
-    monkeypatch.setattr(plan, "load_yaml", lambda text: yaml.load(text, Loader=yaml.SafeLoader))
+    monkeypatch.setattr(documents, "blank_unread", lambda text: text)
+    monkeypatch.setattr(documents, "load_yaml", lambda text: yaml.load(text, Loader=yaml.SafeLoader))
     slow = run()
     assert fast == slow
     assert fast["summary"]["nodes"] == 30 and fast["summary"]["deployments"] == 60 and fast["errors"] == []

@@ -14,7 +14,8 @@ import yaml
 from kubernetes.client import V1Node, V1NodeList, V1ObjectMeta
 
 from vllmfit import main as cli
-from vllmfit.cli import plan as plancmd
+from vllmfit.cli import documents
+from vllmfit.cli import status as statuscmd
 from vllmfit.core import defaults
 from vllmfit.core.observe.inventory import GpuInventory, InventoryGpu, InventoryProcess
 
@@ -274,7 +275,7 @@ def test_status_draws_the_ledger_from_status_fields(capsys) -> None:
     core = FakeCore([V1Node(metadata=V1ObjectMeta(name="a", labels=H100_LABELS))])
     custom = FakeCustom(items)
     args = argparse.Namespace(kubeconfig=None, context=None, output="json", out_file=None)
-    assert plancmd.run_status(args, core, custom) == 0
+    assert statuscmd.run_status(args, core, custom) == 0
     data = json.loads(capsys.readouterr().out)
     assert custom.calls == [("vllmfit.dev", "v1alpha1", "vllmdeployments")]
     run, wait = data["deployments"]
@@ -294,17 +295,17 @@ def test_status_reports_api_failures_as_one_line(capsys) -> None:
 
     args = argparse.Namespace(kubeconfig=None, context=None, output="table", out_file=None)
     with pytest.raises(cli.UserError, match="^cannot read the cluster: connection refused$"):
-        plancmd.run_status(args, Broken([]), FakeCustom([]))
+        statuscmd.run_status(args, Broken([]), FakeCustom([]))
 
 
 def test_status_renders_a_table(capsys) -> None:
     core = FakeCore([V1Node(metadata=V1ObjectMeta(name="a", labels=H100_LABELS))])
     args = argparse.Namespace(kubeconfig=None, context=None, output="table", out_file=None)
-    assert plancmd.run_status(args, core, FakeCustom([])) == 0
+    assert statuscmd.run_status(args, core, FakeCustom([])) == 0
     assert "a: 2x H100-80GB-HBM3" in capsys.readouterr().out
 
 
 def test_split_documents_keeps_each_document_apart_with_its_line() -> None:
     # line 1 a comment, line 2 "---", line 3 "a: 1", line 4 "--- # x", line 5 "b: 2", line 6 "---"
     text = "# c\n---\na: 1\n--- # x\nb: 2\n---\n\n"
-    assert plancmd.split_documents(text) == [(2, "\na: 1\n"), (4, "\nb: 2\n")]
+    assert documents.split_documents(text) == [(2, "\na: 1\n"), (4, "\nb: 2\n")]
