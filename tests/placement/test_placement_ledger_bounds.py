@@ -180,7 +180,8 @@ def test_a_gpu_pushed_over_its_budget_is_reported_with_the_deployments_on_it() -
     ledger.book(_decision("a", ("n", (0,), 1000)))
     ledger.book(_decision("b", ("n", (1,), 1000)))
     assert ledger.set_node(node("n", H100, 2, foreign={0: BUDGET - 1000})) == []  # exactly full: fine
-    assert ledger.over_budget() == []
+    assert ledger.headroom_bytes("n", 0) == 0
+    assert ledger.over_budget() == [] and ledger.affected("n") == ledger.overfull_deployments("n") == []
     moved = ledger.set_node(node("n", H100, 2, foreign={0: BUDGET - 1000 + 1}))
     assert moved == ["default/a"]
     assert ledger.over_budget() == [("n", 0)]
