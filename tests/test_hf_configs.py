@@ -63,10 +63,13 @@ def test_real_config_parses_with_sensible_params_and_kv(path: Path):
     # (MLA: one latent of kv_lora_rank + rope dim per layer), nothing for recurrent-state layers.
     # Sparse MLA (DeepSeek-V3.2, GLM-5) adds the indexer's key cache: 128 fp8 + 4 scale bytes.
     # MiMo-V2-Flash: full layers 4 KV heads x (192 K + 128 V), sliding layers 8 x (192 + 128).
+    # (Both checked against vLLM 0.33's own KV specs: tests/data/vllm-oracle/0.33.0.json.)
     if arch.is_mla:
         hand = {"full": arch.head_dim * 2 + (132 if arch.is_sparse_mla else 0)}
     elif arch.swa_num_kv_heads:
         hand = {"full": 4 * (192 + 128) * 2, "sliding": 8 * (192 + 128) * 2}
+    elif arch.full_head_dim:  # Gemma 4: full layers 2 global KV heads x 512 (K and V), sliding 8 x 256
+        hand = {"full": 2 * 2 * 512 * 2, "sliding": 2 * 8 * 256 * 2}
     else:
         hand = {"full": 2 * arch.num_kv_heads * arch.head_dim * 2}
     need = sum(hand.get(t, hand["full"]) for t in arch.layer_types if t)

@@ -25,7 +25,7 @@ if [ -z "$WHEEL" ]; then
 fi
 "${PIP[@]}" packaging >&2
 # vLLM's requirements, less the GPU kernel and media packages
-"$VENV/bin/python" - "$WHEEL" > "$VENV/oracle-reqs.txt" <<'PY'
+"$VENV/bin/python" - "$WHEEL" > "$VENV/oracle-reqs.txt" 2> "$VENV/oracle-skipped.txt" <<'PY'
 import re, sys, zipfile
 from packaging.requirements import Requirement
 SKIP = re.compile(r"^(flashinfer|tilelang|apache-tvm-ffi|nvidia-|quack-kernels|tokenspeed|humming|"
@@ -39,9 +39,14 @@ for line in z.read(meta).decode().splitlines():
         continue
     r = Requirement(line.split(":", 1)[1].strip())
     if r.marker and not r.marker.evaluate({"extra": ""}):
+        if r.marker.evaluate({"extra": "flashinfer"}):  # 0.11: the Docker image's extra
+            r.marker = None
+            print(str(r), file=sys.stderr)
         continue
     name = r.name.lower().replace("_", "-")
+    r.marker = None
     if SKIP.match(name):
+        print(str(r), file=sys.stderr)
         continue
     r.marker = None
     print(str(r))
@@ -53,6 +58,12 @@ grep -vE '^torch(==|>=|<|$)' "$VENV/oracle-reqs.txt" > "$VENV/oracle-reqs-rest.t
   # one unavailable optional package must not stop the build: install line by line
   while read -r req; do "${PIP[@]}" "$req" >&2 || echo "oracle: skipped $req" >&2; done < "$VENV/oracle-reqs-rest.txt"
 }
+# FlashInfer's Python package (no kernels: none is run) so that vLLM chooses its attention
+# backends as on a real install (FlashInfer is the default on Blackwell, and for an fp8 KV cache)
+for req in $(grep -iE '^(flashinfer-python|apache-tvm-ffi)' "$VENV/oracle-skipped.txt" || true); do
+  "${PIP[@]}" --no-deps "$req" >&2 || echo "oracle: skipped $req" >&2
+done
+"${PIP[@]}" --no-deps nvidia-ml-py >&2
 "${PIP[@]}" --no-deps "$WHEEL" >&2
 gcc -shared -fPIC -O2 -o "$VENV/libcuda.so.1" "$HERE/stub_libcuda.c"
 ln -sf libcuda.so.1 "$VENV/libcuda.so"

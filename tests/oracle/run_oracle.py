@@ -129,6 +129,14 @@ def _install_fake_platform() -> None:
             return f"GPU-oracle-{device_id}"
 
     platforms._current_platform = FakeCudaPlatform()
+    # FlashInfer's package is installed (build_venv.sh), its kernels are not: a real install has
+    # them (flashinfer-cubin), so vLLM's backend choice must see FlashInfer as usable
+    try:
+        from vllm.utils import flashinfer as fi
+
+        fi.has_flashinfer_cubin = lambda: True
+    except ImportError:
+        pass
     # vLLM inspects a model class in a fresh subprocess (which would not have this fake platform);
     # inspect it here instead
     from vllm.model_executor.models import registry
@@ -157,6 +165,15 @@ def _install_fake_platform() -> None:
         def __getattr__(self, name):
             return lambda *a, **k: None
 
+    class _Props:  # what torch.cuda.get_device_properties reports for the fake GPU
+        def __getattr__(self, name):
+            return {"name": _GPU["name"], "total_memory": _GPU["total"], "major": _GPU["cc"][0],
+                    "minor": _GPU["cc"][1], "multi_processor_count": 132, "L2_cache_size": 50 << 20,
+                    "warp_size": 32, "gcnArchName": ""}.get(name, 0)
+
+    torch.cuda.get_device_capability = lambda *a, **k: tuple(_GPU["cc"])  # type: ignore[assignment]
+    torch.cuda.get_device_name = lambda *a, **k: _GPU["name"]  # type: ignore[assignment]
+    torch.cuda.get_device_properties = lambda *a, **k: _Props()  # type: ignore[assignment]
     torch.cuda.Stream = _NoStream  # type: ignore[assignment, misc]
     torch.cuda.Event = _NoStream  # type: ignore[assignment, misc]
     torch.cuda.current_stream = lambda *a, **k: _NoStream()  # type: ignore[assignment]
@@ -197,15 +214,46 @@ def _meta_mode():
 _FACTORIES = {"empty", "zeros", "ones", "full", "arange", "rand", "randn", "randint", "tensor", "empty_strided",
               "linspace", "eye", "as_tensor"}
 
+def _clear_vllm_caches() -> None:
+    """Every functools cache of vLLM's modules (the attention backend selector, platform and
+    kernel-support answers) holds answers for the previous fake GPU: drop them."""
+    import functools
+
+    wrapper = functools._lru_cache_wrapper
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("vllm") or mod is None:
+            continue
+        for attr in list(vars(mod).values()):
+            if isinstance(attr, wrapper):
+                attr.cache_clear()
+            elif isinstance(attr, type) and attr.__module__ == name:
+                for member in list(vars(attr).values()):
+                    fn = getattr(member, "__func__", member)
+                    if isinstance(fn, wrapper):
+                        fn.cache_clear()
+
+
 _DIST = {"init": False}
 _BUILT: dict = {}
 """(gpu, tp, kv dtype) -> the static forward context (attention layers) of the last model built."""
 
 
-def _init_dist(tp: int) -> None:
+def _init_dist(tp: int, fresh: bool) -> None:
+    """`fresh`: a new model: the parallel groups are made again (MoE models need the EP group,
+    which vLLM creates only when the current config has experts)."""
     from vllm.distributed import parallel_state as ps
 
+    if _DIST["init"] and fresh:
+        ps.destroy_model_parallel()
+        ps.initialize_model_parallel(1, 1)
     if not _DIST["init"]:
+        try:  # the GPU model runner's workspace (sparse-MLA layers take buffers from it), on meta
+            import torch
+            from vllm.v1.worker.workspace import init_workspace_manager
+
+            init_workspace_manager(torch.device("meta"))
+        except Exception:  # noqa: BLE001, S110 (versions without it, or a signature of their own)
+            pass
         import socket
 
         with socket.socket() as s:
@@ -254,8 +302,11 @@ def _kv_specs(vllm_config) -> dict:
         customize_attention_spec = None
     from vllm.v1.kv_cache_interface import AttentionSpec
 
+    layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase)
+    if layers and not all(hasattr(layer, "get_kv_cache_spec") for layer in layers.values()):
+        return _kv_specs_runner(vllm_config)
     specs = {}
-    for name, layer in get_layers_from_vllm_config(vllm_config, AttentionLayerBase).items():
+    for name, layer in layers.items():
         if isinstance(layer, Attention) and getattr(layer, "kv_sharing_target_layer_name", None):
             continue
         spec = layer.get_kv_cache_spec(vllm_config)
@@ -269,6 +320,27 @@ def _kv_specs(vllm_config) -> dict:
             spec = replace(spec, is_draft=True)
         specs[name] = spec
     return specs
+
+
+def _kv_specs_runner(vllm_config) -> dict:
+    """0.11-0.15: the GPU model runner builds the specs from the attention modules itself; its
+    method runs here on an object holding just the attributes it reads."""
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    cache, model = vllm_config.cache_config, vllm_config.model_config
+    if cache.cache_dtype == "auto":
+        dtype = model.dtype
+    else:
+        from vllm.utils import STR_DTYPE_TO_TORCH_DTYPE
+
+        dtype = STR_DTYPE_TO_TORCH_DTYPE[cache.cache_dtype]
+    runner = SimpleNamespace(vllm_config=vllm_config, kv_cache_dtype=dtype, shared_kv_cache_layers={},
+                             attention_chunk_size=model.attention_chunk_size,
+                             speculative_config=vllm_config.speculative_config, model_config=model,
+                             cache_config=cache, parallel_config=vllm_config.parallel_config)
+    return GPUModelRunner.get_kv_cache_spec(runner)
 
 
 def _plan(vllm_config, specs: dict, mem: int) -> dict:
@@ -317,8 +389,13 @@ def _plan(vllm_config, specs: dict, mem: int) -> dict:
     for g in sched.kv_cache_groups:
         groups_out.append({"layers": len(g.layer_names), **_spec_record(g.kv_cache_spec)})
     out["groups"] = groups_out
-    tensors = getattr(configs[0], "kv_cache_tensors", [])
-    out["tensor_bytes"] = sum(t.size for t in tensors)
+    if hasattr(kp, "_pool_bytes_per_block_from_builder"):  # 0.33: P_blk as the planner computes it
+        from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
+
+        out["block_bytes"] = kp._pool_bytes_per_block_from_builder(
+            get_kv_cache_config_builder(vllm_config), vllm_config, configs[0].kv_cache_groups)
+    elif sched.num_blocks:  # before: one tensor per layer slot, num_blocks pages each
+        out["block_bytes"] = sum(t.size for t in getattr(configs[0], "kv_cache_tensors", [])) // sched.num_blocks
     if sched.kv_cache_groups:
         if hasattr(ku, "get_kv_cache_capacity"):
             tokens, conc = ku.get_kv_cache_capacity(vllm_config, sched)
@@ -351,14 +428,18 @@ def run_case(model_dir: str, case: dict, gpus: dict) -> dict:
     from vllm.engine.arg_utils import EngineArgs
     from vllm.usage.usage_lib import UsageContext
 
+    if _GPU and _GPU.get("product") != case["gpu"]:
+        _clear_vllm_caches()  # vLLM caches answers that depend on the device (attention backend, ...)
     _GPU.clear()
-    _GPU.update(gpus[case["gpu"]])
+    _GPU.update(gpus[case["gpu"]], product=case["gpu"])
     result: dict = {}
     kwargs = {"model": model_dir, "skip_tokenizer_init": True, "tensor_parallel_size": case["tp"],
               "kv_cache_dtype": case["kv_cache_dtype"], "kv_cache_memory_bytes": case["kv_cache_memory_bytes"],
               "load_format": "dummy", "enforce_eager": True, "distributed_executor_backend": "mp"}
     if case["max_model_len"] is not None:
         kwargs["max_model_len"] = case["max_model_len"]
+    if "swap_space" in getattr(EngineArgs, "__dataclass_fields__", {}):
+        kwargs["swap_space"] = 0  # <= 0.19 checks a CPU swap space (4 GiB x TP) against this machine's RAM
     try:
         cfg = EngineArgs(**kwargs).create_engine_config(UsageContext.OPENAI_API_SERVER)
     except Exception as e:  # vLLM refuses these flags before loading anything  # noqa: BLE001 (the harness records every failure)
@@ -370,12 +451,16 @@ def run_case(model_dir: str, case: dict, gpus: dict) -> dict:
                           "quantization": mc.quantization}
     from vllm.config import set_current_vllm_config
 
-    with set_current_vllm_config(cfg):
-        _init_dist(case["tp"])
     key = (case["gpu"], case["tp"], case["kv_cache_dtype"])
+    with set_current_vllm_config(cfg):
+        _init_dist(case["tp"], fresh=key not in _BUILT)
+    from vllm.model_executor.model_loader.utils import initialize_model
+
     try:
-        from vllm.model_executor.model_loader.utils import initialize_model
         from vllm.utils.torch_utils import set_default_torch_dtype
+    except ImportError:  # 0.11
+        from vllm.model_executor.model_loader.utils import set_default_torch_dtype
+    try:
 
         if key in _BUILT:  # same layers: reuse them (only the length and the memory differ)
             cfg.compilation_config.static_forward_context = _BUILT[key]
@@ -389,9 +474,10 @@ def run_case(model_dir: str, case: dict, gpus: dict) -> dict:
         # the attention block size that makes a page hold a Mamba state (_align_hybrid_block_size)
         from vllm.platforms import current_platform
 
-        if hasattr(current_platform, "update_block_size_for_backend"):
+        update = getattr(current_platform, "update_block_size_for_backend", None)
+        if callable(update):  # 0.11-0.19 aligned the block size in the config checks instead
             with set_current_vllm_config(cfg):
-                current_platform.update_block_size_for_backend(cfg)
+                update(cfg)
         result["resolved"]["block_size"] = cfg.cache_config.block_size
         specs = _kv_specs(cfg)
     except Exception as e:  # noqa: BLE001 (the harness records every failure)
@@ -435,6 +521,42 @@ def worker(configs: str, cases_json: str, out_dir: str) -> None:
                 results.append({**case, **r})
         (Path(out_dir) / f"{Path(config_path).stem}.json").write_text(json.dumps(results))
         print(f"{Path(config_path).stem}: {sum(r['seconds'] for r in results):.0f}s", file=sys.stderr, flush=True)
+
+
+def dump(out: dict) -> str:
+    """The fixture: one case per line, traces and timings left out (they belong to the run's log)."""
+    lines = ["{"]
+    for key in sorted(k for k in out if k != "models"):
+        lines.append(f"  {json.dumps(key)}: {json.dumps(out[key], sort_keys=True)},")
+    lines.append('  "models": {')
+    stems = sorted(out["models"])
+    for i, stem in enumerate(stems):
+        cases = out["models"][stem]
+        end = "," if i < len(stems) - 1 else ""
+        if not isinstance(cases, list):
+            lines.append(f"    {json.dumps(stem)}: {json.dumps(cases, sort_keys=True)}{end}")
+            continue
+        lines.append(f"    {json.dumps(stem)}: [")
+        for j, case in enumerate(cases):
+            case = {k: v for k, v in case.items() if k not in ("trace", "seconds")}
+            if case.get("plan", {}).get("groups"):  # identical groups once, with their count
+                merged: list[dict] = []
+                for g in case["plan"]["groups"]:
+                    n = g.get("count", 1)
+                    g = {k: v for k, v in g.items() if k != "count"}
+                    if merged and {k: v for k, v in merged[-1].items() if k != "count"} == g:
+                        merged[-1]["count"] += n
+                    else:
+                        merged.append({**g, "count": n})
+                case = {**case, "plan": {**case["plan"], "groups": merged}}
+            if "refused" in case:
+                case["refused"] = {**case["refused"], "message": case["refused"]["message"][:240]}
+            lines.append(f"      {json.dumps(case, sort_keys=True, separators=(',', ':'))}"
+                         f"{',' if j < len(cases) - 1 else ''}")
+        lines.append(f"    ]{end}")
+    lines.append("  }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
 
 
 # --- the driver --------------------------------------------------------------------------------------
@@ -491,7 +613,7 @@ def main() -> int:
             out["models"][p.stem] = json.loads(p.read_text())
     out["seconds"] = round(time.time() - t0)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    Path(args.out).write_text(dump(out))
     print(f"wrote {args.out}: {len(out['models'])} configs x {len(cases)} cases in {out['seconds']}s", file=sys.stderr)
     return 0
 

@@ -17,13 +17,13 @@ layers) follow vLLM's hybrid KV cache manager:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vllmfit.core import defaults
 from vllmfit.core.memory.types import Settings
 from vllmfit.core.memory.versions import VllmVersion
 from vllmfit.core.memory.weights import activation_dtype_bytes
-from vllmfit.core.model.facts import DTYPE_BYTES, ModelArch, ceil_div
+from vllmfit.core.model.facts import DTYPE_BYTES, GpuType, ModelArch, ceil_div
 
 # --- KV cache ----------------------------------------------------------------------------------
 
@@ -47,6 +47,12 @@ INDEXER_QUANT_BLOCK = 128
 (models/deepseek_v32/attention.py: head_dim + head_dim // quant_block_size * 4)."""
 
 
+FP8_DS_MLA_BYTES = 656
+"""Sparse MLA with an fp8 KV cache stores DeepSeek's "fp8_ds_mla" layout: 512 fp8 latent values,
+4 float32 scales, 64 bf16 rope values (v1/attention/backends/mla/flashmla_sparse.py; the 0.33
+oracle: GLM-5 fp8 pages are 78 x 64 x (656 + 132) bytes)."""
+
+
 def kv_bytes_per_token_layer(model: ModelArch, s: Settings, kind: str = "full") -> int:
     """KV bytes of one token in one attention layer on one TP rank (vllm-memory-accounting §5):
     kvh_rank x (head_size + head_size_v) x d (AttentionSpec.page_size_bytes / block_size); a
@@ -55,8 +61,13 @@ def kv_bytes_per_token_layer(model: ModelArch, s: Settings, kind: str = "full") 
     d = kv_dtype_bytes(model, s)
     if model.is_mla:  # one latent vector per token, not divided by TP
         indexer = model.indexer_head_dim + model.indexer_head_dim // INDEXER_QUANT_BLOCK * 4
+        if model.is_sparse_mla and d == 1:  # "fp8_ds_mla": 512 fp8 + 4 fp32 scales + 64 bf16 rope
+            return FP8_DS_MLA_BYTES + indexer
         return model.head_dim * d + indexer
     heads, hk, hv = model.num_kv_heads, model.head_dim, model.kv_head_dim_v or model.head_dim
+    if kind == "full" and model.full_head_dim:
+        heads = model.full_num_kv_heads or heads
+        hk = hv = model.full_head_dim
     if kind == "sliding" and model.swa_num_kv_heads:
         heads = model.swa_num_kv_heads
         hk = model.swa_head_dim or hk
@@ -185,12 +196,16 @@ KERNEL_MIN_BLOCK = 16
 SPARSE_MLA_BLOCK = 64
 """Block size of the sparse-MLA backends (v1/attention/backends/mla/flashmla_sparse.py
 get_supported_kernel_block_sizes: [64]); the indexer cache follows it."""
+MLA_BLACKWELL_BLOCK = 32
+"""FlashInfer MLA, vLLM's MLA backend on SM100 (vllm-memory-accounting §4; oracle 0.33: 32)."""
+FA4_BLOCK = 64
+MLA_OLD_BLOCK = 128
 MLA_MIN_BLOCK = 128
 """MLA backends' block alignment in _align_hybrid_block_size (0.21+)."""
 GDN_CHECKPOINT_ALIGNMENT = 64
 """FLASHINFER_GDN_CHECKPOINT_ALIGNMENT (v1/attention/backends/gdn_attn.py): align mode with the
-flashinfer GDN prefill backend, vLLM's default on SM90; assumed everywhere (larger blocks never
-over-promise)."""
+flashinfer GDN prefill backend, vLLM's default on SM90 and SM100 (and one checkpoint block per
+request); not below SM90 (`_gdn_checkpoints`; both checked with the vLLM 0.33 oracle)."""
 
 
 def state_dtype_bytes(model: ModelArch, s: Settings, version: VllmVersion) -> tuple[int, int]:
@@ -233,20 +248,29 @@ def _group_size(n_a: int, n_b: int, version: VllmVersion) -> int:
     return large if large < version.hybrid_group_ratio * small else small
 
 
-def _hybrid_layout(model: ModelArch, s: Settings, version: VllmVersion, n_attn: int) -> KvLayout:
+def _gdn_checkpoints(gpu: GpuType | None) -> bool:
+    """The flashinfer GDN prefill backend (and its checkpoint alignment) runs on SM90 and newer;
+    vLLM 0.33 on A100 / L40S aligns without it (oracle). Unknown GPU: aligned (larger blocks)."""
+    cc = gpu.compute_capability if gpu is not None else None
+    return cc is None or cc >= (9, 0)
+
+
+def _hybrid_layout(model: ModelArch, s: Settings, version: VllmVersion, n_attn: int,
+                   gpu: GpuType | None = None) -> KvLayout:
     spec = model.state
     assert spec is not None
     n_state = math.ceil(model.num_state_layers / s.pp)
     page_m = state_page_bytes(model, s, version)
     align = prefix_caching_mode(version) == "align"
-    state_blocks = (2 + spec.prefill_checkpoint_blocks) if align else 1
+    checkpoints = spec.prefill_checkpoint_blocks if (spec.kind != "gdn" or _gdn_checkpoints(gpu)) else 0
+    state_blocks = (2 + checkpoints) if align else 1
     if n_attn == 0:  # recurrent layers only: one group of identical specs, pages unpadded
         return KvLayout(s.block_size, n_state * page_m, 0, 0, None, version, model.pooling, 1, state_blocks, page_m)
     attn_1tok = kv_bytes_per_token_layer(model, s)
     a = max(KERNEL_MIN_BLOCK, s.block_size)
     if model.is_mla and version.at_least(21):
         a = max(a, MLA_MIN_BLOCK)
-    if align and spec.kind == "gdn":
+    if align and spec.kind == "gdn" and _gdn_checkpoints(gpu):
         a = math.lcm(a, GDN_CHECKPOINT_ALIGNMENT)
     bs = max(s.block_size, a * ceil_div(page_m, a * attn_1tok))
     g = _group_size(n_attn, n_state, version)
@@ -254,18 +278,53 @@ def _hybrid_layout(model: ModelArch, s: Settings, version: VllmVersion, n_attn: 
                     ceil_div(n_state, g), state_blocks, page_m)
 
 
-def kv_layout(model: ModelArch, s: Settings, version: VllmVersion) -> KvLayout:
-    """Page sizes and groups (vllm-memory-accounting §5-6), for the fullest PP stage."""
-    bs = s.block_size
-    if model.is_sparse_mla:  # every sparse-MLA backend (FlashMLA sparse) takes 64-token blocks
-        bs = max(bs, SPARSE_MLA_BLOCK)
+def backend_block_size(model: ModelArch, s: Settings, gpu: GpuType | None,
+                       version: VllmVersion | None = None) -> int:
+    """The KV block size vLLM's attention backend takes on this GPU (update_block_size_for_backend:
+    the backends' preferred size; checked against vLLM 0.33 in tests/data/vllm-oracle):
+    sparse MLA (FlashMLA sparse) 64; MLA on Blackwell (SM10x) 32 (FlashInfer MLA); MLA with an fp8
+    KV cache on Hopper 64 (FlashMLA); other MLA (FlashAttention MLA, Triton MLA) and every other
+    attention backend 16."""
+    cc = gpu.compute_capability if gpu is not None else None
+    if model.is_sparse_mla:
+        return max(s.block_size, SPARSE_MLA_BLOCK)
+    if not model.is_mla:
+        # FlashAttention 4 pages: 64 tokens for an fp8 KV cache with 512-wide heads on SM90
+        # (_get_sm90_fa4_fp8_kv_block_size) and for 256-wide heads on SM100 (the hd256 kernel;
+        # sliding-window layers take its smallest page) (v1/attention/backends/flash_attn.py)
+        heads = {model.head_dim, model.full_head_dim, model.swa_head_dim} - {0}
+        if cc is not None and cc[0] == 9 and 512 in heads and kv_dtype_bytes(model, s) == 1:
+            return max(s.block_size, FA4_BLOCK)
+        if cc is not None and cc[0] == 10 and 256 in heads and not model.is_hybrid_state:
+            return max(s.block_size, FA4_BLOCK)
+        return s.block_size
+    if cc is None or (version is not None and not version.at_least(21)):
+        # 0.11-0.19 chose FlashMLA (64) on Hopper and CUTLASS MLA (128) on Blackwell and elsewhere
+        # (0.11 oracle); unknown GPU or version before 0.21: the largest (fewer, larger blocks never
+        # over-promise by rounding)
+        return s.block_size if gpu is None else max(s.block_size, MLA_OLD_BLOCK)
+    if cc[0] == 10:
+        return max(s.block_size, MLA_BLACKWELL_BLOCK)
+    if cc == (9, 0) and kv_dtype_bytes(model, s) == 1:
+        return max(s.block_size, SPARSE_MLA_BLOCK)
+    return s.block_size
+
+
+def kv_layout(model: ModelArch, s: Settings, version: VllmVersion, gpu: GpuType | None = None) -> KvLayout:
+    """Page sizes and groups (vllm-memory-accounting §5-6), for the fullest PP stage; `gpu`
+    picks the attention backend's block size (`backend_block_size`)."""
+    if model.swa_attention_sinks and not version.at_least(33) and s.kv_cache_dtype != "auto":
+        # vLLM 0.21's MiMo-V2 layers build their KV spec in the model dtype whatever
+        # --kv-cache-dtype says (0.21 oracle: fp8 asked, bf16 pages)
+        s = replace(s, kv_cache_dtype="auto")
+    bs = backend_block_size(model, s, gpu, version) if (gpu is not None or model.is_sparse_mla) else s.block_size
     per_layer = kv_bytes_per_token_layer(model, s) * bs
     types = [t for t in model.layer_types if t]
     stage = ceil_div(len(types), s.pp)
     n_full = math.ceil(sum(1 for t in types if t == "full") / s.pp)
     n_slide = math.ceil(sum(1 for t in types if t == "sliding") / s.pp)
     if model.is_hybrid_state and not model.pooling:
-        return _hybrid_layout(model, s, version, n_full + n_slide)
+        return _hybrid_layout(model, s, version, n_full + n_slide, gpu)
     if model.pooling and not model.layer_types:
         return KvLayout(bs, 0, 0, 0, None, version, pooling=True)
     if n_slide == 0 or n_full == 0:

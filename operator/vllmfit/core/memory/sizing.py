@@ -57,7 +57,9 @@ def resolve(model: ModelArch, s: Settings, gpu: GpuType) -> Resolved:
     warnings = ([vwarn] if vwarn else []) + gpu_warns
     warnings += model.warnings  # unknown layer types: never silent
     batched, seqs = default_batch(gpu, s, version)
-    layout = kv_layout(model, s, version)
+    if s.max_num_batched_tokens is None and model.min_batched_tokens > batched:  # Gemma 4 multimodal
+        batched = model.min_batched_tokens
+    layout = kv_layout(model, s, version, gpu)
     errors = lora_errors(model, s, version) + cpu_offload_errors(model, s, version, layout.groups)
     if errors:
         raise SpecError(errors[0])

@@ -150,6 +150,18 @@ def weight_quantization(model: ModelArch, s: Settings) -> str | None:
     return s.quantization or (model.quant.method if model.quant else None)
 
 
+NATIVE_FROM_021 = frozenset({"glm_moe_dsa"})
+"""GLM-5: vLLM 0.11 builds it through the Transformers fallback with full K/V heads (the 0.11 oracle:
+12x the sparse-MLA pages vLLM 0.21 and 0.33 use)."""
+SINKS_MIN_CC = (9, 0)
+"""vLLM 0.21 builds MiMo-V2's sliding layers (attention sinks) with FlashAttention 3 only (the 0.21
+oracle on A100 / L40S: "Sinks are only supported in FlashAttention 3"); 0.33 runs them there."""
+SPARSE_MLA_MIN_CC = (9, 0)
+"""FlashMLA sparse / FlashInfer sparse MLA (DeepSeek-V3.2, GLM-5): Hopper and Blackwell only
+(v1/attention/backends/mla/flashmla_sparse.py supports_compute_capability; the vLLM 0.33 oracle
+refuses A100 and L40S)."""
+
+
 def gpu_errors(model: ModelArch, s: Settings, gpu: GpuType) -> tuple[list[str], list[str]]:
     """(errors, warnings) of running these settings on this GPU. An unknown compute capability
     (a GPU outside the catalog) checks nothing."""
@@ -167,6 +179,31 @@ def gpu_errors(model: ModelArch, s: Settings, gpu: GpuType) -> tuple[list[str], 
         warnings.append(f"{where} runs fp8 weights weight-only (FP8 Marlin); fp8 W8A8 needs compute capability 8.9")
     if s.kv_cache_dtype.startswith("fp8") and cc < FP8_MIN_CC:
         errors.append(f"{where} cannot run an fp8 KV cache (no fp8 below compute capability 8.0)")
+    version = requested_version(s.vllm_version)
+    before_033 = version is not None and version < (0, 33)
+    if version is not None and version < (0, 21) and model.model_type in NATIVE_FROM_021:
+        errors.append(f"vLLM {version[0]}.{version[1]} has no model class for {model.name} ({model.model_type}): "
+                      "it falls back to the Transformers backend without MLA, with many times the KV cache "
+                      "vllmfit sizes; use vLLM 0.21 or later")
+    if before_033 and model.swa_attention_sinks and cc < SINKS_MIN_CC:
+        errors.append(f"{where} cannot run {model.name} on vLLM {version[0]}.{version[1]}: 'Sinks are only "
+                      "supported in FlashAttention 3' (compute capability 9.0); use vLLM 0.33 or a Hopper GPU")
+    if before_033 and model.quant is not None and model.quant.scheme == "modelopt_mixed" and cc < FP8_W8A8_MIN_CC:
+        errors.append(f"{where} cannot run {model.name} on vLLM {version[0]}.{version[1]}: 'The quantization method "
+                      "modelopt_mixed is not supported for the current GPU. Minimum capability: 89'")
+    mq = model.quant
+    if before_033 and mq is not None and mq.block_n and model.is_moe:
+        shard = model.moe_intermediate_size // max(s.tp, 1)
+        if shard % mq.block_n:
+            errors.append(f"tensor parallel size {s.tp} splits {model.name}'s experts into {shard} rows, which vLLM "
+                          f"{version[0]}.{version[1]} refuses: 'The output_size of gate's and up's weight = {shard} is "
+                          f"not divisible by weight quantization block_n = {mq.block_n}'; use a smaller "
+                          "tensor parallel size or vLLM 0.33")
+    if model.is_sparse_mla and cc < SPARSE_MLA_MIN_CC:
+        # vLLM 0.33 on A100 / L40S: "No valid attention backend found for cuda with
+        # AttentionSelectorConfig(head_size=576, ...)" (the sparse-MLA backends are SM90+ only)
+        errors.append(f"{where} cannot run {model.name}'s sparse MLA attention: vLLM finds no attention backend "
+                      f"for it below compute capability {SPARSE_MLA_MIN_CC[0]}.{SPARSE_MLA_MIN_CC[1]}")
     if cc < BF16_MIN_CC:
         if s.dtype == "bfloat16":
             errors.append(f"{where} cannot run bfloat16 (vLLM needs compute capability 8.0); use dtype: float16")

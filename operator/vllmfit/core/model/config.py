@@ -14,6 +14,7 @@ from typing import Any
 from vllmfit.core import limits
 from vllmfit.core.model.facts import (
     DTYPE_BYTES,
+    KNOWN_MODEL_TYPES,
     MLA_MODEL_TYPES,
     ModelArch,
     ModelConfigError,
@@ -103,7 +104,9 @@ def _parse_quant(cfg: dict[str, Any]) -> Quant | None:
     method = str(qc.get("quant_method", "")).lower()
     kv_fp8 = bool(qc.get("kv_cache_scheme"))
     if method == "fp8" or method == "fbgemm_fp8":
-        return Quant("fp8", 8, kv_fp8=kv_fp8)
+        block = qc.get("weight_block_size")
+        block_n = _as_int(block[0], 0) if isinstance(block, list) and block else 0
+        return Quant("fp8", 8, kv_fp8=kv_fp8, block_n=max(block_n, 0))
     if method in ("awq", "gptq", "awq_marlin", "gptq_marlin"):
         bits = _as_int(qc.get("bits", qc.get("w_bit")), 4)
         group = _as_int(qc.get("group_size", qc.get("q_group_size")), 128)
@@ -116,7 +119,7 @@ def _parse_quant(cfg: dict[str, Any]) -> Quant | None:
         algo = str(qc.get("quant_algo") or (qc.get("quantization") or {}).get("quant_algo") or "").upper()
         if "FP4" in algo and "MIXED" not in algo:
             return Quant("nvfp4", 4, 16, kv_fp8=kv_fp8)
-        return Quant("fp8", 8, kv_fp8=kv_fp8)
+        return Quant("fp8", 8, kv_fp8=kv_fp8, scheme="modelopt_mixed" if "MIXED" in algo else "")
     if method == "bitsandbytes":
         return Quant("int4" if qc.get("load_in_4bit") else "int8", 4 if qc.get("load_in_4bit") else 8, 64)
     if method == "compressed-tensors":
@@ -195,8 +198,12 @@ def _parse(
     model_type = str(cfg.get("model_type") or top_type)
 
     # Every count is bounded (vllmfit.core.limits) before anything is sized or allocated from it.
-    layers = _pos_int(cfg, "num_hidden_layers", _get(cfg, "num_hidden_layers", "n_layer", "num_layers"),
-                      limits.MAX_LAYERS)
+    n_layers = _get(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    if n_layers is None and isinstance(cfg.get("layers_block_type"), list) and cfg["layers_block_type"]:
+        # Nemotron-3 Ultra states its layers only as layers_block_type (vLLM's NemotronHConfig reads
+        # num_hidden_layers as its length); issue 23 item 7
+        n_layers = len(cfg["layers_block_type"])
+    layers = _pos_int(cfg, "num_hidden_layers", n_layers, limits.MAX_LAYERS)
     hidden = _pos_int(cfg, "hidden_size", _get(cfg, "hidden_size", "n_embd", "d_model"), limits.MAX_HIDDEN_SIZE)
     heads = _pos_int(cfg, "num_attention_heads", _get(cfg, "num_attention_heads", "n_head"), limits.MAX_HEADS)
     kv_heads = _pos_int(cfg, "num_key_value_heads", _get(cfg, *_KV_HEAD_KEYS, default=heads), limits.MAX_HEADS)
@@ -284,6 +291,9 @@ def _parse(
         raise ModelConfigError(f"{name}: context length {max_len} (max_position_embeddings with rope scaling) is "
                                f"more than any real model ({limits.MAX_CONTEXT} at most)")
     warnings = tuple(f"{name}: {u} is not modelled; the estimate may be wrong" for u in plan.unknown)
+    if model_type not in KNOWN_MODEL_TYPES and not plan.unknown:
+        warnings += ((f"{name}: model_type {model_type!r} is not among the architectures checked against vLLM's own "
+                     "sizing (docs/oracle.md); sized as standard attention, the estimate may be wrong"),)
     arch = ModelArch(
         name=name,
         architecture=architecture,
@@ -321,6 +331,13 @@ def _parse(
         rope_cache_elems=_rope_cache_elems(cfg, rope_dim if kv_lora else int(
             head_dim * min(_factor(cfg.get("partial_rotary_factor") or 1, "partial_rotary_factor"), 1.0))),
         kv_head_dim_v=_count(cfg.get("v_head_dim"), "v_head_dim", limits.MAX_HEAD_DIM) if not kv_lora else 0,
+        # Gemma 4: full-attention layers have num_global_key_value_heads x global_head_dim
+        # (models/gemma4.py: the full layers' Attention(head_size=global_head_dim, num_kv_heads=...))
+        full_num_kv_heads=_count(cfg.get("num_global_key_value_heads"), "num_global_key_value_heads",
+                                 limits.MAX_HEADS) if cfg.get("global_head_dim") else 0,
+        full_head_dim=_count(cfg.get("global_head_dim"), "global_head_dim", limits.MAX_HEAD_DIM),
+        min_batched_tokens=_mm_prefix_min_batched(top_type, vision),
+        swa_attention_sinks=bool(cfg.get("add_swa_attention_sink_bias")),
         swa_num_kv_heads=_count(cfg.get("swa_num_key_value_heads"), "swa_num_key_value_heads", limits.MAX_HEADS),
         swa_head_dim=_count(cfg.get("swa_head_dim"), "swa_head_dim", limits.MAX_HEAD_DIM),
         swa_head_dim_v=_count(cfg.get("swa_v_head_dim"), "swa_v_head_dim", limits.MAX_HEAD_DIM),
@@ -340,6 +357,23 @@ def _parse(
     counted = count_params(arch) + vision_params
     return replace(arch, params=params or counted, params_source=params_source if params else "computed",
                     vision_params=vision_params)
+
+
+GEMMA4_VIDEO_FRAME_TOKENS = 70 + 2 + 6
+GEMMA4_VIDEO_MAX_FRAMES = 32
+"""models/gemma4_mm.py get_mm_max_tokens_per_item: a video is at most _VIDEO_MAX_FRAMES (32) frames
+of _VIDEO_MAX_SOFT_TOKENS (70) soft tokens + boi + eoi + ~6 timestamp tokens."""
+
+
+def _mm_prefix_min_batched(top_type: str, vision: dict[str, Any] | None) -> int:
+    """A multimodal prefix-LM model must fit its largest multimodal item in one batch: vLLM raises a
+    defaulted max_num_batched_tokens to it (engine/arg_utils.py
+    _set_default_max_num_seqs_and_batched_tokens_args, _get_min_mm_batched_tokens). Only Gemma 4
+    states its per-item maximum without profiling: max(image default_output_length, video)."""
+    if top_type != "gemma4" or not vision:
+        return 0
+    image = _count(vision.get("default_output_length"), "vision_config.default_output_length", limits.MAX_CONTEXT, 280)
+    return max(image, GEMMA4_VIDEO_MAX_FRAMES * GEMMA4_VIDEO_FRAME_TOKENS)
 
 
 def _vision_params(v: dict[str, Any]) -> int:

@@ -19,6 +19,18 @@ class ModelConfigError(ValueError):
 MLA_MODEL_TYPES = {"deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "kimi_k2", "kimi_vl", "kimi_linear",
                    "glm4_moe_lite", "glm_moe_dsa", "deepseek_mtp", "longcat_flash", "pangu_ultra_moe"}
 
+# model_type values whose KV layout vllmfit's rules cover: the families of tests/data/hf-configs
+# and catalog/models.yaml, compared with vLLM's own start-up sizing (docs/oracle.md). A config of
+# any other type is sized with the standard-attention rules and a warning at admission.
+KNOWN_MODEL_TYPES = frozenset({
+    "deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "kimi_k2", "gemma", "gemma2", "gemma3",
+    "gemma3_text", "gemma4", "gemma4_text", "gpt_oss", "granite", "llama", "llama4", "llama4_text", "mistral",
+    "mixtral", "mimo", "mimo_v2_flash", "minimax_m2", "nemotron_h", "nemotron-nas", "phi3", "qwen2", "qwen2_5_vl",
+    "qwen3", "qwen3_moe", "qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text", "qwen3_5",
+    "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "step3p7", "xlm-roberta", "bert",
+    "granitemoehybrid", "jamba", "falcon_h1", "lfm2", "lfm2_moe", "minimax_text_01", "minimax_m1",
+})
+
 # bytes per element of torch dtypes
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "int8": 1, "uint8": 1}
 
@@ -32,6 +44,8 @@ class Quant:
     group_size: int = 0  # elements per scale group (0 = per channel)
     experts_only: bool = False  # mxfp4 in gpt-oss: only the MoE experts are quantized
     kv_fp8: bool = False  # the checkpoint carries an fp8 KV-cache scheme
+    block_n: int = 0  # fp8 block quantization: output rows per scale block (weight_block_size[0])
+    scheme: str = ""  # the checkpoint's own method name where vLLM treats it apart ("modelopt_mixed")
 
 
 @dataclass(frozen=True)
@@ -73,9 +87,13 @@ class ModelArch:
     attn_output_gate: bool = False  # q_proj also emits a gate (Qwen3-Next, Qwen3.5)
     rope_cache_elems: int = 0  # cos/sin cache vLLM keeps per rotary embedding (positions x rotary dim)
     kv_head_dim_v: int = 0  # V head size of (non-MLA) attention when it differs from head_dim (0: the same)
+    full_num_kv_heads: int = 0  # full-attention layers' own KV heads / head size (Gemma 4: global_*; 0: the same)
+    full_head_dim: int = 0
     swa_num_kv_heads: int = 0  # sliding-window layers' own KV heads / head sizes (MiMo-V2: swa_*; 0: the same)
     swa_head_dim: int = 0
     swa_head_dim_v: int = 0
+    swa_attention_sinks: bool = False  # sliding layers carry attention sinks (MiMo-V2 add_swa_attention_sink_bias)
+    min_batched_tokens: int = 0  # vLLM raises a defaulted max_num_batched_tokens to this (Gemma 4 multimodal)
     indexer_head_dim: int = 0  # sparse MLA (DeepSeek-V3.2, GLM-5): the indexer's key cache per layer (index_head_dim)
     state: StateSpec | None = None  # recurrent state of Mamba / short-conv / GDN / linear-attention layers
     state_layers: tuple[bool, ...] = ()  # per layer: carries a recurrent state

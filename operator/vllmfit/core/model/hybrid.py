@@ -105,8 +105,9 @@ def _gdn(cfg: dict[str, Any], hidden: int) -> StateSpec:
     params += 2 * hv + dv + value_dim * hidden
     rule = "qwen3_5" if str(cfg.get("model_type", "")).startswith("qwen3_5") else ""
     dtype = str(cfg.get("mamba_ssm_dtype") or "auto")
-    # the flashinfer GDN prefill backend (vLLM's default on SM90) exports one checkpoint block in
-    # align mode (layers/mamba/gdn/qwen_gdn_linear_attn.py); counted always: never over-promise
+    # the flashinfer GDN prefill backend (vLLM's default on SM90 and SM100) exports one checkpoint
+    # block in align mode (layers/mamba/gdn/qwen_gdn_linear_attn.py); kv._gdn_checkpoints drops it
+    # below SM90 (vLLM 0.33 oracle)
     return StateSpec("gdn", k, 2 * key_dim + value_dim, 0, hv, dv, dk, dtype, rule, 1, params)
 
 
