@@ -61,6 +61,7 @@ class Record:
     pod_uids: dict[str, str] = field(default_factory=dict)  # pod name -> uid
     observed: list[api.ObservedMemory] = field(default_factory=list)
     children: set[int] = field(default_factory=set)  # replicas whose Deployment was written
+    child_where: dict[int, str] = field(default_factory=dict)  # replica -> the placement its Deployment has
     synced: tuple[Any, ...] | None = None  # handlers.children_state when they were last written
     last_event: str = ""  # the last decision message sent as an Event (no repeats on retries)
     written: dict[str, Any] | None = None  # the status last written (or read back)
@@ -102,6 +103,7 @@ def record_from_object(body: Mapping[str, Any]) -> Record:
         rec.placement, rec.flags = list(st.placement), st.flags
         rec.kv_cache = st.kv_cache
         rec.children = {p.replica for p in st.placement}
+        rec.child_where = {p.replica: f"{p.node}:{','.join(str(g.index) for g in p.gpus)}" for p in st.placement}
         rec.failed = st.phase == "Failed"
     else:
         rec.outcome = st.phase

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 from collections import defaultdict
@@ -27,13 +26,12 @@ from typing import Any
 from vllmfit.backends import dra
 from vllmfit.backends import reservation as rsv
 from vllmfit.core import defaults, memory, placement
-from vllmfit.core.model.config import parse_hf_config
-from vllmfit.core.model.facts import ModelArch, ModelConfigError
+from vllmfit.core.model.facts import ModelArch
 from vllmfit.core.placement import Ledger, Request
 from vllmfit.core.spec import api
-from vllmfit.operator import report
+from vllmfit.operator import draining, models, report
 from vllmfit.operator.pods import PodHealth
-from vllmfit.operator.record import ModelResolutionError, Record, key_of, pruned, record_from_object
+from vllmfit.operator.record import Record, key_of, pruned, record_from_object
 from vllmfit.sources import catalog
 
 logger = logging.getLogger(__name__)
@@ -97,6 +95,9 @@ class Store:
         self.reservation_waits: dict[str, str] = {}  # reservation pod -> the scheduler's last Unschedulable message
         self.dra_capacity_ok = True  # False once the API server dropped capacity requests (feature gate off)
         self.dra_refresh = ""  # why the DRA nodes must be looked at again (set while writing; finish() does it)
+        self.drains: dict[str, draining.Drain] = {}  # stopped replicas whose pods may still hold memory
+        self.lead_lock = asyncio.Lock()  # taking the lead (a sweep before the first admission)
+        self.refused: set[str] = set()  # nodes whose data was refused at start-up, not read well since
         self._devices: dict[str, list[dra.Device]] | None = None
 
     @contextlib.asynccontextmanager
@@ -181,50 +182,7 @@ class Store:
         return placement.request_from_object(obj, await self.resolve_model(obj))
 
     async def resolve_model(self, obj: api.VLLMDeployment) -> ModelArch:
-        spec = obj.spec
-        try:
-            if spec.model_config_inline is not None:
-                return parse_hf_config(dict(spec.model_config_inline), name=spec.model, params=spec.model_params,
-                                       params_source="spec" if spec.model_params else "computed")
-            if spec.model_config_ref is not None:
-                config = await self._read_config_map(obj.metadata.namespace, spec.model_config_ref)
-                return parse_hf_config(config, name=spec.model, params=spec.model_params,
-                                       params_source="spec" if spec.model_params else "computed")
-        except ModelConfigError as e:
-            raise ModelResolutionError(f"spec.modelConfig: {e}") from None
-        try:
-            return catalog.model(spec.model)
-        except catalog.CatalogError as e:
-            if "/" not in spec.model:
-                raise ModelResolutionError(f"{e}; or give a Hugging Face repo id (org/name) or spec.modelConfig") from None
-        from vllmfit.sources import hub
-
-        try:
-            return await asyncio.to_thread(hub.resolve_model, spec.model)
-        except hub.HubError as e:
-            raise ModelResolutionError(str(e), transient=e.transient) from None
-
-    async def _read_config_map(self, namespace: str, ref: api.ConfigMapKeyRef) -> dict[str, Any]:
-        from kubernetes_asyncio.client import ApiException, CoreV1Api
-
-        where = f"ConfigMap {namespace}/{ref.name}"
-        try:
-            cm = await CoreV1Api(self.api).read_namespaced_config_map(ref.name, namespace)
-        except ApiException as e:
-            if e.status == 404:
-                raise ModelResolutionError(f"spec.modelConfigRef: {where} not found", transient=True) from None
-            raise ModelResolutionError(f"spec.modelConfigRef: cannot read {where}: {e.status} {e.reason}",
-                                       transient=True) from None
-        text = (cm.data or {}).get(ref.key)
-        if text is None:
-            raise ModelResolutionError(f"spec.modelConfigRef: {where} has no key {ref.key!r}")
-        try:
-            config = json.loads(text)
-        except ValueError as e:
-            raise ModelResolutionError(f"spec.modelConfigRef: {where} key {ref.key!r} is not JSON ({e})") from None
-        if not isinstance(config, dict):
-            raise ModelResolutionError(f"spec.modelConfigRef: {where} key {ref.key!r} is not a JSON object")
-        return config
+        return await models.resolve_model(self.api, obj)
 
     # --- records -----------------------------------------------------------------------------
 
@@ -246,9 +204,16 @@ class Store:
         rec.generation = (body.get("metadata") or {}).get("generation")
         return rec
 
-    def rebuild(self, nodes: Iterable[Mapping[str, Any]], deployments: Iterable[Mapping[str, Any]]) -> list[str]:
-        """Restore the ledger from the API's nodes and VLLMDeployments. Returns warnings."""
+    def rebuild(self, nodes: Iterable[Mapping[str, Any]], deployments: Iterable[Mapping[str, Any]],
+                children: Iterable[Mapping[str, Any]] | None = None,
+                vllm_pods: Iterable[Mapping[str, Any]] = ()) -> list[str]:
+        """Restore the ledger from the cluster: the nodes; the bookings in the status of every
+        admitted VLLMDeployment whose objects exist and match (`children`: vllmfit's Deployments;
+        a status whose replicas do not all run where it says is no booking, and the deployment
+        is decided again); and a drain for every pod of vllmfit that runs where nothing books
+        it (`vllm_pods`). Returns warnings."""
         self.ledger = Ledger()
+        self.drains, self.refused = {}, set()
         self.records = {}
         problems: list[str] = []
         ordered = sorted(deployments, key=lambda b: ((b.get("metadata") or {}).get("creationTimestamp") or "", key_of(b)))
@@ -262,8 +227,9 @@ class Store:
             try:
                 info = placement.node_from_object(obj, catalog.gpu_for_label, pods, self.options.budget,
                                                   now=datetime.now(UTC))
-            except placement.NodeDataError as e:  # refused node data: no GPUs until it is fixed
-                problems.append(str(e))
+            except placement.NodeDataError as e:  # refused node data: no new bookings there until it is
+                problems.append(str(e))  # fixed; what is booked there stays, as when it is refused live
+                self.refused.add(name)
                 continue
             except ValueError:
                 self.node_infos[name] = None
@@ -273,6 +239,7 @@ class Store:
                 continue
             self.node_infos[name] = info
             self.ledger.set_node(info)
+        running = None if children is None else draining.children_at(children)
         for body in ordered:
             rec = self.records[key_of(body)]
             if rec.admitted:
@@ -280,8 +247,18 @@ class Store:
                     status = api.VLLMDeploymentStatus.model_validate(body.get("status") or {})
                 except ValueError:
                     continue
-                self.ledger.restore(rec.key, placement.bookings_from_status(rec.key, status))
+                bookings = placement.bookings_from_status(rec.key, status)
+                if running is not None and not draining.status_matches(rec, body, bookings, running):
+                    problems.append(f"{rec.key}: its status books replicas that do not run where it says; "
+                                    "not restored, decided again")
+                    rec.admitted, rec.placement, rec.flags, rec.outcome = False, [], None, "Pending"
+                    rec.admitted_request = None
+                    continue
+                self.ledger.restore(rec.key, bookings)
         self.overlay_dra(self.ledger)
+        covered = {(k, r): draining.where_of(bs) for k in self.ledger.deployments()
+                   for r, bs in draining.by_replica(self.ledger.bookings_of(k)).items()}
+        self.drains = draining.from_pods(self.ledger, vllm_pods, covered)
         self.ready.set()
         return problems
 
@@ -333,6 +310,7 @@ class Store:
                     continue
                 fresh.restore(key, placement.bookings_from_status(key, st))
         self.overlay_dra(fresh)
+        draining.carry(fresh, self.drains)
         self.ledger, self.records = fresh, records
         return repair
 
@@ -359,8 +337,12 @@ class Store:
         return True
 
     def misplaced(self, key: str) -> bool:
-        """Its bookings sit on a GPU that no longer exists or is over budget."""
+        """Its bookings sit on a GPU that no longer exists or is over budget. A node whose data was
+        refused at start-up keeps what is booked on it, as a node refused live keeps its last
+        good state: nothing on it is moved."""
         for b in self.ledger.bookings_of(key):
+            if b.node in self.refused:
+                continue
             if self.ledger.slot(b.node, b.index) is None or self.ledger.headroom_bytes(b.node, b.index) < 0:
                 return True
         return False
@@ -426,15 +408,17 @@ class Store:
                     del self.holding[k]
             self.mark(keys)
 
-    async def persist(self, key: str) -> None:
+    async def persist(self, key: str, missing_ok: bool = False) -> None:
         """Write the status of `key` now, from its record; raises when the write fails. Booking
-        before running (and stopping before releasing) rests on this write having happened."""
+        before running (and stopping before releasing) rests on this write having happened, so
+        an object that is gone (404) is a failed write, unless `missing_ok` (what is being
+        released: a deleted object books nothing)."""
         from kubernetes_asyncio.client import ApiException
 
         try:
             await self._patch_status(key)
         except ApiException as e:
-            if e.status != 404:
+            if e.status != 404 or not missing_ok:
                 raise
 
     async def _patch_status(self, key: str) -> None:

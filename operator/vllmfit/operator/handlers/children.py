@@ -14,7 +14,7 @@ from kubernetes_asyncio.client import ApiException
 from vllmfit.backends import binding
 from vllmfit.backends import reservation as rsv
 from vllmfit.core.spec import api
-from vllmfit.operator import builders, claims, report, reservations
+from vllmfit.operator import builders, claims, draining, report, reservations
 from vllmfit.operator.handlers.common import JSON_PATCH, MERGE_PATCH, gone_ok, now, post_event
 from vllmfit.operator.record import Record
 from vllmfit.operator.state import Store, get_store
@@ -89,7 +89,48 @@ def children_state(rec: Record) -> tuple[Any, ...]:
                      store.backend_of(p.node))
                     for p in rec.placement)
     return (rec.admitted and not rec.going, tuple(builders.placement_text(p) for p in rec.placement), rec.flags,
-            req.spec if req else None, req.model.name if req else None, pinning)
+            req.spec if req else None, req.model.name if req else None, pinning, tuple(waiting_for_drains(store, rec)))
+
+
+def waiting_for_drains(store: Store, rec: Record) -> list[int]:
+    """Replicas that may not start yet: on one of their GPUs a stopped replica's pods may still
+    hold memory the GPU has no room for besides them (break-then-make; draining.blocked)."""
+    return [p.replica for p in rec.placement if draining.blocked(store.ledger, store.drains, rec.key, p.replica)]
+
+
+def stopping(rec: Record) -> list[int]:
+    """Replicas whose Deployment runs where the record no longer books them (scaled down, moved)."""
+    now = {p.replica: builders.placement_text(p) for p in rec.placement} if rec.admitted and not rec.going else {}
+    return sorted(r for r in rec.children if r not in now or rec.child_where.get(r, now[r]) != now[r])
+
+
+async def stop_children(store: Store, key: str) -> None:
+    """Delete the Deployments of the replicas that stop (scale-down, move), before the status
+    that releases them is written (finish); their memory stays booked as drains until their
+    pods are gone."""
+    async with store.child_locks[key]:
+        rec = store.records.get(key)
+        if rec is None:
+            return
+        apps = client.AppsV1Api(store.api)
+        for r in stopping(rec) + [r for r in waiting_for_drains(store, rec) if r in rec.children]:
+            await delete_child(store, rec, apps, r)
+
+
+async def delete_child(store: Store, rec: Record, apps: client.AppsV1Api, r: int) -> None:
+    await gone_ok(apps.delete_namespaced_deployment, builders.deployment_name(rec.name, r), rec.namespace)
+    rec.children.discard(r)
+    rec.child_where.pop(r, None)
+    rec.synced = None
+    key = rec.key
+    store.whole.pop((key, r), None)
+    store.written.discard((key, r))
+    for d in store.drains.values():  # no pod of it can start any more: its drains can end
+        if d.key == key and d.replica == r:
+            d.stopped = True
+    old = store.templates.pop((key, r), None)
+    if old:
+        await claims.delete(store, rec.namespace, old)
 
 
 async def sync_children(store: Store, key: str) -> None:
@@ -103,6 +144,7 @@ async def sync_children(store: Store, key: str) -> None:
             return  # written by a concurrent call meanwhile
         apps, core = client.AppsV1Api(store.api), client.CoreV1Api(store.api)
         want: set[int] = set()
+        blocked = set(waiting_for_drains(store, rec))
         if rec.admitted and not rec.going:
             req = rec.admitted_request
             if req is None or rec.flags is None:
@@ -110,6 +152,8 @@ async def sync_children(store: Store, key: str) -> None:
             obj = api.VLLMDeployment(metadata=api.ObjectMeta.model_validate(rec.body["metadata"]), spec=req.spec)
             flags = rec.flags
             for p in rec.placement:
+                if p.replica in blocked:
+                    continue  # break-then-make: it starts once the pods on its GPUs are gone
                 want.add(p.replica)
                 tmpl: str | None = None
                 if store.backend_of(p.node) == "dra":
@@ -141,15 +185,13 @@ async def sync_children(store: Store, key: str) -> None:
                 if old and old != tmpl:
                     await claims.delete(store, rec.namespace, old)
                 rec.children.add(p.replica)
+                rec.child_where[p.replica] = where = builders.placement_text(p)
+                for d in store.drains.values():  # moved: the Deployment's old pods are being stopped
+                    if d.key == key and d.replica == p.replica and d.where != where:
+                        d.stopped = True
             await apply_service(core, builders.service(obj), rec.body)
         for r in sorted(rec.children - want):
-            await gone_ok(apps.delete_namespaced_deployment, builders.deployment_name(rec.name, r), rec.namespace)
-            rec.children.discard(r)
-            store.whole.pop((key, r), None)
-            store.written.discard((key, r))
-            old = store.templates.pop((key, r), None)
-            if old:
-                await claims.delete(store, rec.namespace, old)
+            await delete_child(store, rec, apps, r)
         rec.synced = state
 
 

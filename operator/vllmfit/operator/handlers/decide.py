@@ -7,7 +7,7 @@ import logging
 
 from vllmfit.core import defaults, memory, placement
 from vllmfit.core.placement import Decision, Request
-from vllmfit.operator import bounded, builders, metrics, pods, report, webhook
+from vllmfit.operator import bounded, builders, draining, metrics, pods, report, webhook
 from vllmfit.operator.handlers.children import children_state
 from vllmfit.operator.handlers.common import Effects, now
 from vllmfit.operator.record import Record
@@ -79,7 +79,10 @@ def apply_decision(store: Store, rec: Record, req: Request, d: Decision, fx: Eff
     if d.admitted:
         old, old_flags = [builders.placement_text(p) for p in rec.placement], rec.flags
         old_by = {p.replica: builders.placement_text(p) for p in rec.placement}
+        stopping = ledger.bookings_of(key)
         ledger.book(d)
+        draining.revive(ledger, store.drains, key)
+        draining.hold(ledger, store.drains, key, stopping)  # what leaves stays booked until its pods are gone
         rec.admitted, rec.outcome, rec.waiting = True, "Admitted", False
         rec.allocation_failure = ""  # a new placement: a new claim the scheduler may fail to allocate
         rec.admitted_request = req
@@ -151,6 +154,7 @@ async def replan(store: Store, node: str, fx: Effects, cause: str) -> None:
     evictions only (linear in the bookings), each evicted deployment waiting for room, to be
     decided again, bounded, by retry_waiting. Either way no GPU stays over budget."""
     before = {k: builders.gpus_of(store.ledger, k) for k in store.ledger.deployments()}
+    held = {k: store.ledger.bookings_of(k) for k in store.ledger.deployments() if not draining.is_drain(k)}
     requests = {k: r.request or r.admitted_request for k, r in store.records.items() if k in before}
     known = {k: v for k, v in requests.items() if v is not None}
     flags = {k: builders.to_memory_flags(r.flags) for k, r in store.records.items() if k in before and r.flags}
@@ -167,14 +171,18 @@ async def replan(store: Store, node: str, fx: Effects, cause: str) -> None:
     for key in result.evicted:
         rec = store.records.get(key)
         fx.mark.update(builders.neighbours(ledger, before.get(key, set())))
+        if draining.is_drain(key):
+            continue  # a stopped replica's pods still hold it: charged again below
         if rec is None:
             ledger.release(key)
             continue
         req = requests.get(key)
         if key in result.moves and req is not None:
             apply_decision(store, rec, req, result.moves[key], fx, cause=cause)
+            draining.hold(ledger, store.drains, key, held.get(key, []))
             continue
         ledger.release(key)  # all or nothing: its remaining replicas go too
+        draining.hold(ledger, store.drains, key, held.get(key, []))
         rec.admitted = False
         d = result.waiting.get(key) or Decision(key, "Unschedulable", message="the model is not resolved yet")
         if req is None:
@@ -183,6 +191,9 @@ async def replan(store: Store, node: str, fx: Effects, cause: str) -> None:
             fx.mark.add(key)
         else:
             apply_decision(store, rec, req, d, fx, cause=cause)
+    for d in store.drains.values():  # drains the re-planning took out: their pods still hold them
+        if not ledger.bookings_of(d.name):
+            draining.charge(ledger, d)
 
 
 async def update_node(store: Store, name: str, info: placement.NodeInfo | None, fx: Effects, gone: str) -> None:

@@ -107,6 +107,7 @@ async def on_node(type: str | None, body: kopf.Body, **_: Any) -> None:
             store.node_infos.pop(name, None)
         else:
             store.node_infos[name] = info
+            store.refused.discard(name)
             info = store.effective_node(name, info)
         await update_node(store, name, info, fx, "was removed" if type == "DELETED" else "no longer reports GPUs")
         if info is not None:

@@ -12,10 +12,10 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
 
 from vllmfit.backends import dra
-from vllmfit.operator import bounded, builders, pods, report, reservations
+from vllmfit.operator import bounded, builders, draining, pods, report, reservations
 from vllmfit.operator.handlers.common import SETTLING, Effects, now, post_event
 from vllmfit.operator.handlers.decide import apply_decision, refresh_ready, update_node
-from vllmfit.operator.handlers.writes import finish
+from vllmfit.operator.handlers.writes import finish, settle_drains
 from vllmfit.operator.state import Store, get_store
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,9 @@ async def on_pod(type: str | None, body: kopf.Body, **_: Any) -> None:
     labels = meta.get("labels") or {}
     key = f"{meta.get('namespace') or 'default'}/{labels.get(builders.LABEL_DEPLOYMENT)}"
     name = meta.get("name") or ""
+    if (type == "DELETED" or (body.get("status") or {}).get("phase") in draining.FINISHED) \
+            and any(d.key == key and d.stopped for d in store.drains.values()):
+        await settle_drains(store, {key})  # a stopped replica's pod is gone: its memory may be free
     if key not in store.records:
         return
     health = None
@@ -122,6 +125,7 @@ async def allocation_failed(store: Store, pod: Mapping[str, Any], message: str) 
             same = sorted((b.node, b.index) for b in d.bookings()) == sorted((b.node, b.index) for b in old)
             if d.admitted and not same:
                 apply_decision(store, rec, req, d, fx, cause="the scheduler could not allocate its claim")
+                draining.hold(store.ledger, store.drains, key, old)
             else:
                 store.ledger.restore(key, old)  # nowhere better: stay (the scheduler retries), condition kept
             fx.mark.update(builders.neighbours(store.ledger, before))

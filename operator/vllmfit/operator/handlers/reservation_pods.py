@@ -6,10 +6,11 @@ import logging
 from typing import Any
 
 import kopf
+from kubernetes_asyncio import client
 
 from vllmfit.backends import reservation as rsv
 from vllmfit.operator import reservations
-from vllmfit.operator.handlers.common import post_event
+from vllmfit.operator.handlers.common import gone_ok, post_event
 from vllmfit.operator.handlers.writes import place
 from vllmfit.operator.state import get_store
 
@@ -18,11 +19,21 @@ logger = logging.getLogger(__name__)
 
 async def on_reservation(type: str | None, body: kopf.Body, **_: Any) -> None:
     """A reservation pod reported its GPU, or ended: re-book on the GPU it really holds when that
-    is another than the one asked for; create or delete reservations; lift gates."""
+    is another than the one asked for; create or delete reservations; lift gates.
+
+    A reservation that is lost (deleted, evicted, preempted) while its GPU is still booked is
+    reported with a ReservationLost Event on the deployments there and asked again for the same
+    GPU (`place`: reservations.sync creates it again; a report of another GPU re-books the replica
+    there). One that failed (phase Failed or Succeeded: it holds nothing any more) is deleted, and
+    so asked again the same way."""
     store = get_store()
     await store.ready.wait()
+    meta = body.get("metadata") or {}
+    name = str(meta.get("name") or "")
+    ended = (body.get("status") or {}).get("phase") in ("Failed", "Succeeded")
     async with store.changing():
-        r = reservations.observe(store, body, type == "DELETED")
+        prev = store.reservations.get(name)
+        r = reservations.observe(store, body, type == "DELETED" or ended)
         waiting = None if r is None else rsv.unschedulable(body)
         events = []
         if r is not None and waiting and store.reservation_waits.get(r.name) != waiting:
@@ -33,7 +44,16 @@ async def on_reservation(type: str | None, body: kopf.Body, **_: Any) -> None:
                       for k in sorted({b.deployment for b in store.ledger.bookings_on(r.node, r.index)})
                       if k in store.records]
         elif r is None or not waiting:
-            store.reservation_waits.pop(str((body.get("metadata") or {}).get("name")), None)
+            store.reservation_waits.pop(name, None)
+        if prev is not None and r is None and not prev.terminating:
+            how = "ended (its pod failed)" if ended and type != "DELETED" else "was deleted, evicted or preempted"
+            text = (f"the reservation pod {name} holding {prev.node} GPU {prev.index} {how}; the GPU is asked "
+                    "for again (a new reservation pod; the replica is re-booked where it lands)")
+            events += [(store.records[k].body, "Warning", "ReservationLost", text)
+                       for k in sorted({b.deployment for b in store.ledger.bookings_on(prev.node, prev.index)})
+                       if k in store.records]
     for event in events:
         post_event(*event)
+    if ended and type != "DELETED" and prev is not None:
+        await gone_ok(client.CoreV1Api(store.api).delete_namespaced_pod, name, str(meta.get("namespace")))
     await place(store)

@@ -17,11 +17,11 @@ from vllmfit import __version__
 from vllmfit.core.spec import api
 from vllmfit.operator import claims, metrics, reservations
 from vllmfit.operator.handlers.children import children_state
-from vllmfit.operator.handlers.common import RESOURCE, Effects
+from vllmfit.operator.handlers.common import Effects
 from vllmfit.operator.handlers.decide import retry_waiting
-from vllmfit.operator.handlers.sweep import sweep
+from vllmfit.operator.handlers.sweep import list_cluster, list_ours, sweep
 from vllmfit.operator.handlers.vllmdeployments import reconcile
-from vllmfit.operator.handlers.writes import finish
+from vllmfit.operator.handlers.writes import finish, settle_drains
 from vllmfit.operator.record import key_of
 from vllmfit.operator.state import Store, get_store
 
@@ -79,13 +79,6 @@ async def login(**_: Any) -> kopf.ConnectionInfo:
                       default_namespace=store.options.namespace)
 
 
-async def list_cluster(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every Node and every VLLMDeployment, as JSON."""
-    nodes = await client.CoreV1Api(store.api).list_node()
-    listed = await client.CustomObjectsApi(store.api).list_cluster_custom_object(*RESOURCE)
-    return store.api.sanitize_for_serialization(nodes).get("items") or [], listed.get("items") or []
-
-
 async def resync_once(store: Store) -> bool:
     """store.resync from a fresh listing, unless anything changed meanwhile or statuses are
     still being written. Returns whether it resynced. On the active replica it then repairs
@@ -113,6 +106,7 @@ async def resync_once(store: Store) -> bool:
         return True
     await finish(store, fx, strict=False)
     await sweep(store)
+    await settle_drains(store)  # pods of stopped replicas whose deletion no event told
     for body in undecided:
         logger.warning("resync: %s has no status; deciding it", key_of(body))
         await reconcile(body, force=False)
@@ -141,7 +135,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     store.api.user_agent = USER_AGENT  # the field manager of every write: "vllmfit"
     node_dicts, deployments = await list_cluster(store)
     await claims.load(store)  # the DRA nodes' GPUs and claims, before the ledger is rebuilt
-    problems = store.rebuild(node_dicts, deployments)
+    children, pods = await list_ours(store)  # a status books only what runs where it says; pods drain
+    problems = store.rebuild(node_dicts, deployments, children, pods)
     await reservations.load(store)
     for p in problems:
         logger.warning("start-up: %s", p)

@@ -10,7 +10,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
 
 from vllmfit.operator import builders
-from vllmfit.operator.handlers.common import gone_ok
+from vllmfit.operator.handlers.common import RESOURCE, gone_ok
 from vllmfit.operator.state import Store
 
 logger = logging.getLogger(__name__)
@@ -111,3 +111,41 @@ async def sweep(store: Store, namespace: str | None = None, only: str | None = N
     for what in gone:
         logger.warning("%s ran without an admitted booking: deleted", what)
     return gone
+
+
+async def list_ours(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every Deployment and pod vllmfit owns (found by label), as JSON."""
+    apps, core = client.AppsV1Api(store.api), client.CoreV1Api(store.api)
+    selector = f"{builders.MANAGED_BY}=vllmfit"
+    deps = await apps.list_deployment_for_all_namespaces(label_selector=selector)
+    pods_ = await core.list_pod_for_all_namespaces(label_selector=selector)
+    ser = store.api.sanitize_for_serialization
+    return ser(deps).get("items") or [], ser(pods_).get("items") or []
+
+
+async def list_cluster(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every Node and every VLLMDeployment, as JSON."""
+    nodes = await client.CoreV1Api(store.api).list_node()
+    listed = await client.CustomObjectsApi(store.api).list_cluster_custom_object(*RESOURCE)
+    return store.api.sanitize_for_serialization(nodes).get("items") or [], listed.get("items") or []
+
+
+async def lead(store: Store) -> None:
+    """Become the active replica (standalone: at the first event; with peering: when Kopf
+    resumes this one). A new leader first catches up with the cluster (the statuses the old
+    leader wrote since the last resync) and sweeps what no booking covers, before it admits
+    anything: a Deployment the old leader left between two writes never runs beside a newcomer."""
+    if store.leading:
+        return
+    async with store.lead_lock:
+        if store.leading:
+            return
+        try:
+            nodes, deployments = await list_cluster(store)
+            async with store.lock:
+                if not store.busy():
+                    store.resync(nodes, deployments)
+            await sweep(store)
+        except (ApiException, OSError) as e:
+            logger.warning("taking the lead: cannot look for Deployments without a booking (the resync retries): %s", e)
+        store.leading = True

@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 
 from vllmfit.core.placement import Request
-from vllmfit.operator import bounded, builders, metrics
+from vllmfit.operator import bounded, builders, draining, metrics
 from vllmfit.operator.handlers.children import children_state
 from vllmfit.operator.handlers.common import Effects, Invalid, now, parse
 from vllmfit.operator.handlers.decide import (
@@ -21,8 +21,8 @@ from vllmfit.operator.handlers.decide import (
     retry_waiting,
     scale_keep,
 )
-from vllmfit.operator.handlers.sweep import sweep
-from vllmfit.operator.handlers.writes import finish
+from vllmfit.operator.handlers.sweep import lead, sweep
+from vllmfit.operator.handlers.writes import finish, settle_drains
 from vllmfit.operator.record import ModelResolutionError, key_of
 from vllmfit.operator.state import Store, get_store
 
@@ -34,7 +34,7 @@ async def reconcile(body: Mapping[str, Any], *, force: bool) -> None:
     re-write the children and status), book, write."""
     store = get_store()
     await store.ready.wait()
-    store.leading = True
+    await lead(store)  # a new leader sweeps before it admits
     t0 = time.monotonic()
     fx = Effects()
     req: Request | None = None
@@ -68,8 +68,13 @@ async def reconcile(body: Mapping[str, Any], *, force: bool) -> None:
             fx.mark.add(rec.key)
         else:
             store.changes += 1
+            lost = rec.admitted and store.misplaced(rec.key)  # its node or GPUs are gone (a restart after)
             keep = scale_keep(store, rec, req)
-            apply_decision(store, rec, req, await bounded.decide(store.ledger, req, keep=keep), fx)
+            d = await bounded.decide(store.ledger, req, keep=keep)
+            if lost and not d.admitted:  # nothing to keep serving: it is evicted, as on_node would have
+                draining.hold(store.ledger, store.drains, rec.key, store.ledger.release(rec.key))
+                rec.admitted = False
+            apply_decision(store, rec, req, d, fx, cause="its GPUs are gone or over budget" if lost else "")
     await finish(store, fx)
     metrics.RECONCILE.observe(time.monotonic() - t0)
     if transient:
@@ -96,7 +101,7 @@ async def on_event(type: str | None, body: kopf.Body, **_: Any) -> None:
     deleted right after its creation: the delete handler never runs for it)."""
     store = get_store()
     await store.ready.wait()
-    store.leading = True
+    await lead(store)  # a new leader sweeps before it admits
     if type == "DELETED":
         await forget(store, body)
         return
@@ -112,8 +117,10 @@ async def on_event(type: str | None, body: kopf.Body, **_: Any) -> None:
 
 async def forget(store: Store, body: Mapping[str, Any]) -> None:
     """The object is going or gone: stop its Deployments and bare pods first, then free its GPUs
-    (so a crash in between leaves its booking, never a pod on GPUs booked to another); its
-    neighbours' headroom grows; waiting specs get another chance."""
+    (so a crash in between leaves its booking, never a pod on GPUs booked to another) once its
+    pods are gone: until then its replicas are drains (vllmfit.operator.draining, settled by
+    writes.settle_drains from the pods the API lists); its neighbours' headroom grows then and
+    waiting specs get another chance."""
     key = key_of(body)
     rec = store.records.get(key)
     uid = (body.get("metadata") or {}).get("uid")
@@ -129,12 +136,14 @@ async def forget(store: Store, body: Mapping[str, Any]) -> None:
         if store.records.get(key) is not rec:
             return
         before = builders.gpus_of(store.ledger, key)
-        store.ledger.release(key)
+        for d in draining.hold(store.ledger, store.drains, key, store.ledger.release(key)):
+            d.stopped = True  # its Deployments and bare pods were deleted (sweep)
         store.records.pop(key, None)
         fx.mark.update(builders.neighbours(store.ledger, before))
         if before:
             await retry_waiting(store, fx)
     await finish(store, fx, strict=False)
+    await settle_drains(store, {key})
 
 
 async def on_delete(body: kopf.Body, **_: Any) -> None:

@@ -4,6 +4,7 @@ Kubernetes hold what the ledger books (`place`: reservation pods, scheduling gat
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -11,10 +12,11 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
 
-from vllmfit.operator import builders, reservations
+from vllmfit.operator import builders, draining, reservations
+from vllmfit.operator.handlers import children
 from vllmfit.operator.handlers.children import children_state, sync_children
 from vllmfit.operator.handlers.common import Effects, Invalid, gone_ok, parse, post_event
-from vllmfit.operator.handlers.decide import update_node
+from vllmfit.operator.handlers.decide import retry_waiting, update_node
 from vllmfit.operator.record import ModelResolutionError
 from vllmfit.operator.state import Store
 
@@ -40,7 +42,7 @@ async def finish(store: Store, fx: Effects, *, strict: bool = True, hold: bool =
             store.mark(fx.mark - fx.sync)
             for key in stopping:
                 if await _step(store, key, sync_children, strict):
-                    await _step(store, key, store.persist, strict)
+                    await _step(store, key, functools.partial(store.persist, missing_ok=True), strict)
                 else:
                     failed.append(key)
             for key in ordered:
@@ -48,26 +50,71 @@ async def finish(store: Store, fx: Effects, *, strict: bool = True, hold: bool =
                     logger.warning("%s: not started while %s may still run; the resync retries", key, ", ".join(failed))
                     store.records[key].synced = None
                     continue
+                rec = store.records[key]
+                # replicas that stop (scale-down, move) stop before the status releases them
+                if (children.stopping(rec) or set(children.waiting_for_drains(store, rec)) & rec.children) \
+                        and not await _step(store, key, children.stop_children, strict):
+                    continue
                 if await _step(store, key, store.persist, strict):
                     await _step(store, key, sync_children, strict)
     finally:
         if store.dra_refresh:  # a claim template lost its capacity requests (children.claim_template)
             why, store.dra_refresh = store.dra_refresh, ""
             store.tasks.append(asyncio.create_task(refresh_nodes(store, store.dra_nodes(), why)))
+    if any(d.stopped and d.key in fx.sync for d in store.drains.values()):
+        await settle_drains(store, set(fx.sync))
     if hold:
         await place(store)
+
+
+async def settle_drains(store: Store, keys: set[str] | None = None) -> None:
+    """End the drains (of `keys`, or all) whose pods are gone: list the pods of their
+    deployments; a stopped replica none of whose pods is listed (or each one listed has
+    terminated) frees its memory: the neighbours' headroom grows, blocked replicas start,
+    waiting specs get another chance."""
+    targets = sorted({(d.namespace, d.deployment) for d in store.drains.values()
+                      if d.stopped and (keys is None or d.key in keys)})
+    if not targets:
+        return
+    core, apps = client.CoreV1Api(store.api), client.AppsV1Api(store.api)
+    listed: dict[tuple[str, str], tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+    ser = store.api.sanitize_for_serialization
+    try:
+        for ns, name in targets:
+            selector = f"{builders.MANAGED_BY}=vllmfit,{builders.LABEL_DEPLOYMENT}={name}"
+            sets = await apps.list_namespaced_replica_set(ns, label_selector=selector)
+            pods = await core.list_namespaced_pod(ns, label_selector=selector)  # after the sets: none is new
+            listed[(ns, name)] = ser(pods).get("items") or [], ser(sets).get("items") or []
+    except (ApiException, OSError) as e:
+        logger.warning("cannot list the pods of stopped replicas (the resync retries): %s", e)
+        return
+    fx = Effects()
+    async with store.changing():
+        done = [n for (ns, name), (pods, sets) in listed.items()
+                for n in draining.ended(store.drains, ns, name, pods, sets)]
+        for n in done:
+            d = store.drains.pop(n)
+            fx.mark.update(builders.neighbours(store.ledger, builders.gpus_of(store.ledger, n)))
+            store.ledger.release(n)
+            logger.info("%s replica %d: its pods on %s are gone; its memory is free", d.key, d.replica, d.where)
+            if d.key in store.records:
+                fx.sync.add(d.key)  # a replica waiting for this GPU may start now
+        if done:
+            await retry_waiting(store, fx)
+    if done:
+        await finish(store, fx, strict=False)
 
 
 async def _step(store: Store, key: str, fn: Callable[[Store, str], Any] | Callable[[str], Any], strict: bool) -> bool:
     """One write of finish(); False when it failed (raised again with strict)."""
     try:
-        await (fn(store, key) if fn is sync_children else fn(key))  # type: ignore[call-arg, arg-type]
+        await (fn(store, key) if fn in (sync_children, children.stop_children) else fn(key))  # type: ignore[call-arg, arg-type, operator]
         return True
     except (TimeoutError, ApiException, OSError, ValueError) as e:  # ValueError: that spec's (podtemplate)
         if strict and not isinstance(e, ValueError):
             raise
         what = f"{e.status} {e.reason}" if isinstance(e, ApiException) else str(e) or type(e).__name__
-        logger.error("%s: writing %s failed: %s", key, "its Deployments" if fn is sync_children else "its status",
+        logger.error("%s: writing %s failed: %s", key, "its Deployments" if fn in (sync_children, children.stop_children) else "its status",
                      what)
         rec = store.records.get(key)
         if rec is not None:

@@ -1,0 +1,237 @@
+"""Bookings that outlive their replica (issue 22): a replica's memory stays booked until the API
+shows that no pod which could hold it is left.
+
+A replica stops when its VLLMDeployment is deleted, scaled down, moved or evicted. Its vLLM may
+hold the GPU for the pod's whole termination (`terminationGracePeriodSeconds` up to a day, preStop
+hooks, seconds for vLLM to free its memory). So when a replica's placement leaves the booking of
+its deployment, its bookings become a *drain*: kept in the ledger under a key of their own
+(`drain_key`), so that every decision counts them, until the evidence says the pods are gone:
+no pod of that deployment, replica and placement (`vllmfit.dev/placement`, which the pod template
+carries) is listed any more, or each one that is listed has phase Succeeded or Failed (its
+containers terminated). Until then the replica is *draining*.
+
+The ledger is charged with what the GPU still had room for (never above its budget, so the
+re-planning never evicts a running neighbour for a drain); `blocked` tells which new replicas
+must wait for a drain on their own GPUs (break-then-make), the rest start at once
+(make-before-break, where the memory allows it).
+
+No I/O here: the handlers list the pods (`handlers.writes.settle_drains`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllmfit.core.memory import Footprint
+from vllmfit.core.placement import Booking, Ledger
+from vllmfit.operator.builders import ANNOTATION_PLACEMENT, LABEL_DEPLOYMENT, LABEL_REPLICA
+
+DRAIN = "~draining/"
+FINISHED = ("Succeeded", "Failed")
+
+
+@dataclass
+class Drain:
+    """The memory of one stopped replica at one placement, until its pods are gone."""
+
+    key: str  # the VLLMDeployment, namespace/name
+    replica: int
+    where: str  # its placement as the pods carry it ("node:0,1")
+    bookings: list[Booking] = field(default_factory=list)  # what its vLLM may hold, in full
+    stopped: bool = False  # its Deployment was deleted or moved away: from now on pods can only go
+
+    @property
+    def name(self) -> str:
+        return drain_key(self.key, self.replica, self.where)
+
+    @property
+    def namespace(self) -> str:
+        return self.key.split("/", 1)[0]
+
+    @property
+    def deployment(self) -> str:
+        return self.key.split("/", 1)[1]
+
+
+def drain_key(key: str, replica: int, where: str) -> str:
+    return f"{DRAIN}{key}/{replica}/{where}"
+
+
+def is_drain(key: str) -> bool:
+    return key.startswith(DRAIN)
+
+
+def where_of(bookings: Iterable[Booking]) -> str:
+    """The placement text of one replica's bookings (builders.placement_text's format)."""
+    bs = sorted(bookings, key=lambda b: b.index)
+    return f"{bs[0].node}:{','.join(str(b.index) for b in bs)}" if bs else ""
+
+
+def by_replica(bookings: Iterable[Booking]) -> dict[int, list[Booking]]:
+    out: dict[int, list[Booking]] = {}
+    for b in bookings:
+        out.setdefault(b.replica, []).append(b)
+    return out
+
+
+def charge(ledger: Ledger, drain: Drain) -> None:
+    """Put the drain into the ledger: on each GPU its full memory, or what the GPU still has room
+    for when that is less (the ledger never goes over a budget for a drain)."""
+    ledger.release(drain.name)
+    out = []
+    for b in drain.bookings:
+        room = max(0, ledger.headroom_bytes(b.node, b.index)) if ledger.slot(b.node, b.index) else b.footprint.total
+        bytes_ = min(b.footprint.total, room)
+        out.append(Booking(drain.name, drain.replica, b.node, b.index, Footprint(bytes_, 0, 0, 0, 0, 0)))
+    ledger.restore(drain.name, out)
+
+
+def hold(ledger: Ledger, drains: dict[str, Drain], key: str, old: Iterable[Booking]) -> list[Drain]:
+    """After the bookings of `key` changed (from `old` to what the ledger holds now): every old
+    replica whose placement is no longer booked becomes a drain. Returns the new drains."""
+    now = {r: where_of(bs) for r, bs in by_replica(ledger.bookings_of(key)).items()}
+    new = []
+    for replica, bs in sorted(by_replica(old).items()):
+        where = where_of(bs)
+        if now.get(replica) == where:
+            continue
+        d = Drain(key, replica, where, list(bs))
+        if d.name in drains:  # the same placement stopped again before its pods were gone: keep the larger
+            prev = drains[d.name]
+            if sum(b.footprint.total for b in prev.bookings) >= sum(b.footprint.total for b in bs):
+                continue
+        drains[d.name] = d
+        charge(ledger, d)
+        new.append(d)
+    return new
+
+
+def revive(ledger: Ledger, drains: dict[str, Drain], key: str) -> None:
+    """`key` is booked again where one of its drains is (a move back, a scale up again before the
+    pods were gone): that placement is a booking again, not a drain."""
+    for r, bs in by_replica(ledger.bookings_of(key)).items():
+        name = drain_key(key, r, where_of(bs))
+        if name in drains:
+            drains.pop(name)
+            ledger.release(name)
+
+
+def carry(ledger: Ledger, drains: Mapping[str, Drain]) -> None:
+    """Put every drain into a ledger rebuilt from the API (resync)."""
+    for d in sorted(drains.values(), key=lambda d: d.name):
+        charge(ledger, d)
+
+
+def blocked(ledger: Ledger, drains: Mapping[str, Drain], key: str, replica: int) -> list[Drain]:
+    """The drains that keep a new replica of `key` from starting: on one of its GPUs, the
+    bookings plus the drains' full memory are over the budget (break-then-make)."""
+    mine = [b for b in ledger.bookings_of(key) if b.replica == replica]
+    out = []
+    for b in mine:
+        slot = ledger.slot(b.node, b.index)
+        if slot is None:
+            continue
+        here = [d for d in drains.values() for x in d.bookings if (x.node, x.index) == (b.node, b.index)]
+        if not here:
+            continue
+        charged = sum(x.footprint.total for d in here for x in ledger.bookings_of(d.name)
+                      if (x.node, x.index) == (b.node, b.index))
+        full = sum(x.footprint.total for d in here for x in d.bookings if (x.node, x.index) == (b.node, b.index))
+        if ledger.used_bytes(b.node, b.index) - charged + full > slot.budget_bytes:
+            out.extend(d for d in here if d not in out)
+    return out
+
+
+def pod_holds(pod: Mapping[str, Any], drain: Drain) -> bool:
+    """Whether this pod (as listed by the API) may still hold the drain's memory."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if labels.get(LABEL_DEPLOYMENT) != drain.deployment or labels.get(LABEL_REPLICA) != str(drain.replica):
+        return False
+    if (meta.get("annotations") or {}).get(ANNOTATION_PLACEMENT) != drain.where:
+        return False
+    return (pod.get("status") or {}).get("phase") not in FINISHED
+
+
+def set_holds(rs: Mapping[str, Any], drain: Drain) -> bool:
+    """Whether this ReplicaSet (as listed) may still create a pod for the drain's placement: the
+    Deployment is deleted first, and its ReplicaSets only later by the garbage collector."""
+    tmpl = ((rs.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    labels = tmpl.get("labels") or {}
+    return (labels.get(LABEL_DEPLOYMENT) == drain.deployment and labels.get(LABEL_REPLICA) == str(drain.replica)
+            and (tmpl.get("annotations") or {}).get(ANNOTATION_PLACEMENT) == drain.where)
+
+
+def ended(drains: Mapping[str, Drain], namespace: str, deployment: str, pods: Iterable[Mapping[str, Any]],
+          sets: Iterable[Mapping[str, Any]] = ()) -> list[str]:
+    """The stopped drains of one deployment that no listed pod holds any more, and for which no
+    listed ReplicaSet may create one."""
+    pods, sets = list(pods), list(sets)
+    return sorted(d.name for d in drains.values()
+                  if d.stopped and d.namespace == namespace and d.deployment == deployment
+                  and not any(pod_holds(p, d) for p in pods) and not any(set_holds(r, d) for r in sets))
+
+
+def from_pods(ledger: Ledger, pods: Iterable[Mapping[str, Any]], covered: Mapping[tuple[str, int], str]) -> dict[str, Drain]:
+    """At start-up: every pod of vllmfit that is not finished and not covered by a booking
+    (`covered`: (key, replica) -> placement booked) holds memory that nothing books: a drain
+    for it, charged with its GPUs' whole room (the pod says where it runs, not how much it
+    uses). Its Deployment is gone or elsewhere by then (the sweep deletes what is not covered)."""
+    out: dict[str, Drain] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        where = (meta.get("annotations") or {}).get(ANNOTATION_PLACEMENT) or ""
+        name, replica = labels.get(LABEL_DEPLOYMENT), labels.get(LABEL_REPLICA)
+        if not name or not replica or not replica.isdigit() or ":" not in where \
+                or (pod.get("status") or {}).get("phase") in FINISHED:
+            continue
+        key = f"{meta.get('namespace') or 'default'}/{name}"
+        if covered.get((key, int(replica))) == where:
+            continue
+        node, _, gpus = where.partition(":")
+        try:
+            indices = sorted({int(i) for i in gpus.split(",")})
+        except ValueError:
+            continue
+        bookings = []
+        for i in indices:
+            slot = ledger.slot(node, i)
+            room = slot.budget_bytes if slot else 0
+            bookings.append(Booking(key, int(replica), node, i, Footprint(room, 0, 0, 0, 0, 0)))
+        d = Drain(key, int(replica), where, bookings, stopped=True)
+        out[d.name] = d
+    for d in out.values():
+        charge(ledger, d)
+    return out
+
+
+def children_at(children: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], list[tuple[str, str]]]:
+    """vllmfit's Deployments (as listed, JSON): (key, replica) -> [(placement, owner uid)]."""
+    out: dict[tuple[str, int], list[tuple[str, str]]] = {}
+    for d in children:
+        meta = d.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        name, replica = labels.get(LABEL_DEPLOYMENT), labels.get(LABEL_REPLICA)
+        if not name or not replica or not str(replica).isdigit():
+            continue
+        owner = next((str(o.get("uid")) for o in meta.get("ownerReferences") or [] if o.get("controller")), "")
+        where = (meta.get("annotations") or {}).get(ANNOTATION_PLACEMENT) or ""
+        out.setdefault((f"{meta.get('namespace') or 'default'}/{name}", int(replica)), []).append((where, owner))
+    return out
+
+
+def status_matches(rec: Any, body: Mapping[str, Any], bookings: Iterable[Booking],
+                   running: Mapping[tuple[str, int], list[tuple[str, str]]]) -> bool:
+    """Whether a status's bookings describe objects that exist and match: every booked replica
+    has its Deployment, owned by this VLLMDeployment (uid), at the booked placement. A status
+    alone (written by a tenant, or by an operator that died before writing the Deployment)
+    books nothing: the deployment is decided again."""
+    uid = str((body.get("metadata") or {}).get("uid") or "")
+    reps = by_replica(bookings)
+    if not reps:
+        return False
+    return all(any(w == where_of(bs) and (not uid or o == uid) for w, o in running.get((rec.key, r), []))
+               for r, bs in reps.items())

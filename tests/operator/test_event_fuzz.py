@@ -1,0 +1,17 @@
+"""A fixed-seed fuzz of event orders (issue 22): random creates, deletes, scales, moves, node loss
+and operator restarts with pods that take time to terminate; for every GPU, the sum over every
+pod that may be running on it stays within its budget at every instant (fuzzing.py, kubelet.py).
+benchmarks/event_fuzz.py runs it longer, over more seeds."""
+
+from __future__ import annotations
+
+import os
+
+from fuzzing import fuzz
+
+
+async def test_random_event_orders_keep_every_gpu_within_budget() -> None:
+    seed = int(os.environ.get("VLLMFIT_FUZZ_SEED", "22"))
+    out = await fuzz(seed, int(os.environ.get("VLLMFIT_FUZZ_STEPS", "40")))
+    assert not out.violations, f"seed {seed}: {out.violations[:3]} (actions {out.actions})"
+    assert out.pods_started >= 1, out  # the run did something
