@@ -263,3 +263,24 @@ def test_cli_errors_speak_flags_and_a_request_below_one_request_is_not_called_to
     for argv in (["--max-model-len", "4000", "--kv-cache-tokens", "4000"], ["--max-model-len", "8192", "--kv-cache-tokens", "8192"]):
         assert cli.main(["estimate", "--model", LLAMA.name, *argv, "-o", "json"]) == 0
         assert json.loads(capsys.readouterr().out)["fits"]
+
+
+def test_fewer_sequences_come_first_and_the_cli_prints_them_as_flags(capsys, monkeypatch) -> None:
+    """Issue 24: for kvCache.concurrency the first fix is the most requests of the same length that fit
+    (checked: that many fit, one more does not); the CLI prints it as --kv-concurrency."""
+    import json
+
+    monkeypatch.setenv("COLUMNS", "200")
+    argv = ["estimate", "--model", LLAMA.name, "--gpu", "NVIDIA-L4", "--max-model-len", "16384", "--quantization", "fp8",
+            "--kv-concurrency", "8"]
+    assert cli.main([*argv, "-o", "json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    first = d["suggestions"][0]
+    assert first.startswith("kvCache.concurrency: ")
+    n = int(first.split(": ")[1])
+    assert 1 <= n < 8
+    assert cli.main(argv) == 1
+    assert f"\n  --kv-concurrency {n}\n" in capsys.readouterr().out
+    for c, code in ((n, 0), (n + 1, 1)):  # n requests of 16384 tokens fit, n + 1 do not
+        assert cli.main([*argv[:-1], str(c), "-o", "json"]) == code
+        capsys.readouterr()

@@ -93,7 +93,7 @@ def test_estimate_from_the_installed_wheel(installed: dict[str, Path]) -> None:
 
 def test_plan_from_the_installed_wheel(installed: dict[str, Path]) -> None:
     p = _run(installed, "plan", "-f", "cluster.yaml", "--output", "json")
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 1, p.stderr  # the example's research/llama-70b-128k fits nowhere (exit 1, issue 24)
     assert json.loads(p.stdout)["errors"] == []
 
 

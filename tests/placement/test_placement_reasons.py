@@ -26,9 +26,12 @@ def test_twenty_nodes_two_causes_like_the_issue_says() -> None:
         "0/20 nodes are available: 12 GPU memory (needs 34.7 GiB, largest budget left 19.8 GiB on l4-00 GPU 0), "
         "8 node(s) didn't match placement.nodeSelector. Budget policy (default) 0.9 x capacity (counted) holds "
         "back 2.2 GiB of each NVIDIA-L4. Fits with: placement.nodeSelector: remove (fits on h100-0); "
-        "or kvCacheDtype: fp8, kvCache: {tokens: 18720}; or kvCacheDtype: fp8, maxModelLen: 2336; "
+        "or kvCacheDtype: fp8, kvCache.concurrency: 1; or kvCacheDtype: fp8, kvCache: {tokens: 18720}; "
+        "or kvCacheDtype: fp8, maxModelLen: 2336; or quantization: fp8, kvCache.concurrency: 3; "
         "or quantization: fp8, kvCache: {tokens: 62592}; or quantization: fp8, maxModelLen: 7824"
     )
+    # fewer requests of the 16384-token context first: the most that fit the largest token count
+    assert (18720 // 16384, 62592 // 16384) == (1, 3)
     # the fixes, against ADR-0002's budget (46224 tokens, maxModelLen 5776 with fp8 weights): the 2 GiB
     # counted gives more is 2 GiB / 131072 B per token = 16384 tokens; 62592 - 46224 = 16368 (one
     # block of 16 less: u is rounded up); at 8 requests, 16384 / 8 = 2048 more context: 5776 + 2048 = 7824

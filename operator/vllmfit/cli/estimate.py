@@ -146,8 +146,14 @@ def cli_error(message: str) -> str:
 
 
 def cli_words(fix: str) -> str:
-    """A budget policy fix in the CLI's flags: 'budget policy counted (...)' -> '--budget-policy counted
-    (...)', 'budget policy utilization 0.93 (...)' -> '--budget-utilization 0.93 (...)'."""
+    """A fix in the CLI's flags: 'budget policy counted (...)' -> '--budget-policy counted (...)',
+    'budget policy utilization 0.93 (...)' -> '--budget-utilization 0.93 (...)', 'kvCache: {tokens: N}'
+    -> '--kv-cache-tokens N' (instead of the other --kv-* flags), 'kvCache.concurrency: N' ->
+    '--kv-concurrency N'; the spec's other fields become flags when printed (render.layout.as_flags)."""
+    import re
+
+    fix = re.sub(r"kvCache: \{tokens: (\d+)\}", r"--kv-cache-tokens \1", fix)
+    fix = re.sub(r"kvCache\.concurrency: (\d+)", r"--kv-concurrency \1", fix)
     if fix.startswith("budget policy utilization "):
         return "--budget-utilization " + fix.removeprefix("budget policy utilization ")
     if fix.startswith("budget policy "):

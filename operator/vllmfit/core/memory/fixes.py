@@ -20,6 +20,7 @@ from vllmfit.core.model.facts import GpuType, ModelArch, check_tp
 SPEC_NAMES = {
     "max_model_len": "maxModelLen",
     "kv_tokens": "kvCache",
+    "kv_concurrency": "kvCache.concurrency",
     "kv_cache_dtype": "kvCacheDtype",
     "quantization": "quantization",
     "tp": "tensorParallelSize",
@@ -48,6 +49,8 @@ class Fix:
         extra: dict[str, object] = {}
         if any(k == "kv_tokens" for k, _ in self.changes):
             extra = {"kv_bytes": None, "kv_concurrency": None, "kv_grow": False}
+        elif any(k == "kv_concurrency" for k, _ in self.changes):  # fewer requests of the same length
+            extra = {"kv_bytes": None, "kv_tokens": None, "kv_grow": False}
         return replace(s, **extra, **dict(self.changes))  # type: ignore[arg-type]
 
 
@@ -139,6 +142,10 @@ def fixes(model: ModelArch, s: Settings, gpu: GpuType, other_gpus: tuple[GpuType
         """With `base` applied: the largest context, or the largest KV tokens, that fits."""
         found: list[dict[str, object]] = []
         t = Fix(tuple(base.items())).settings(s)
+        if t.kv_concurrency and t.kv_tokens is None and t.kv_bytes is None and t.kv_concurrency > 1:
+            fewer = _largest_concurrency(model, t, gpu, avail)  # fewer sequences first: what users try
+            if fewer:
+                found.append({**base, "kv_concurrency": fewer})
         if explicit_request(t) or t.kv_concurrency:
             tokens = largest_kv_tokens(model, t, gpu, avail)
             current = _granted(model, t, gpu)
@@ -210,6 +217,21 @@ def fixes(model: ModelArch, s: Settings, gpu: GpuType, other_gpus: tuple[GpuType
         if tp_fp8:  # fewer GPUs than TP alone needs
             add({"tp": tp_fp8, "quantization": "fp8"})
     return out
+
+
+def _largest_concurrency(model: ModelArch, s: Settings, gpu: GpuType, avail: int) -> int | None:
+    """The largest kvCache.concurrency below the spec's that fits (None: not even 1)."""
+    def ok(c: int) -> bool:
+        return _fits(model, replace(s, kv_concurrency=c, kv_grow=False), gpu, avail) is not None
+
+    lo, hi = 0, (s.kv_concurrency or 1) - 1  # lo fits (0: none), hi + 1 does not
+    if hi < 1 or not ok(1):
+        return None
+    lo = 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+    return lo
 
 
 def context_note(model: ModelArch, s: Settings, sz: Sizing | None, changes: dict[str, object]) -> str:

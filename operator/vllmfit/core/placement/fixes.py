@@ -25,6 +25,9 @@ def _spec_update(spec: VLLMDeploymentSpec, fix: memory.Fix) -> dict[str, Any]:
         if key == "kv_tokens":
             update["kv_cache"] = (spec.kv_cache or KvCacheSpec()).model_copy(
                 update={"tokens": value, "memory": None, "concurrency": None, "grow": False})
+        elif key == "kv_concurrency":
+            update["kv_cache"] = (spec.kv_cache or KvCacheSpec()).model_copy(
+                update={"concurrency": value, "tokens": None, "memory": None, "grow": False})
         elif key == "tp":
             update["tensor_parallel_size"] = value
         else:
