@@ -166,8 +166,8 @@ def estimate_segments(est: Estimate) -> list[Segment]:
         ("KV cache", fp.kv_cache, "green3", "#00cd00", "▓", ""),
         ("activation", fp.activation, "dark_orange", "#ff8c00", "▒", ""),
         ("overhead", fp.overhead, "magenta", "#cd00cd", "▒", ""),
-        ("free", free, *FREE, ""),
-        ("reserve", reserve, *RESERVE, "hatch"),
+        ("budget left", free, *FREE, ""),
+        ("held back", reserve, *RESERVE, "hatch"),
     )
     return [Segment(label, max(val, 0), style, color, char, pattern=pat)
             for label, val, style, color, char, pat in rows]
