@@ -212,7 +212,7 @@ def print_estimate(console: Console, est: Estimate, width: int = BAR_WIDTH) -> N
     console.print(
         Text(
             f"{est.model.name} on {gpus} {est.gpu.name} ({gib(est.capacity_bytes)} GiB), "
-            f"vLLM {est.version.label}, policy {s.policy}",
+            f"vLLM {est.version.label}, policy {s.policy}, budget policy {getattr(est.policy, 'name', 'counted')}",
             style="bold",
         )
     )
