@@ -193,6 +193,7 @@ def gpu_errors(model: ModelArch, s: Settings, gpu: GpuType) -> tuple[list[str], 
                       "modelopt_mixed is not supported for the current GPU. Minimum capability: 89'")
     mq = model.quant
     if before_033 and mq is not None and mq.block_n and model.is_moe:
+        # the 0.11 and 0.21 oracles refuse Qwen3-30B-A3B-FP8 at TP 8 (96 rows); 0.33 starts it
         shard = model.moe_intermediate_size // max(s.tp, 1)
         if shard % mq.block_n:
             errors.append(f"tensor parallel size {s.tp} splits {model.name}'s experts into {shard} rows, which vLLM "
