@@ -249,13 +249,13 @@ def devices_from_slices(slices: Iterable[Mapping[str, Any]], drivers: Sequence[s
             mem_cap = next((c for c in caps or () if c.name == MEMORY), None)
             if mem_cap is None or not limits.MIN_GPU_MEMORY_BYTES // 1024 <= mem_cap.value <= limits.MAX_GPU_MEMORY_BYTES:
                 continue  # not a GPU vllmfit can size, or a number no GPU has
-            key = (driver, str(pool.get("name")), str(d.get("name")))
+            dkey: tuple[str, str, str] = (driver, str(pool.get("name")), str(d.get("name")))
             counters = frozenset(str(c.get("counterSet")) for c in d.get("consumesCounters") or []
                                  if isinstance(c, Mapping) and c.get("counterSet"))
             kind = _attr(attrs, "type", driver)
             parent = _attr(attrs, "parentUUID", driver)
             if kind not in WHOLE_GPU_TYPES or parent is not None:
-                parts.setdefault(str(node), []).append((key, str(parent) if parent else None, counters, mem_cap.value))
+                parts.setdefault(str(node), []).append((dkey, str(parent) if parent else None, counters, mem_cap.value))
                 continue  # a MIG device or another partition: not a whole GPU
             if mem_cap.value < limits.MIN_GPU_MEMORY_BYTES:
                 continue
@@ -263,7 +263,7 @@ def devices_from_slices(slices: Iterable[Mapping[str, Any]], drivers: Sequence[s
             index = _attr(attrs, "index", driver)
             uuid = _attr(attrs, UUID_ATTRIBUTE, driver)
             out.setdefault(str(node), []).append(Device(
-                driver, key[1], key[2], str(node), str(uuid)[:128] if uuid is not None else None,
+                driver, dkey[1], dkey[2], str(node), str(uuid)[:128] if uuid is not None else None,
                 "-".join(product.split())[:128], mem_cap.value, bool(d.get("allowMultipleAllocations")),
                 index if isinstance(index, int) and 0 <= index < limits.MAX_GPUS_PER_NODE else None,
                 caps or (), _counters_marker(counters)))
@@ -467,15 +467,15 @@ def claim_template(name: str, namespace: str, deployment: str, replica: int,
             "selectors": [{"cel": {"expression": f'device.attributes["{driver}"].{UUID_ATTRIBUTE} == "{uuid}"'}}],
             "capacity": {"requests": caps},
         }})
-    devices: dict[str, Any] = {"requests": requests}
+    wanted: dict[str, Any] = {"requests": requests}
     if len(requests) > 1:
-        devices["constraints"] = [{"requests": [r["name"] for r in requests],
-                                   "distinctAttribute": f"{driver}/{UUID_ATTRIBUTE}"}]
+        wanted["constraints"] = [{"requests": [r["name"] for r in requests],
+                                  "distinctAttribute": f"{driver}/{UUID_ATTRIBUTE}"}]
     return {
         "apiVersion": API_VERSION,
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
-        "spec": {"metadata": {"labels": dict(labels)}, "spec": {"devices": devices}},
+        "spec": {"metadata": {"labels": dict(labels)}, "spec": {"devices": wanted}},
     }
 
 
