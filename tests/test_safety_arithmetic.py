@@ -392,3 +392,35 @@ def test_a_pooling_model_without_layer_types_holds_no_kv_cache() -> None:
     assert (kv.block_bytes, kv.groups, kv.pooling, kv.version) == (0, 0, True, VllmVersion(0, 21))
     assert kv.bytes_for(8192, 4, 2048) == 0
     assert kv.blocks_per_request(8192, 2048) == 0
+
+
+def test_max_seqs_and_tokens_in_0_33_pass_the_batch_and_the_pipeline() -> None:
+    kv = _layout(VllmVersion(0, 33))  # W 4096, bs 16, one sliding group, 1 MiB blocks
+    # PP 1 by default, B 1025: 386 blocks per request; 2 requests and the null block: 773 blocks
+    assert kv.max_seqs(773 * MIB, 131072, 1025) == 2
+    # PP 2, B 683: 385 blocks per request; one byte short of 771 blocks: 1 request
+    assert kv.max_seqs(771 * MIB - 1, 131072, 683, 2) == 1
+    # the logged concurrency divides every block (0.33 get_max_concurrency_for_kv_cache_config)
+    assert kv.tokens(386 * MIB, 131072, 683, 2)[1] == pytest.approx(386 / 385)
+
+
+def test_a_hybrid_pool_of_tokens_counts_every_group() -> None:
+    # 1 full + 5 sliding groups, 1000 tokens each: 6 x ceil(1000 / 16) = 378 blocks + the null block
+    kv = KvLayout(16, MIB, 1, 5, 1024, VllmVersion(0, 21))
+    assert kv.bytes_for_tokens(1000) == (6 * 63 + 1) * MIB
+
+
+def test_sliding_window_models_get_one_window_bounded_group_per_kind() -> None:
+    """By hand from config.json: Mistral-7B v0.1, 32 layers all sliding (W 4096), 8 KV heads x 128,
+    bf16: 2 x 8 x 128 x 2 B x 16 tokens x 32 layers = 2097152 bytes a block, one sliding group.
+    Gemma 3 12B, 48 layers (40 sliding W 1024, 8 full), 8 KV heads x 256: groups of 8 layers,
+    1 full + 5 sliding, a block of 2 x 8 x 256 x 2 x 16 x 8 = 1048576 bytes."""
+    from vllmfit.core.memory import Settings
+    from vllmfit.core.memory.kv import kv_layout
+    from vllmfit.sources import catalog
+
+    v = VllmVersion(0, 21)
+    mistral = kv_layout(catalog.model("mistralai/Mistral-7B-Instruct-v0.1"), Settings(), v)
+    assert (mistral.full_groups, mistral.sliding_groups, mistral.window, mistral.block_bytes) == (0, 1, 4096, 2097152)
+    gemma = kv_layout(catalog.model("google/gemma-3-12b-it"), Settings(), v)
+    assert (gemma.full_groups, gemma.sliding_groups, gemma.window, gemma.block_bytes) == (1, 5, 1024, 1048576)
