@@ -79,13 +79,20 @@ def _node_matches(node: NodeInfo, spec: VLLMDeploymentSpec, *, taints: bool = Tr
 def schedulable(ledger: Ledger, matching: NodeSet | None, spec: VLLMDeploymentSpec) -> NodeSet | None:
     """`matching` (None: every node) without the nodes that refuse the spec's pods for a taint or
     a cordon; `matching` itself when no node refuses them."""
-    names = ledger.nodes if matching is None else matching.names
-    marked = [n for n in names if (nd := ledger.nodes[n]).taints or nd.unschedulable or nd.unsafe]
-    if not marked:
-        return matching  # the common case: no node is cordoned, tainted or unsafe
     tol = tolerations_of(spec)
-    barred = {n for n in marked if ledger.nodes[n].refuses(tol)}
-    return matching if not barred else ledger.node_set(n for n in names if n not in barred)
+    key = ("taints", tol, None if matching is None else matching.names)
+    cache = ledger._selected  # cleared with the ledger's own selections whenever a node changes
+    if key in cache:
+        return cache[key] if cache[key] is not _ALL else matching
+    names = ledger.nodes if matching is None else matching.names
+    barred = {n for n in names if (nd := ledger.nodes[n]).taints or nd.unschedulable or nd.unsafe
+              if ledger.nodes[n].refuses(tol)}
+    result = matching if not barred else ledger.node_set(n for n in names if n not in barred)
+    cache[key] = _ALL if result is None else result
+    return result
+
+
+_ALL = NodeSet((), frozenset(), ())  # cache marker: every node (matching None) takes the spec's pods
 
 
 def _pick(
