@@ -196,6 +196,8 @@ def test_default_install_objects(render):
             ("ClusterRole", "vllmfit-view"),
             ("ValidatingAdmissionPolicy", "vllmfit-gpu-inventory"),
             ("ValidatingAdmissionPolicyBinding", "vllmfit-gpu-inventory"),
+            ("ValidatingAdmissionPolicy", "vllmfit-gpu-reservation"),  # issue 21: reservation pods' service account
+            ("ValidatingAdmissionPolicyBinding", "vllmfit-gpu-reservation"),
             # helm uninstall's post-delete hook (test_chart_operations.py)
             ("ServiceAccount", "vllmfit-uninstall"),
             ("ClusterRole", "vllmfit-uninstall"),

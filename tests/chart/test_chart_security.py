@@ -38,7 +38,8 @@ def test_aggregated_user_roles(render) -> None:
 def test_inventory_policy_is_installed_where_the_api_exists(render) -> None:
     assert find(render("default", "--kube-version", "1.35"), "ValidatingAdmissionPolicy")
     assert not find(render("default", "--kube-version", "1.29"), "ValidatingAdmissionPolicy")
-    assert not find(render("default", "--set", "agent.inventoryWriterPolicy=false"), "ValidatingAdmissionPolicy")
+    assert not find(render("default", "--set", "agent.inventoryWriterPolicy=false"), "ValidatingAdmissionPolicy",
+                    "vllmfit-gpu-inventory")
     binding = one(render(), "ValidatingAdmissionPolicyBinding", "vllmfit-gpu-inventory")
     assert binding["spec"] == {"policyName": "vllmfit-gpu-inventory", "validationActions": ["Deny"]}
 
