@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from opkit import DEPLOYMENTS, H100, PODS, VD, Cluster, budget
+from opkit import DEPLOYMENTS, PODS, VD, Cluster, budget
 
 from vllmfit.operator import builders
 
@@ -77,10 +76,19 @@ class Kubelet:
                 await self.cluster.reconnect()
             await asyncio.sleep(0.02)
 
+    def last_written(self, owner: str) -> dict[str, Any]:
+        """The last status the API stored for `owner` (from the emulator's request log), for one
+        deleted before this loop saw it."""
+        for r in reversed(list(self.cluster.km.journal)):
+            if str(r.method).upper().endswith("PATCH") and str(r.url).split("?")[0].endswith(
+                    f"/vllmdeployments/{owner}/status") and isinstance(r.data, dict):
+                return dict(r.data.get("status") or {})
+        return {}
+
     def booked(self, owner: str, replica: int, where: str) -> dict[tuple[str, int], int] | None:
         # a VLLMDeployment deleted a moment ago (with no finalizer yet) takes its status along while
         # its Deployment is still there: the booking it had is the last status seen
-        st = self.cluster.status(owner) or self.last_status.get(owner) or {}
+        st = self.cluster.status(owner) or self.last_status.get(owner) or self.last_written(owner)
         if st.get("phase") not in ("Admitted", "Running", "Failed"):
             return None
         for p in st.get("placement") or []:
@@ -124,11 +132,7 @@ class Kubelet:
             where = tmpl["metadata"]["annotations"][builders.ANNOTATION_PLACEMENT]
             owner, replica = labels[builders.LABEL_DEPLOYMENT], int(labels[builders.LABEL_REPLICA])
             memory = self.booked(owner, replica, where)
-            if memory is None and self.cluster.get(VD, owner) is None:
-                # its VLLMDeployment was deleted (and its status with it) before the operator
-                # stopped the Deployment: the pod takes what vLLM takes, utilization x capacity
-                memory = by_utilization(tmpl, where)
-            elif memory is None:
+            if memory is None:
                 self.violations.append(f"pod of {name} started on {where} with no stored booking")
                 memory = {}
             pod = Pod(f"{name}-{uuid.uuid4().hex[:5]}", name, owner, replica, where, memory)
@@ -182,13 +186,3 @@ def placed(cluster: Cluster, name: str) -> list[str]:
 def exists(cluster: Cluster, name: str) -> bool:
     return cluster.get(VD, name) is not None
 
-
-def by_utilization(tmpl: dict[str, Any], where: str) -> dict[tuple[str, int], int]:
-    """What vLLM takes on each GPU of `where`: --gpu-memory-utilization x the GPU's memory."""
-    from vllmfit.sources import catalog
-
-    args = [str(a) for c in tmpl["spec"]["containers"] for a in (c.get("args") or [])]
-    util = float(args[args.index("--gpu-memory-utilization") + 1]) if "--gpu-memory-utilization" in args else 1.0
-    total = catalog.gpu(H100).cuda_total_bytes
-    node, _, gpus = where.partition(":")
-    return {(node, int(i)): math.ceil(util * total) for i in gpus.split(",")}
