@@ -158,3 +158,34 @@ def test_the_runtime_class_of_sharing_replicas_is_the_configured_one_not_a_const
     assert binding.bind(r, 1, exclusive=False, runtime_class="nvidia-legacy").pod["runtimeClassName"] == "nvidia-legacy"
     assert "runtimeClassName" not in binding.bind(r, 1, exclusive=False, runtime_class="").pod  # the default runtime
     assert "runtimeClassName" not in binding.bind(r, 1, exclusive=True, runtime_class="x").pod  # limits need none
+
+
+# --- issue 21 item 1: who counts as a reservation ---------------------------------------------------
+
+def _res_pod(ns: str, owners: list[dict] | None = None) -> dict:
+    p = rsv.reservation_pod(rsv.Config(namespace="vllmfit"), "n", 0, "r")
+    p["metadata"]["namespace"] = ns
+    if owners is not None:
+        p["metadata"]["ownerReferences"] = owners
+    return p
+
+
+def test_only_pods_in_vllmfits_namespace_not_made_by_another_controller_count() -> None:
+    cfg = rsv.Config(namespace="vllmfit")
+    assert rsv.untrusted(_res_pod("vllmfit"), cfg) is None
+    assert rsv.reservation_from_pod(_res_pod("vllmfit"), cfg) == rsv.Reservation("r", "n", 0)
+    assert "namespace 'tenant-a'" in (rsv.untrusted(_res_pod("tenant-a"), cfg) or "")
+    assert rsv.reservation_from_pod(_res_pod("tenant-a"), cfg) is None
+    rs = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "x", "uid": "u1", "controller": True}]
+    assert "controlled by ReplicaSet x" in (rsv.untrusted(_res_pod("vllmfit", rs), cfg) or "")
+    not_controller = [{**rs[0], "controller": False}]
+    assert rsv.untrusted(_res_pod("vllmfit", not_controller), cfg) is None
+
+
+def test_with_an_owner_uid_only_pods_it_controls_count() -> None:
+    cfg = rsv.Config(namespace="vllmfit", owner_uid="anchor-uid")
+    mine = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "vllmfit-reservation", "uid": "anchor-uid",
+             "controller": True}]
+    assert rsv.untrusted(_res_pod("vllmfit", mine), cfg) is None
+    assert rsv.untrusted(_res_pod("vllmfit"), cfg) == "it is not controlled by vllmfit's owner object"
+    assert rsv.untrusted(_res_pod("vllmfit", [{**mine[0], "uid": "other"}]), cfg) is not None
