@@ -29,6 +29,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -549,8 +550,9 @@ def dump(out: dict) -> str:
                     else:
                         merged.append({**g, "count": n})
                 case = {**case, "plan": {**case["plan"], "groups": merged}}
-            if "refused" in case:
-                case["refused"] = {**case["refused"], "message": case["refused"]["message"][:240]}
+            if "refused" in case:  # the temporary config directory's name would make runs differ
+                message = re.sub(r"/\S*vllmfit-oracle-[\w]+", "<config dir>", case["refused"]["message"])
+                case["refused"] = {**case["refused"], "message": message[:240]}
             lines.append(f"      {json.dumps(case, sort_keys=True, separators=(',', ':'))}"
                          f"{',' if j < len(cases) - 1 else ''}")
         lines.append(f"    ]{end}")
