@@ -266,9 +266,12 @@ class Operator:
                 if self.task.done():
                     self.task.result()
                 await asyncio.sleep(0.01)
+        deadline = time.monotonic() + 30
         while not get_store().ready.is_set():  # the start-up replaces the event: poll, not wait
             if self.task.done():
                 self.task.result()
+            if time.monotonic() > deadline:
+                pytest.fail("the operator's start-up never finished (no ledger rebuilt in 30 s)")
             await asyncio.sleep(0.01)
         self.km.operated = True
 

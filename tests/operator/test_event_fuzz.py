@@ -5,13 +5,18 @@ benchmarks/event_fuzz.py runs it longer, over more seeds."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
+import pytest
 from fuzzing import fuzz
 
 
 async def test_random_event_orders_keep_every_gpu_within_budget() -> None:
     seed = int(os.environ.get("VLLMFIT_FUZZ_SEED", "22"))
-    out = await fuzz(seed, int(os.environ.get("VLLMFIT_FUZZ_STEPS", "40")))
+    try:  # a hang is a failure with its seed, not a stuck suite
+        out = await asyncio.wait_for(fuzz(seed, int(os.environ.get("VLLMFIT_FUZZ_STEPS", "40"))), 180)
+    except TimeoutError:
+        pytest.fail(f"seed {seed}: the fuzz did not end in 180 s")
     assert not out.violations, f"seed {seed}: {out.violations[:3]} (actions {out.actions})"
     assert out.pods_started >= 1, out  # the run did something
