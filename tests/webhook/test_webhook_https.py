@@ -122,7 +122,11 @@ def test_a_spec_that_fits_nowhere_is_denied_with_per_gpu_numbers_and_a_fix(hook)
                  rf"largest budget left {re.escape(fmt_gib(budget))} on gpu-node-a GPU 0\)\.", status["message"])
     assert m, status["message"]
     assert budget / GIB < float(m[1]) <= round(need / GIB, 1)
-    assert "Fits with: kvCache: {tokens: " in status["message"]
+    # fewer requests of the same length first (issue 24): as many full 131072-token requests as the
+    # largest KV request that fits holds
+    fits = re.search(r"Fits with: kvCache\.concurrency: (\d+); or kvCache: \{tokens: (\d+)\}", status["message"])
+    assert fits, status["message"]
+    assert int(fits[1]) == int(fits[2]) // 131072 >= 1
 
 
 def test_an_invalid_spec_is_denied_naming_the_field(hook):
