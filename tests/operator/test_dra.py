@@ -178,7 +178,8 @@ async def test_a_foreign_claim_after_admission_moves_the_replica(cluster: Cluste
     await cluster.until(lambda: [j for j, _ in booked(cluster, "a")] == [1 - i], what="a to move")
     await one_template(cluster, "a", U[1 - i])  # the old template is gone, the new one pins the other GPU
     await cluster.event("a", "Moved")
-    await cluster.until(lambda: pod_spec(cluster, "a-0")["resourceClaims"][0]["resourceClaimTemplateName"]
+    await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0")  # a move stops, then writes it again
+                        and pod_spec(cluster, "a-0")["resourceClaims"][0]["resourceClaimTemplateName"]
                         == templates(cluster, "a")[0]["metadata"]["name"])
 
 

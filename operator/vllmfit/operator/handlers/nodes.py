@@ -94,9 +94,7 @@ async def on_node(type: str | None, body: kopf.Body, **_: Any) -> None:
                        str(e).splitlines()[0])
         return
     on_node = {b.deployment for k in store.ledger.deployments() for b in store.ledger.bookings_of(k) if b.node == name}
-    # re-placing needs resolved models, and so does giving waiting specs a chance (one restored
-    # at start-up waits unresolved until its resume handler runs): resolve them before the lock
-    for key in sorted(on_node | {k for k, r in store.records.items() if r.waiting and r.request is None}):
+    for key in on_node:  # re-placing needs resolved models: resolve them before taking the lock
         rec = store.records.get(key)
         if rec is not None and rec.request is None:
             try:
