@@ -74,7 +74,10 @@ async def reconcile(body: Mapping[str, Any], *, force: bool) -> None:
             if lost and not d.admitted:  # nothing to keep serving: it is evicted, as on_node would have
                 draining.hold(store.ledger, store.drains, rec.key, store.ledger.release(rec.key))
                 rec.admitted = False
+            held = sum(b.footprint.total for b in store.ledger.bookings_of(rec.key))
             apply_decision(store, rec, req, d, fx, cause="its GPUs are gone or over budget" if lost else "")
+            if sum(b.footprint.total for b in store.ledger.bookings_of(rec.key)) < held:
+                await retry_waiting(store, fx)  # it books less (scale-down, smaller spec): room may be free
     await finish(store, fx)
     metrics.RECONCILE.observe(time.monotonic() - t0)
     if transient:
