@@ -260,3 +260,25 @@ def test_a_larger_gpu_never_turns_a_fit_into_a_misfit(name, length, seqs, gib, e
     large = GpuType("b", "b", int((gib + extra_gib) * GIB), int((gib + extra_gib) * GIB))
     if memory.size(m, s, small, memory.budget_bytes(small.cuda_total_bytes)).fits:
         assert memory.size(m, s, large, memory.budget_bytes(large.cuda_total_bytes)).fits
+
+
+def test_weights_quantized_vlm_keeps_the_vision_tower_in_bf16():
+    """Issue 23: a quantized checkpoint's vision tower is stored unquantized (AutoAWQ, llm-compressor
+    and modelopt leave it out) and vLLM quantizes only what the checkpoint stores quantized (AWQ's
+    maybe_update_config: every layer stored as fp16/bf16 goes to modules_to_not_convert), so the
+    tower costs 2 bytes per parameter, not AWQ's 0.5 + 2.5/128."""
+    import json
+    from pathlib import Path
+
+    from vllmfit.core.model.config import parse_hf_config
+    config = json.loads((Path(__file__).parent / "data/hf-configs/Qwen__Qwen3-VL-8B-Instruct.json").read_text())
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}
+    vlm = parse_hf_config(config, name="Qwen3-VL-8B-AWQ")
+    v = vlm.vision_params
+    assert v > 400_000_000  # Qwen3-VL-8B's ViT: ~0.41 B parameters
+    text_only = replace(vlm, params=vlm.params - v, vision_params=0)
+    assert memory.weights_bytes(vlm, Settings()) - memory.weights_bytes(text_only, Settings()) == v * 2
+    # online fp8 quantizes the tower's linear layers too (Fp8Config has no ignore list by default)
+    fp8 = memory.weights_bytes(replace(vlm, quant=None), Settings(quantization="fp8"))
+    fp8_text = memory.weights_bytes(replace(text_only, quant=None), Settings(quantization="fp8"))
+    assert fp8 - fp8_text == v

@@ -35,7 +35,13 @@ def weights_bytes(model: ModelArch, s: Settings) -> int:
     emb = model.embedding_params
     lm_head = 0 if model.tie_word_embeddings else emb
     experts = model.expert_params if model.is_moe else 0
-    other = max(model.params - emb - lm_head - experts, 0)
+    # A quantized checkpoint keeps its vision tower in the activation dtype: vLLM quantizes only the
+    # layers the checkpoint stores quantized (AWQ's maybe_update_config turns every layer whose
+    # safetensors dtype is fp16/bf16/fp32 into modules_to_not_convert; compressed-tensors and
+    # modelopt list their targets / ignore), and AutoAWQ, llm-compressor and modelopt leave the
+    # vision encoder out. Online quantization (--quantization fp8) does quantize its linear layers.
+    vision = model.vision_params if model.quant else 0
+    other = max(model.params - emb - lm_head - experts - vision, 0)
 
     method: str | None = None
     group = 0
@@ -50,7 +56,7 @@ def weights_bytes(model: ModelArch, s: Settings) -> int:
     def linear_bytes(n: int, quantized: bool) -> float:
         return n * (_quant_bytes_per_param(method, group) if (method and quantized) else dt)
 
-    layer_bytes = linear_bytes(other, not experts_only) + linear_bytes(experts, True)
+    layer_bytes = linear_bytes(other, not experts_only) + linear_bytes(experts, True) + vision * dt
     # TP shards every linear layer and the vocabulary; PP splits the layers into stages.
     per_rank_layers = layer_bytes / s.tp
     layers_on_stage = ceil_div(model.num_layers, s.pp) / model.num_layers
