@@ -378,3 +378,32 @@ def test_layers_block_type_without_num_hidden_layers():
     ultra["layers_block_type"] = [names[c] for c in pattern]
     a, b = parse_hf_config(ultra, name="ultra"), parse_hf_config(cfg, name="nano")
     assert (a.num_layers, a.layer_types, a.state_layers) == (b.num_layers, b.layer_types, b.state_layers)
+
+
+def test_size_injects_vllms_batch_defaults():
+    """Issue 23 item 8: with no budget limit, the flags size() injects carry vLLM's own batch defaults
+    for every fixture case (the tier by GPU memory and name, per version), and a KV request that
+    cannot hold one request at those defaults is refused as vLLM refuses it: the smaller tier
+    (2048 / 256) is only a way to fit a budget, never a way around vLLM's one-request check (a
+    sliding-window or chunked layer needs window + batched tokens). MiMo-V2-Flash on 0.21 at 1 GiB
+    was admitted with --max-num-batched-tokens 2048 --max-num-seqs 256 where vLLM refuses."""
+    from vllmfit.core.memory.sizing import UNLIMITED, size
+    checked = 0
+    for version, stem, _, case in CASES:
+        resolved = case.get("resolved") or {}
+        if resolved.get("max_num_seqs") is None:
+            continue
+        s = Settings(tp=case["tp"], max_model_len=case["max_model_len"], kv_cache_dtype=case["kv_cache_dtype"],
+                     vllm_version=version, kv_bytes=case["kv_cache_memory_bytes"])
+        try:
+            z = size(parse_hf_config(json.loads((CONFIGS / f"{stem}.json").read_text()), name=stem),
+                     s, catalog.gpu(case["gpu"]), UNLIMITED)
+        except (SpecError, ModelConfigError):
+            continue
+        checked += 1
+        got = (z.flags.max_num_batched_tokens, z.flags.max_num_seqs)
+        assert got == (resolved["max_num_batched_tokens"], resolved["max_num_seqs"]), (version, stem, case["gpu"])
+        # (maxModelLen unset: vllmfit injects the longest context the KV request holds, its own rule)
+        if (case.get("refused") or {}).get("stage") == "kv" and case["max_model_len"]:
+            assert not z.fits, (version, stem, case["gpu"], case["tp"], case["max_model_len"])
+    assert checked > 1000

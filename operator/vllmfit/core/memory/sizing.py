@@ -201,11 +201,18 @@ def size(model: ModelArch, s: Settings, gpu: GpuType, available: int) -> Sizing:
     - max_num_seqs unset: vLLM's own default for the version and GPU tier (a scheduler cap only).
     - u is the smallest value whose ceil(T x u) holds the process's requested part, and the KV
       reservation is injected as --kv-cache-memory-bytes (versions >= 0.10.2).
-    - max_num_batched_tokens unset: vLLM's default for the GPU; if that does not fit, 2048 (warning).
-      The value used is always injected, so the pod runs what was predicted.
+    - max_num_batched_tokens unset: vLLM's default for the GPU; if that does not fit the budget,
+      2048 (warning). A KV request too small for one request at vLLM's defaults is refused as vLLM
+      refuses it, not rescued by a smaller batch. The value used is always injected, so the pod
+      runs what was predicted.
     """
     sizing = _size(model, s, gpu, available)
     if sizing.fits or s.max_num_batched_tokens is not None or s.policy != "vllm":
+        return sizing
+    if sizing.footprint.total <= available:
+        # Within the budget, but the KV request cannot hold one request at vLLM's defaults: vLLM
+        # refuses that at start-up (its sliding / chunked / state pages count the batched tokens),
+        # and it never lowers its own defaults; neither does vllmfit (issue 23 item 8).
         return sizing
     default_b, default_s = batch_defaults(gpu, parse_version(s.vllm_version)[0])
     if default_b <= MIN_BATCHED_TOKENS or (s.max_num_seqs or 0) > MIN_BATCHED_TOKENS:
