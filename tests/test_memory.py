@@ -282,3 +282,27 @@ def test_weights_quantized_vlm_keeps_the_vision_tower_in_bf16():
     fp8 = memory.weights_bytes(replace(vlm, quant=None), Settings(quantization="fp8"))
     fp8_text = memory.weights_bytes(replace(text_only, quant=None), Settings(quantization="fp8"))
     assert fp8 - fp8_text == v
+
+
+def test_mxfp4_experts_padded_for_marlin_below_sm90():
+    """Issue 23: below SM90 vLLM (0.11, 0.21, 0.33) runs MXFP4 experts with the Marlin MoE kernel
+    and allocates them padded: hidden to a multiple of 256, the rank's intermediate to 128.
+    gpt-oss-120b: 36 layers x 128 experts x 3 matrices of 2880 x 2880 become 3072 x 2944, at
+    0.5 + 1/32 bytes per value: +5.13 GiB on an A100; none on an H100 (Triton)."""
+    import json
+    from pathlib import Path
+
+    from vllmfit.core.memory.sizing import resolve
+    from vllmfit.core.model.config import parse_hf_config
+    gpt = parse_hf_config(json.loads((Path(__file__).parent / "data/hf-configs/openai__gpt-oss-120b.json")
+                                     .read_text()), name="gpt-oss-120b")
+    s = Settings(vllm_version="0.21.0")
+    a100 = resolve(gpt, s, catalog.gpu("NVIDIA-A100-SXM4-80GB")).fixed.weights
+    h100 = resolve(gpt, s, catalog.gpu("NVIDIA-H100-80GB-HBM3")).fixed.weights
+    expected = 36 * 128 * 3 * (3072 * 2944 - 2880 * 2880) * 17 // 32
+    assert a100 - h100 == expected == 5_504_827_392  # 5.13 GiB
+    assert h100 == memory.weights_bytes(gpt, s)
+    # TP 2: the rank's intermediate 1440 -> 1536, hidden 2880 -> 3072
+    s2 = Settings(vllm_version="0.21.0", tp=2)
+    a100_tp2 = resolve(gpt, s2, catalog.gpu("NVIDIA-A100-SXM4-80GB")).fixed.weights
+    assert a100_tp2 - memory.weights_bytes(gpt, s2) == 36 * 128 * 3 * (3072 * 1536 - 2880 * 1440) * 17 // 32

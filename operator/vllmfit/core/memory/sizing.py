@@ -15,7 +15,12 @@ from vllmfit.core.memory.overhead import activation_bytes, batch_defaults, graph
 from vllmfit.core.memory.types import Flags, Footprint, Settings, Sizing, SpecError, VllmStartup, fmt_gib
 from vllmfit.core.memory.validation import cpu_offload_errors, gpu_errors, validate
 from vllmfit.core.memory.versions import VllmVersion, parse_version
-from vllmfit.core.memory.weights import adr_weights_bytes, cpu_offloaded_bytes, weights_bytes
+from vllmfit.core.memory.weights import (
+    adr_weights_bytes,
+    cpu_offloaded_bytes,
+    mxfp4_padding_bytes,
+    weights_bytes,
+)
 from vllmfit.core.model.facts import GpuType, ModelArch
 
 # --- Sizing ------------------------------------------------------------------------------------
@@ -73,7 +78,8 @@ def resolve(model: ModelArch, s: Settings, gpu: GpuType) -> Resolved:
     if s.lora_max_loras is not None:  # cudagraph_specialize_lora: every graph captured without and with LoRA
         graphs *= LORA_GRAPH_CASES
     fixed = Footprint(
-        weights=weights_bytes(model, s) - offloaded + adapters,  # vLLM counts the LoRA slots as model weights
+        # vLLM counts the LoRA slots as model weights; MXFP4 experts are padded per GPU arch
+        weights=weights_bytes(model, s) + mxfp4_padding_bytes(model, s, gpu) - offloaded + adapters,
         kv_cache=0,
         activation=activation_bytes(model, s, batched, seqs, version,
                                     lora_activation_bytes(model, s, version, batched, seqs)),

@@ -7,7 +7,7 @@ import math
 
 from vllmfit.core import defaults
 from vllmfit.core.memory.types import Settings
-from vllmfit.core.model.facts import DTYPE_BYTES, ModelArch, ceil_div
+from vllmfit.core.model.facts import DTYPE_BYTES, GpuType, ModelArch, ceil_div
 
 # --- Weights -----------------------------------------------------------------------------------
 
@@ -67,6 +67,30 @@ def weights_bytes(model: ModelArch, s: Settings) -> int:
     if s.pp == 1:
         return int(per_rank_layers + vocab_bytes * (2 if lm_head else 1) + rope)
     return int(max(first, last) + rope)
+
+
+MARLIN_MXFP4_ALIGN = (256, 128)
+"""(hidden, intermediate per TP rank) alignment of MXFP4 experts under the Marlin MoE kernel, which
+vLLM picks for MXFP4 below SM90 in 0.11, 0.21 and 0.33 (mxfp4.py create_weights /
+mxfp4_round_up_hidden_size_and_intermediate_size: "the moe marlin kernel requires n % 256 == 0 and
+k % 128 == 0"; 0.21/0.33's Triton MoE needs SM90+). The padded weights are allocated as such."""
+
+
+def mxfp4_padding_bytes(model: ModelArch, s: Settings, gpu: GpuType) -> int:
+    """Bytes the padding of MXFP4 experts adds per GPU (issue 23). Below SM90 (Marlin): hidden to a
+    multiple of 256, the TP rank's intermediate to 128 (gpt-oss: 2880 -> 3072 x 2944, +9%).
+    SM90 and newer pick Triton / FlashInfer kernels whose padding changes by version: not modelled
+    (docs/memory-model.md gives the bound)."""
+    if not (model.quant and model.quant.method == "mxfp4" and model.is_moe and not model.moe_latent_size):
+        return 0
+    if gpu.compute_capability is None or gpu.compute_capability >= (9, 0):
+        return 0
+    h, i = model.hidden_size, ceil_div(model.moe_intermediate_size, s.tp)
+    h_pad = ceil_div(h, MARLIN_MXFP4_ALIGN[0]) * MARLIN_MXFP4_ALIGN[0]
+    i_pad = ceil_div(i, MARLIN_MXFP4_ALIGN[1]) * MARLIN_MXFP4_ALIGN[1]
+    matrices = model.moe_layers * model.num_experts * model.expert_matrices
+    layers_on_stage = ceil_div(model.moe_layers, s.pp) / model.moe_layers
+    return int(matrices * (h_pad * i_pad - h * i) * _quant_bytes_per_param("mxfp4", 32) * layers_on_stage)
 
 
 def cpu_offloaded_bytes(model: ModelArch, s: Settings) -> int:
