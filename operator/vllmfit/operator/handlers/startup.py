@@ -102,6 +102,8 @@ async def resync_once(store: Store) -> bool:
                            and r.admitted_request is not None)
             await retry_waiting(store, fx)
         undecided = [r.body for r in store.records.values() if not (r.written or {}).get("phase")]
+        # admitted on GPUs that are gone (a node lost while no operator ran, no event for it)
+        lost = [r.body for r in store.records.values() if r.admitted and store.misplaced(r.key)]
     if not store.leading:
         return True
     await finish(store, fx, strict=False)
@@ -109,6 +111,9 @@ async def resync_once(store: Store) -> bool:
     await settle_drains(store)  # pods of stopped replicas whose deletion no event told
     for body in undecided:
         logger.warning("resync: %s has no status; deciding it", key_of(body))
+        await reconcile(body, force=False)
+    for body in lost:
+        logger.warning("resync: %s is booked on GPUs that are gone; deciding it again", key_of(body))
         await reconcile(body, force=False)
     return True
 
