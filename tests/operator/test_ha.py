@@ -1,0 +1,51 @@
+"""HA (issue 22): a standby that becomes the leader lists the cluster, catches up with what the
+old leader decided, and sweeps what no booking covers, before it admits anything new.
+
+KMock runs one operator; a standby is played by the same process: it stops leading and forgets
+what the old leader decided after it last looked (its records and bookings), and the old leader
+leaves a Deployment behind that no booking covers (it died between two writes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes_asyncio import client
+from opkit import DEPLOYMENTS, Cluster, Operator, node, vd
+
+from vllmfit.operator import builders
+from vllmfit.operator.state import get_store
+
+QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
+BIG = {"maxModelLen": 32768, "kvCache": {"concurrency": 16}}  # more than half of an H100's budget
+
+
+def _index(requests: list[Any], method: str, path: str) -> list[int]:
+    return [i for i, r in enumerate(requests) if str(r.method).upper().endswith(method) and path in str(r.url)]
+
+
+async def test_a_new_leader_catches_up_and_sweeps_before_it_admits(cluster: Cluster, operator: Operator) -> None:
+    await cluster.create(node("gpu-a", gpus=1))
+    await cluster.create(vd("a", QWEN7, **BIG))
+    await cluster.phase("a", "Admitted")
+    a0 = await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0"), what="a-0 written")
+    store = get_store()
+    async with store.lock:  # a standby: not leading, and it never saw the old leader admit a
+        store.leading = False
+        store.records.pop("default/a")
+        store.ledger.release("default/a")
+    assert not store.ledger.bookings_of("default/a")
+    orphan = dict(a0)  # the old leader died after writing this Deployment, before its status
+    orphan["metadata"] = {**a0["metadata"], "name": "old-0", "uid": "orphan",
+                          "labels": {**a0["metadata"]["labels"], builders.LABEL_DEPLOYMENT: "old"}}
+    await client.AppsV1Api(cluster.api).create_namespaced_deployment("default", orphan)
+    n = len(cluster.km.journal)
+    await cluster.create(vd("b", QWEN7, **BIG))  # the first event the new leader handles
+    await cluster.phase("b", "Unschedulable")  # caught up: a holds the only GPU
+    assert store.leading
+    assert [b.node for b in store.ledger.bookings_of("default/a")] == ["gpu-a"]
+    await cluster.until(lambda: cluster.get(DEPLOYMENTS, "old-0") is None, timeout=3, what="old-0 swept")
+    assert cluster.get(DEPLOYMENTS, "a-0") is not None
+    later = list(cluster.km.journal)[n:]
+    swept = _index(later, "DELETE", "/deployments/old-0")
+    decided = _index(later, "PATCH", "/b/status")
+    assert swept and decided and swept[0] < decided[0], (swept, decided)
