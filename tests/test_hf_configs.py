@@ -11,6 +11,7 @@ import pytest
 
 from vllmfit.core import memory
 from vllmfit.core.model.config import parse_hf_config
+from vllmfit.core.model.facts import ModelConfigError
 from vllmfit.core.model.hfconfig import derive_max_len, text_config
 from vllmfit.sources import catalog
 
@@ -147,3 +148,14 @@ def test_unknown_layer_type_is_named_in_a_warning():
     assert any("'hyena_filter'" in w for w in arch.warnings)
     mamba_like = {**load("Qwen__Qwen3-8B"), "model_type": "bamba", "mamba_d_state": 128}
     assert any("bamba" in w for w in parse_hf_config(mamba_like, name="b").warnings)
+
+
+def test_deepseek_v4_is_refused_not_sized_as_v3() -> None:
+    # Issue 23 item 6: vLLM sizes DeepSeek-V4's compressed / sliding MLA by its own pages; sized as
+    # DeepSeek-V3's MLA the KV cache is over-promised about 5x. A warning would still admit that.
+    v3 = load("deepseek-ai__DeepSeek-V3")
+    assert parse_hf_config(v3, name="v3").model_type == "deepseek_v3"  # the same config as V3 is sized
+    v4 = {**v3, "model_type": "deepseek_v4", "architectures": ["DeepseekV4ForCausalLM"]}
+    with pytest.raises(ModelConfigError) as e:
+        parse_hf_config(v4, name="v4")
+    assert "not modelled" in str(e.value) and "\n" not in str(e.value)

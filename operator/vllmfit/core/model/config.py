@@ -16,6 +16,7 @@ from vllmfit.core.model.facts import (
     DTYPE_BYTES,
     KNOWN_MODEL_TYPES,
     MLA_MODEL_TYPES,
+    UNMODELLED_MODEL_TYPES,
     ModelArch,
     ModelConfigError,
     Quant,
@@ -196,6 +197,8 @@ def _parse(
     vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else None
     cfg, top_type, _ = text_config(config)  # nested text_config / llm_config, class defaults filled in
     model_type = str(cfg.get("model_type") or top_type)
+    if model_type in UNMODELLED_MODEL_TYPES:
+        raise ModelConfigError(f"{name}: model_type {model_type!r}: {UNMODELLED_MODEL_TYPES[model_type]}")
 
     # Every count is bounded (vllmfit.core.limits) before anything is sized or allocated from it.
     n_layers = _get(cfg, "num_hidden_layers", "n_layer", "num_layers")

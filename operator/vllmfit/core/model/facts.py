@@ -31,6 +31,15 @@ KNOWN_MODEL_TYPES = frozenset({
     "granitemoehybrid", "jamba", "falcon_h1", "lfm2", "lfm2_moe", "minimax_text_01", "minimax_m1",
 })
 
+# model_type values whose KV cache vLLM sizes by rules vllmfit does not have, where the standard
+# rules would promise more than vLLM gives: refused (a warning would admit an over-promise).
+# DeepSeek-V4 (vLLM 0.21+ models/deepseek_v4): compressed and sliding MLA layers with their own
+# pages; sized as DeepSeek-V3's MLA, the KV cache is over-promised 4.7-5x (issue 23, item 6).
+UNMODELLED_MODEL_TYPES = {
+    "deepseek_v4": "compressed / sliding MLA (vLLM's models/deepseek_v4) is not modelled yet, and sizing it as "
+                   "DeepSeek-V3's MLA would promise about 5x the KV cache vLLM gives",
+}
+
 # bytes per element of torch dtypes
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "int8": 1, "uint8": 1}
 
