@@ -239,6 +239,7 @@ def test_operator_cluster_role_is_exactly_what_is_used(render):
         ("", "services", ()): ("get", "list", "watch", "create", "patch", "delete"),
         ("", "pods", ()): ("get", "list", "watch", "patch"),  # patch: lifting the reservation gate
         ("", "pods/log", ()): ("get",),
+        ("node.k8s.io", "runtimeclasses", ()): ("get", "list", "watch"),
         ("resource.k8s.io", "resourceslices", ()): ("get", "list", "watch"),
         ("resource.k8s.io", "resourceclaims", ()): ("get", "list", "watch"),
         ("resource.k8s.io", "deviceclasses", ()): ("get", "list", "watch"),

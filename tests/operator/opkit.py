@@ -246,13 +246,20 @@ class Cluster:
 class Operator:
     """The real operator (vllmfit.operator.handlers) running in this event loop."""
 
-    def __init__(self, km: Any):
+    def __init__(self, km: Any, *, runtime_classes: tuple[str, ...] = ("nvidia",)):
         self.km = km
         self.task: asyncio.Task[None] | None = None
+        self.runtime_classes = runtime_classes  # the RuntimeClasses the cluster has (GPU Operator: nvidia)
 
     async def start(self) -> None:
         store = get_store()
         store.kube_config = client.Configuration(host=km_url(self.km))
+        for name in self.runtime_classes:
+            key = (kmock.resource("node.k8s.io/v1/runtimeclasses"), None, name)
+            if key not in self.km.objects or self.km.objects[key].deleted:
+                self.km.objects[key] = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                                        "metadata": {"name": name, "uid": str(uuid.uuid4()), "resourceVersion": "1"},
+                                        "handler": name}
         settings = kopf.OperatorSettings()
         handlers.configure(settings)
         settings.posting.level = 0

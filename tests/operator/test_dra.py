@@ -300,3 +300,28 @@ async def test_restart_after_a_foreign_claim_arrived_while_down(km: Any, cluster
         await op.stop()
 
 
+
+
+async def test_a_booking_the_request_policy_cannot_grant_is_a_condition_and_an_event(cluster: Cluster,
+                                                                                    operator: Operator) -> None:
+    """A device whose memory policy offers 10Gi or 20Gi cannot give a replica that booked more:
+    no claim template, no Deployment, and the tenant sees why (issue 21)."""
+    s = nvidia_slice("gpu-d", 1)
+    s["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"] = {"default": "20Gi",
+                                                                      "validValues": ["10Gi", "20Gi"]}
+    await cluster.create(dra_node("gpu-d", 1))
+    await create(cluster, s)
+    await cluster.create(vd("a", QWEN7))
+    await cluster.until(lambda: any(e["reason"] == "ClaimNotGrantable" for e in cluster.events("a")),
+                        what="a ClaimNotGrantable Event")
+    [(_, need)] = booked(cluster, "a")
+    assert need > 20 * GIB  # what it booked is more than the policy's largest value
+    message = next(e["message"] for e in cluster.events("a") if e["reason"] == "ClaimNotGrantable")
+    assert message == (f"replica 0: gpu-d gpu-0: the request policy of its 'memory' capacity cannot grant "
+                       f"{dra.quantity(need)} (of 81559Mi; requestPolicy validValues [10Gi, 20Gi])")
+
+    await cluster.until(lambda: condition(cluster, "a", "Placed").get("reason") == "ClaimNotGrantable",
+                        what="the condition")
+    assert condition(cluster, "a", "Placed")["status"] == "False"
+    assert condition(cluster, "a", "Placed")["message"] == message
+    assert templates(cluster) == [] and cluster.get(DEPLOYMENTS, "a-0") is None

@@ -12,6 +12,7 @@ import uuid as uuidlib
 from typing import Any
 
 import kubernetes_validate
+from kubernetes_asyncio import client
 from opkit import DEPLOYMENTS, H100, PODS, VD, Cluster, Operator, node, vd
 
 from vllmfit.backends import reservation as rsv
@@ -299,5 +300,51 @@ async def test_a_neighbour_of_a_whole_node_replica_needs_no_reservation_even_aft
         await cluster.until(lambda: asked(cluster) == [("gpu-a", 0)], what="a reservation for second's GPU")
         await settle(cluster)
         assert cluster.get(DEPLOYMENTS, "second-0")["spec"] == before
+    finally:
+        await op.stop()
+
+
+async def shared_pair(cluster: Cluster) -> None:
+    await cluster.create(gpu_node("gpu-a", 2))
+    pin = {"nodeName": "gpu-a", "gpuIndices": [1]}
+    await cluster.create(vd("a", QWEN7, placement=pin))
+    await cluster.create(vd("b", QWEN7, maxModelLen=8192, placement=pin))
+    await cluster.phase("a", "Admitted")
+    await cluster.phase("b", "Admitted")
+
+
+async def test_sharing_replicas_are_written_where_their_runtime_class_exists(cluster: Cluster,
+                                                                             operator: Operator) -> None:
+    await shared_pair(cluster)
+    await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0") and cluster.get(DEPLOYMENTS, "b-0"))
+    assert cluster.get(DEPLOYMENTS, "a-0")["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+    assert not any(e["reason"] == "RuntimeClassNotFound" for n in "ab" for e in cluster.events(n))
+
+
+async def test_sharing_replicas_are_refused_where_their_runtime_class_does_not_exist(km: Any,
+                                                                                    cluster: Cluster) -> None:
+    """GKE has no `nvidia` RuntimeClass: a pod naming it never starts. The replicas that need it
+    are not written; the deployment says why, in kube-scheduler-like words (issue 21). Once the
+    RuntimeClass is created they are written."""
+    op = Operator(km, runtime_classes=())
+    await op.start()
+    try:
+        await shared_pair(cluster)
+        want = ("runtimeClass 'nvidia' does not exist in the cluster: replicas that share a GPU through "
+                "NVIDIA_VISIBLE_DEVICES need it (chart value placement.reservation.runtimeClassName; empty where "
+                "the NVIDIA runtime is the nodes' default)")
+        for n in "ab":
+            await cluster.until(lambda n=n: any(e["reason"] == "RuntimeClassNotFound" for e in cluster.events(n)),
+                                what=f"{n}: a RuntimeClassNotFound Event")
+            assert [e["message"] for e in cluster.events(n) if e["reason"] == "RuntimeClassNotFound"] == [want]
+            await cluster.until(lambda n=n: (cluster.status(n).get("conditions") or []) and next(
+                c for c in cluster.status(n)["conditions"] if c["type"] == "Placed")["reason"] == "RuntimeClassNotFound",
+                what=f"{n}: the Placed condition")
+        assert cluster.get(DEPLOYMENTS, "a-0") is None and cluster.get(DEPLOYMENTS, "b-0") is None
+        await client.NodeV1Api(cluster.api).create_runtime_class(
+            {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
+             "handler": "nvidia"})
+        await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0") and cluster.get(DEPLOYMENTS, "b-0"),
+                            what="the replicas once the RuntimeClass exists")
     finally:
         await op.stop()

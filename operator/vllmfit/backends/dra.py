@@ -128,6 +128,16 @@ class Policy:
             return None if self.max is not None and got > self.max else got
         return want
 
+    def text(self) -> str:
+        """The policy in the API's words (for a refusal)."""
+        if self.values:
+            return "validValues [" + ", ".join(quantity(v) for v in self.values) + "]"
+        if self.min is not None:
+            parts = [f"min {quantity(self.min)}"] + ([f"max {quantity(self.max)}"] if self.max is not None else []) \
+                + ([f"step {quantity(self.step)}"] if self.step else [])
+            return "validRange " + ", ".join(parts)
+        return "no valid values or range"
+
     def least(self) -> int:
         """The least a request may ask for."""
         if self.values:
@@ -441,7 +451,8 @@ def capacity_requests(device: Device | None, need: int) -> dict[str, str]:
         got = c.request(want)
         if got is None:
             raise Unsatisfiable(f"{device.node} {device.name}: the request policy of its {c.name!r} capacity cannot "
-                                f"grant {quantity(want)} (of {quantity(c.value)})")
+                                f"grant {quantity(want)} (of {quantity(c.value)}; requestPolicy "
+                                f"{c.policy.text() if c.policy else 'none'})")
         # memory: exactly what was booked (the scheduler rounds it up; the rest is counted as the
         # driver's rounding, node_from_dra); the others: the least the policy allows
         out[c.name] = quantity(want if c.name == MEMORY else got)

@@ -63,6 +63,43 @@ def observe_claim(store: Store, body: Mapping[str, Any], deleted: bool) -> set[s
     return claim_nodes(store, old) | claim_nodes(store, body)
 
 
+NOT_GRANTABLE = "ClaimNotGrantable"
+
+
+def unsatisfiable(store: Store, key: str, p: api.ReplicaPlacement) -> str | None:
+    """Why no claim can ask for what replica `p` booked on a DRA node (a device's request policy
+    cannot grant it), in one line; None when a claim can (or it is not known yet)."""
+    try:
+        _, gpus, devices = wanted(store, key, p) or (None, [], [])
+        if not gpus:
+            return None
+        dra.claim_template("", "x", "x", p.replica, gpus, device_class=store.options.dra_device_class,
+                           driver=store.options.dra_driver, devices=devices)
+    except dra.Unsatisfiable as e:
+        return str(e)
+    return None
+
+
+def wanted(store: Store, key: str, p: api.ReplicaPlacement
+           ) -> tuple[str, list[tuple[str, int]], list[dra.Device | None]] | None:
+    """(namespace/name, [(UUID, bytes booked)] per GPU, their devices) of a replica on a DRA node;
+    None elsewhere, or while a GPU's UUID is unknown."""
+    if store.backend_of(p.node) != "dra":
+        return None
+    need: dict[int, int] = {}
+    for b in store.ledger.bookings_of(key):
+        if b.replica == p.replica and b.node == p.node:
+            need[b.index] = need.get(b.index, 0) + b.footprint.total
+    gpus = []
+    by_uuid = {d.uuid: d for d in store.devices().get(p.node, []) if d.uuid}
+    for g in p.gpus:
+        slot = store.ledger.slot(p.node, g.index)
+        if slot is None or not slot.uuid or g.index not in need:
+            return None
+        gpus.append((slot.uuid, need[g.index]))
+    return key, gpus, [by_uuid.get(u) for u, _ in gpus]
+
+
 def desired(store: Store, key: str, p: api.ReplicaPlacement) -> dict[str, Any] | None:
     """The ResourceClaimTemplate of a replica on a DRA node; None elsewhere, or while a GPU's
     UUID is unknown. Its name carries a digest of what it asks (templates are immutable)."""

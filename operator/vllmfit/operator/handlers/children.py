@@ -14,7 +14,7 @@ from kubernetes_asyncio.client import ApiException
 from vllmfit.backends import binding
 from vllmfit.backends import reservation as rsv
 from vllmfit.core.spec import api
-from vllmfit.operator import builders, claims, draining, report, reservations
+from vllmfit.operator import builders, claims, draining, report, reservations, runtimeclasses
 from vllmfit.operator.handlers.common import JSON_PATCH, MERGE_PATCH, gone_ok, now, post_event
 from vllmfit.operator.record import Record
 from vllmfit.operator.state import Store, get_store
@@ -161,6 +161,9 @@ async def sync_children(store: Store, key: str) -> None:
                     if tmpl is None:
                         continue  # no template it can use: its Deployment is not written (condition, Event)
                 ex = builders.exclusive(store.ledger, key, p.node, [g.index for g in p.gpus]) and not tmpl
+                if not ex and not tmpl and (why := await runtimeclasses.refusal(store)):
+                    await refuse(store, rec, runtimeclasses.REASON, why)
+                    continue  # its pods could not start: not written (condition, Event)
                 pins, gated = reservations.pins(store, key, p), reservations.gated(store, key, p)
 
                 weights = sum(b.footprint.weights for b in store.ledger.bookings_of(key) if b.replica == p.replica)
@@ -195,11 +198,28 @@ async def sync_children(store: Store, key: str) -> None:
         rec.synced = state
 
 
+async def refuse(store: Store, rec: Record, reason: str, message: str) -> None:
+    """A replica's children cannot be written as they are: `Placed` False and a Warning Event
+    (once per message: a resync does not post it again)."""
+    placed = next((c for c in rec.conditions if c.type == "Placed"), None)
+    if placed is not None and placed.status == "False" and placed.reason == reason and placed.message == message:
+        return
+    logger.error("%s: %s", rec.key, message)
+    post_event(rec.body, "Warning", reason, message)
+    async with store.changing():
+        rec.conditions = report.set_condition(rec.conditions, "Placed", "False", reason, message, now(),
+                                                rec.generation)
+        store.mark([rec.key])
+
+
 async def claim_template(store: Store, rec: Record, p: api.ReplicaPlacement) -> str | None:
     """The ResourceClaimTemplate of a replica on a DRA node, created and read back; None when it
     cannot be used (a GPU's UUID is unknown, or the API server dropped the capacity requests:
     then DRA nodes share nothing on this cluster, and what is placed there is placed again)."""
     want = claims.desired(store, rec.key, p)
+    if want is None and (why := claims.unsatisfiable(store, rec.key, p)):
+        await refuse(store, rec, claims.NOT_GRANTABLE, f"replica {p.replica}: {why}")
+        return None
     if want is None or not store.dra_capacity_ok:
         return None
     dropped = await claims.ensure(store, want, rec.body)

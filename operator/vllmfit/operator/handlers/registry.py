@@ -20,6 +20,7 @@ from vllmfit.operator.handlers import (
     nodes,
     replica_pods,
     reservation_pods,
+    runtimeclasses,
     startup,
     vllmdeployments,
 )
@@ -56,3 +57,7 @@ kopf.on.event("", "v1", "pods", id="reservations", labels=RESERVATION_PODS)(
 # DRA objects
 kopf.on.event("resource.k8s.io", "v1", "resourceslices", id="slices")(counted("slices", dra_objects.on_slice))
 kopf.on.event("resource.k8s.io", "v1", "resourceclaims", id="claims")(counted("claims", dra_objects.on_claim))
+
+# RuntimeClasses (the runtime class of replicas that share a GPU must exist)
+kopf.on.event("node.k8s.io", "v1", "runtimeclasses", id="runtimeclasses")(
+    counted("runtimeclasses", runtimeclasses.on_runtimeclass))
