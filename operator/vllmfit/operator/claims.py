@@ -103,23 +103,14 @@ def wanted(store: Store, key: str, p: api.ReplicaPlacement
 def desired(store: Store, key: str, p: api.ReplicaPlacement) -> dict[str, Any] | None:
     """The ResourceClaimTemplate of a replica on a DRA node; None elsewhere, or while a GPU's
     UUID is unknown. Its name carries a digest of what it asks (templates are immutable)."""
-    if store.backend_of(p.node) != "dra":
+    w = wanted(store, key, p)
+    if w is None:
         return None
-    need: dict[int, int] = {}
-    for b in store.ledger.bookings_of(key):
-        if b.replica == p.replica and b.node == p.node:
-            need[b.index] = need.get(b.index, 0) + b.footprint.total
-    gpus = []
-    by_uuid = {d.uuid: d for d in store.devices().get(p.node, []) if d.uuid}
-    for g in p.gpus:
-        slot = store.ledger.slot(p.node, g.index)
-        if slot is None or not slot.uuid or g.index not in need:
-            return None
-        gpus.append((slot.uuid, need[g.index]))
+    _, gpus, devices = w
     ns, name = key.split("/", 1)
     try:
         t = dra.claim_template("", ns, name, p.replica, gpus, device_class=store.options.dra_device_class,
-                               driver=store.options.dra_driver, devices=[by_uuid.get(u) for u, _ in gpus])
+                               driver=store.options.dra_driver, devices=devices)
     except dra.Unsatisfiable as e:
         logger.error("%s replica %d: no claim can ask for what it booked: %s", key, p.replica, e)
         return None
