@@ -9,8 +9,8 @@ from vllmfit.core import defaults, memory, placement
 from vllmfit.core.placement import Decision, Request
 from vllmfit.operator import bounded, builders, draining, metrics, pods, report, webhook
 from vllmfit.operator.handlers.children import children_state
-from vllmfit.operator.handlers.common import Effects, now
-from vllmfit.operator.record import Record
+from vllmfit.operator.handlers.common import Effects, Invalid, now, parse
+from vllmfit.operator.record import ModelResolutionError, Record
 from vllmfit.operator.state import Store
 
 logger = logging.getLogger(__name__)
@@ -194,6 +194,19 @@ async def replan(store: Store, node: str, fx: Effects, cause: str) -> None:
     for d in store.drains.values():  # drains the re-planning took out: their pods still hold them
         if not ledger.bookings_of(d.name):
             draining.charge(ledger, d)
+
+
+async def resolve_requests_on(store: Store, nodes: set[str]) -> None:
+    """Re-placing needs resolved models: resolve the request of every deployment booked on these
+    nodes (before the caller takes the lock; a spec that cannot be resolved keeps none)."""
+    keys = {b.deployment for k in store.ledger.deployments() for b in store.ledger.bookings_of(k) if b.node in nodes}
+    for key in sorted(keys):
+        rec = store.records.get(key)
+        if rec is not None and rec.request is None:
+            try:
+                rec.request = await store.request_for(parse(rec.body))
+            except (Invalid, ModelResolutionError):
+                pass
 
 
 async def update_node(store: Store, name: str, info: placement.NodeInfo | None, fx: Effects, gone: str) -> None:

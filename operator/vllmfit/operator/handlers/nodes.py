@@ -15,10 +15,9 @@ from vllmfit.core import defaults, memory, placement
 from vllmfit.core.observe import attribution, inventory
 from vllmfit.core.spec import api
 from vllmfit.operator import metrics, report
-from vllmfit.operator.handlers.common import Effects, Invalid, now, parse
-from vllmfit.operator.handlers.decide import update_node
+from vllmfit.operator.handlers.common import Effects, now
+from vllmfit.operator.handlers.decide import resolve_requests_on, update_node
 from vllmfit.operator.handlers.writes import finish
-from vllmfit.operator.record import ModelResolutionError
 from vllmfit.operator.state import Store, get_store
 from vllmfit.sources import catalog
 
@@ -93,14 +92,7 @@ async def on_node(type: str | None, body: kopf.Body, **_: Any) -> None:
         logger.warning("node %s: GPU information unreadable, keeping what was known: %s", name,
                        str(e).splitlines()[0])
         return
-    on_node = {b.deployment for k in store.ledger.deployments() for b in store.ledger.bookings_of(k) if b.node == name}
-    for key in on_node:  # re-placing needs resolved models: resolve them before taking the lock
-        rec = store.records.get(key)
-        if rec is not None and rec.request is None:
-            try:
-                rec.request = await store.request_for(parse(rec.body))
-            except (Invalid, ModelResolutionError):
-                pass
+    await resolve_requests_on(store, {name})
     fx, t = Effects(), now()
     async with store.changing():
         if type == "DELETED":

@@ -15,9 +15,8 @@ from kubernetes_asyncio.client import ApiException
 from vllmfit.operator import builders, draining, reservations
 from vllmfit.operator.handlers import children
 from vllmfit.operator.handlers.children import children_state, sync_children
-from vllmfit.operator.handlers.common import Effects, Invalid, gone_ok, parse, post_event
-from vllmfit.operator.handlers.decide import retry_waiting, update_node
-from vllmfit.operator.record import ModelResolutionError
+from vllmfit.operator.handlers.common import Effects, gone_ok, post_event
+from vllmfit.operator.handlers.decide import resolve_requests_on, retry_waiting, update_node
 from vllmfit.operator.state import Store
 
 logger = logging.getLogger(__name__)
@@ -172,14 +171,7 @@ async def refresh_nodes(store: Store, names: set[str], why: str) -> None:
     """Slices or claims changed: the DRA view of these nodes again (as on_node does)."""
     if not names:
         return
-    for key in {b.deployment for k in store.ledger.deployments() for b in store.ledger.bookings_of(k)
-                if b.node in names}:
-        rec = store.records.get(key)
-        if rec is not None and rec.request is None:
-            try:
-                rec.request = await store.request_for(parse(rec.body))
-            except (Invalid, ModelResolutionError):
-                pass
+    await resolve_requests_on(store, names)
     fx = Effects()
     async with store.changing():
         for name in sorted(names):
