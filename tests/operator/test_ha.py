@@ -49,3 +49,41 @@ async def test_a_new_leader_catches_up_and_sweeps_before_it_admits(cluster: Clus
     swept = _index(later, "DELETE", "/deployments/old-0")
     decided = _index(later, "PATCH", "/b/status")
     assert swept and decided and swept[0] < decided[0], (swept, decided)
+
+
+async def test_a_forged_admitted_status_patched_in_while_the_operator_runs_books_nothing(
+        km: Any, cluster: Cluster) -> None:
+    """A status the operator did not write (after a restart or a fail-over every record is a
+    peer's) is taken only when the Deployments it describes exist, are owned by the object and
+    sit where it says, as at restart. A tenant's patched Admitted status books nothing: the
+    deployment is decided again."""
+    from vllmfit.core.spec import api
+
+    op = Operator(km)
+    await op.start()
+    try:
+        await cluster.create(node("gpu-a", gpus=1))
+        await cluster.create(vd("a", QWEN7, **BIG))
+        await cluster.phase("a", "Admitted")
+        await cluster.create(vd("f", QWEN7, **BIG))
+        await cluster.phase("f", "Unschedulable")
+        forged = cluster.status("a")  # a's placement, memory and conditions: f has no Deployment there
+    finally:
+        await op.stop()
+    await cluster.reconnect()
+    op = Operator(km)
+    await op.start()  # restored: no record is this process's own
+    try:
+        store = get_store()
+        await cluster.custom.patch_namespaced_custom_object_status(
+            api.GROUP, api.VERSION, "default", api.PLURAL, "f", {"status": forged},
+            _content_type="application/merge-patch+json")
+        await cluster.until(lambda: cluster.status("f").get("phase") == "Unschedulable"
+                            and store.records["default/f"].mine, what="f decided again")
+        await store.flush()
+        assert not store.ledger.bookings_of("default/f")
+        assert [b.node for b in store.ledger.bookings_of("default/a")] == ["gpu-a"]
+        assert cluster.get(DEPLOYMENTS, "f-0") is None
+        assert cluster.status("f").get("phase") == "Unschedulable"
+    finally:
+        await op.stop()

@@ -494,6 +494,15 @@ async def test_a_status_written_by_the_previous_active_replica_is_booked_not_dou
     obj["metadata"]["annotations"] = {"vllmfit.dev/last-handled-configuration": json.dumps(
         {"spec": obj["spec"], "metadata": {}})}
     obj["metadata"]["finalizers"] = ["vllmfit.dev/finalizer"]
+    from kubernetes_asyncio import client
+    from test_lifecycle import child
+
+    written = {"apiVersion": "apps/v1", "kind": "Deployment", "spec": {}, **child(obj, "gpu-a:0")}
+    written["metadata"]["ownerReferences"][0]["apiVersion"] = obj["apiVersion"]
+    labels = written["metadata"]["labels"]
+    written["spec"] = {"selector": {"matchLabels": labels}, "template": {
+        "metadata": {"labels": labels}, "spec": {"containers": [{"name": "vllm", "image": "vllm"}]}}}
+    await client.AppsV1Api(cluster.api).create_namespaced_deployment("default", written)  # the peer wrote it too
     await cluster.create(obj)
     await cluster.until(lambda: get_store().ledger.bookings_of("default/old"), what="the peer's bookings")
     await cluster.create(vd("new", QWEN7, maxModelLen=32768, kvCache={"concurrency": 16}))  # fits only on an empty GPU

@@ -263,7 +263,8 @@ class Store:
         self.ready.set()
         return problems
 
-    def resync(self, nodes: Iterable[Mapping[str, Any]], deployments: Iterable[Mapping[str, Any]]) -> set[str]:
+    def resync(self, nodes: Iterable[Mapping[str, Any]], deployments: Iterable[Mapping[str, Any]],
+               children: Iterable[Mapping[str, Any]] | None = None) -> set[str]:
         """Rebuild the ledger from the API again, keeping the records whose status is what this
         process last wrote. Call it holding the lock, with every status written and no change
         since the listing (handlers.resync_once checks both): then, on the active replica, it
@@ -272,7 +273,13 @@ class Store:
 
         Level-based status: on the active replica (`leading`), a record this process decided
         whose stored status differs from what it wrote (a write lost, or never made) is kept with
-        its bookings, and its key returned: its status is written again."""
+        its bookings, and its key returned: its status is written again.
+
+        A status this process has not seen before books only what runs where it says
+        (`children`: vllmfit's Deployments, as listed; the check of `rebuild`): one that does not
+        is no booking, and its record has no status, so that it is decided again (and looked at
+        again at the next resync: a peer may write the Deployment after the status)."""
+        running = None if children is None else draining.children_at(children)
         fresh = Ledger()
         pods = self.managed_pods()
         t = datetime.now(UTC)
@@ -300,7 +307,8 @@ class Store:
                 if rec.admitted:
                     fresh.restore(key, self.ledger.bookings_of(key))
                 continue
-            if rec is None or pruned(rec.written) != pruned(status):
+            news = rec is None or pruned(rec.written) != pruned(status)
+            if news:
                 rec = record_from_object(body)
                 rec.written = dict(status)
             records[key] = rec
@@ -309,15 +317,24 @@ class Store:
                     st = api.VLLMDeploymentStatus.model_validate(status)
                 except ValueError:
                     continue
-                fresh.restore(key, placement.bookings_from_status(key, st))
+                bookings = placement.bookings_from_status(key, st)
+                if news and running is not None and not draining.status_matches(rec, body, bookings, running):
+                    rec.admitted, rec.placement, rec.flags, rec.outcome = False, [], None, "Pending"
+                    rec.admitted_request, rec.written = None, {}
+                    continue
+                fresh.restore(key, bookings)
         self.overlay_dra(fresh)
         draining.carry(fresh, self.drains)
         self.ledger, self.records = fresh, records
         return repair
 
-    def adopt(self, body: Mapping[str, Any]) -> bool:
+    def adopt(self, body: Mapping[str, Any], children: Iterable[Mapping[str, Any]] | None = None) -> bool | None:
         """Take a status another process wrote (the previous active peer) as the truth: its
-        record and its bookings. Returns whether anything was taken. Hold the lock."""
+        record and its bookings. Returns whether anything was taken; None for an admitted status
+        whose replicas do not all run where it says (`children`: the object's Deployments, as
+        listed; checked as at restart, `draining.status_matches`): a tenant's forged status, or a
+        peer that died before writing the Deployment. Nothing is taken then; decide it again.
+        Hold the lock."""
         key, status = key_of(body), body.get("status") or {}
         rec = self.records.get(key)
         if rec is not None and (rec.mine or pruned(rec.written) == pruned(status)):
@@ -329,6 +346,9 @@ class Store:
         except ValueError:
             return False
         new = record_from_object(body)
+        if new.admitted and children is not None and not draining.status_matches(
+                new, body, placement.bookings_from_status(key, st), draining.children_at(children)):
+            return None
         new.written = dict(status)
         self.records[key] = new
         if new.admitted:

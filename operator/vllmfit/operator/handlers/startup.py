@@ -89,11 +89,12 @@ async def resync_once(store: Store) -> bool:
         return False
     before = store.changes
     nodes, deployments = await list_cluster(store)
+    children, _ = await list_ours(store)
     fx = Effects()
     async with store.lock:
         if store.changes != before or store.busy():
             return False
-        repair = store.resync(nodes, deployments)
+        repair = store.resync(nodes, deployments, children)
         if store.leading:
             if repair:
                 logger.warning("resync: rewriting statuses that differ from the records: %s", ", ".join(sorted(repair)))

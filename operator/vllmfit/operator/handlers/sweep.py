@@ -142,9 +142,10 @@ async def lead(store: Store) -> None:
             return
         try:
             nodes, deployments = await list_cluster(store)
+            children, _ = await list_ours(store)  # a status it has not seen books only what runs where it says
             async with store.lock:
                 if not store.busy():
-                    store.resync(nodes, deployments)
+                    store.resync(nodes, deployments, children)
             await sweep(store)
         except (ApiException, OSError) as e:
             logger.warning("taking the lead: cannot look for Deployments without a booking (the resync retries): %s", e)

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+from kubernetes_asyncio import client
 
 from vllmfit.core.placement import Request
 from vllmfit.operator import bounded, builders, draining, metrics
@@ -110,12 +111,31 @@ async def on_event(type: str | None, body: kopf.Body, **_: Any) -> None:
         return
     if (body.get("metadata") or {}).get("deletionTimestamp"):
         return
+    rec = store.records.get(key_of(body))
+    children = None
+    if (body.get("status") or {}).get("memory") and not (rec is not None and rec.mine):
+        children = await children_of(store, body)  # a status books only what runs where it says
     async with store.lock:
-        if store.adopt(body):
+        took = store.adopt(body, children)
+        if took:
             store.changes += 1
             logger.info("%s: took the status another replica wrote", key_of(body))
+    if took is None:
+        logger.warning("%s: its status books replicas that do not run where it says; not taken, decided again",
+                       key_of(body))
+        await reconcile(body, force=True)
+        return
     if key_of(body) not in store.records:  # handled by a peer that died before writing its status
         await reconcile(body, force=False)
+
+
+async def children_of(store: Store, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The Deployments of vllmfit for this VLLMDeployment (found by label), as JSON."""
+    meta = body.get("metadata") or {}
+    selector = f"{builders.MANAGED_BY}=vllmfit,{builders.LABEL_DEPLOYMENT}={meta.get('name')}"
+    listed = await client.AppsV1Api(store.api).list_namespaced_deployment(meta.get("namespace") or "default",
+                                                                           label_selector=selector)
+    return store.api.sanitize_for_serialization(listed).get("items") or []
 
 
 async def forget(store: Store, body: Mapping[str, Any]) -> None:
