@@ -226,7 +226,8 @@ async def test_a_real_prometheus_scrapes_the_operator_and_answers_every_dashboar
             r = await asyncio.to_thread(query, base, 'vllmfit_gpu_booked_bytes{node="gpu-a"}')
             if r.get("status") == "success" and len(r["data"]["result"]) == 2:
                 break
-            assert time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()[-2000:]
+            if time.monotonic() > deadline:  # a hang guard, not a speed check
+                pytest.fail("Prometheus never scraped the operator: " + (tmp_path / "prometheus.log").read_text()[-2000:])
             await asyncio.sleep(0.25)
         booked = {s["metric"]["gpu"]: float(s["value"][1]) for s in r["data"]["result"]}
         assert booked == {str(got["index"]): got["predicted"], str(1 - got["index"]): 0}
