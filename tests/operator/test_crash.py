@@ -59,6 +59,15 @@ class Crashing(Emulator):
             self.writes += 1
         return await super()._handle(request)
 
+    async def restart(self, op: Operator, cluster: Cluster) -> None:
+        """The killed operator is gone: let its frozen writes fail, forget the kill point, and start
+        a new one on a fresh connection (what a pod restart does)."""
+        self.kill_at = None
+        self.thaw.set()
+        self.killed = asyncio.Event()
+        await cluster.reconnect()
+        await op.start()
+
 
 @pytest.fixture
 async def crashing() -> Any:
@@ -136,11 +145,7 @@ async def run(km: Crashing, kill_at: int | None) -> int:
                     await asyncio.sleep(0.05)  # let in-flight requests reach the frozen emulator
                     await op.stop()
                     running_is_booked(cluster, f"crash at write {kill_at} ({what})")
-                    km.kill_at = None
-                    km.thaw.set()
-                    km.killed = asyncio.Event()
-                    await cluster.reconnect()
-                    await op.start()
+                    await km.restart(op, cluster)
                     continue
                 await asyncio.sleep(0.01)
             running_is_booked(cluster, f"after {what}, crash at write {kill_at}")

@@ -122,11 +122,7 @@ async def run(km: Crashing, kill_at: int | None) -> int:
                     await asyncio.sleep(0.05)  # let in-flight requests reach the frozen emulator
                     await op.stop()
                     covered(cluster, f"crash at write {kill_at} ({what})")
-                    km.kill_at = None
-                    km.thaw.set()
-                    km.killed = asyncio.Event()
-                    await cluster.reconnect()
-                    await op.start()
+                    await km.restart(op, cluster)
                     await kubelet.ensure()
                     continue
                 await asyncio.sleep(0.01)
