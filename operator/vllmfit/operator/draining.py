@@ -144,24 +144,34 @@ def blocked(ledger: Ledger, drains: Mapping[str, Drain], key: str, replica: int)
     return out
 
 
+def _replica_of(meta: Mapping[str, Any]) -> tuple[str, int, str] | None:
+    """(namespace/name, replica, placement) that a pod's or Deployment's metadata carries (labels and
+    the placement annotation); None where it is not a replica of vllmfit's."""
+    labels = meta.get("labels") or {}
+    name, replica = labels.get(LABEL_DEPLOYMENT), labels.get(LABEL_REPLICA)
+    if not name or not replica or not str(replica).isdigit():
+        return None
+    where = (meta.get("annotations") or {}).get(ANNOTATION_PLACEMENT) or ""
+    return f"{meta.get('namespace') or 'default'}/{name}", int(replica), where
+
+
+def _is_for(meta: Mapping[str, Any], drain: Drain) -> bool:
+    """Whether this metadata (of a pod, or of a ReplicaSet's pod template) is the drain's replica at
+    the drain's placement (the caller lists one namespace)."""
+    labels = meta.get("labels") or {}
+    return (labels.get(LABEL_DEPLOYMENT) == drain.deployment and labels.get(LABEL_REPLICA) == str(drain.replica)
+            and (meta.get("annotations") or {}).get(ANNOTATION_PLACEMENT) == drain.where)
+
+
 def pod_holds(pod: Mapping[str, Any], drain: Drain) -> bool:
     """Whether this pod (as listed by the API) may still hold the drain's memory."""
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    if labels.get(LABEL_DEPLOYMENT) != drain.deployment or labels.get(LABEL_REPLICA) != str(drain.replica):
-        return False
-    if (meta.get("annotations") or {}).get(ANNOTATION_PLACEMENT) != drain.where:
-        return False
-    return (pod.get("status") or {}).get("phase") not in FINISHED
+    return _is_for(pod.get("metadata") or {}, drain) and (pod.get("status") or {}).get("phase") not in FINISHED
 
 
 def set_holds(rs: Mapping[str, Any], drain: Drain) -> bool:
     """Whether this ReplicaSet (as listed) may still create a pod for the drain's placement: the
     Deployment is deleted first, and its ReplicaSets only later by the garbage collector."""
-    tmpl = ((rs.get("spec") or {}).get("template") or {}).get("metadata") or {}
-    labels = tmpl.get("labels") or {}
-    return (labels.get(LABEL_DEPLOYMENT) == drain.deployment and labels.get(LABEL_REPLICA) == str(drain.replica)
-            and (tmpl.get("annotations") or {}).get(ANNOTATION_PLACEMENT) == drain.where)
+    return _is_for(((rs.get("spec") or {}).get("template") or {}).get("metadata") or {}, drain)
 
 
 def ended(drains: Mapping[str, Drain], namespace: str, deployment: str, pods: Iterable[Mapping[str, Any]],
@@ -181,15 +191,11 @@ def from_pods(ledger: Ledger, pods: Iterable[Mapping[str, Any]], covered: Mappin
     uses). Its Deployment is gone or elsewhere by then (the sweep deletes what is not covered)."""
     out: dict[str, Drain] = {}
     for pod in pods:
-        meta = pod.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        where = (meta.get("annotations") or {}).get(ANNOTATION_PLACEMENT) or ""
-        name, replica = labels.get(LABEL_DEPLOYMENT), labels.get(LABEL_REPLICA)
-        if not name or not replica or not replica.isdigit() or ":" not in where \
-                or (pod.get("status") or {}).get("phase") in FINISHED:
+        ours = _replica_of(pod.get("metadata") or {})
+        if ours is None or ":" not in ours[2] or (pod.get("status") or {}).get("phase") in FINISHED:
             continue
-        key = f"{meta.get('namespace') or 'default'}/{name}"
-        if covered.get((key, int(replica))) == where:
+        key, replica, where = ours
+        if covered.get((key, replica)) == where:
             continue
         node, _, gpus = where.partition(":")
         try:
@@ -200,8 +206,8 @@ def from_pods(ledger: Ledger, pods: Iterable[Mapping[str, Any]], covered: Mappin
         for i in indices:
             slot = ledger.slot(node, i)
             room = slot.budget_bytes if slot else 0
-            bookings.append(Booking(key, int(replica), node, i, Footprint(room, 0, 0, 0, 0, 0)))
-        d = Drain(key, int(replica), where, bookings, stopped=True)
+            bookings.append(Booking(key, replica, node, i, Footprint(room, 0, 0, 0, 0, 0)))
+        d = Drain(key, replica, where, bookings, stopped=True)
         out[d.name] = d
     for d in out.values():
         charge(ledger, d)
@@ -213,13 +219,12 @@ def children_at(children: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], 
     out: dict[tuple[str, int], list[tuple[str, str]]] = {}
     for d in children:
         meta = d.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        name, replica = labels.get(LABEL_DEPLOYMENT), labels.get(LABEL_REPLICA)
-        if not name or not replica or not str(replica).isdigit():
+        ours = _replica_of(meta)
+        if ours is None:
             continue
+        key, replica, where = ours
         owner = next((str(o.get("uid")) for o in meta.get("ownerReferences") or [] if o.get("controller")), "")
-        where = (meta.get("annotations") or {}).get(ANNOTATION_PLACEMENT) or ""
-        out.setdefault((f"{meta.get('namespace') or 'default'}/{name}", int(replica)), []).append((where, owner))
+        out.setdefault((key, replica), []).append((where, owner))
     return out
 
 
