@@ -51,6 +51,56 @@ async def test_a_new_leader_catches_up_and_sweeps_before_it_admits(cluster: Clus
     assert swept and decided and swept[0] < decided[0], (swept, decided)
 
 
+
+async def test_a_new_leader_keeps_what_the_old_leader_admitted_after_its_last_look(
+        cluster: Cluster, operator: Operator) -> None:
+    """The catch-up of `lead()`. A standby's ledger is what it last read from the cluster (its
+    start-up or its last resync, every --resync-seconds): here the cluster as it was before the
+    old leader admitted a (built by the same `Store.rebuild` from that listing). The old leader
+    admits a, writes its status and its Deployment, and dies. Kopf then replays every object to
+    the new leader; the first is a itself.
+
+    Neither other catch-up path covers this window: the resync loop runs every 30 s, and the event
+    handler's adoption of a's status (`Store.adopt`) comes after `lead()` in the same handler, so
+    without the listing in `lead()` its sweep finds a-0 covered by no booking and deletes a
+    running vLLM server of an admitted deployment (then a is decided again, and a newcomer may get
+    its GPU while its pod still runs)."""
+    from vllmfit.core.spec import api
+    from vllmfit.operator.handlers.sweep import list_cluster
+
+    await cluster.create(node("gpu-a", gpus=1))
+    store = get_store()
+    before_a = await list_cluster(store)  # the standby's last look: the node, no VLLMDeployment
+    assert before_a[1] == []
+    await cluster.create(vd("a", QWEN7, **BIG))  # the old leader admits a
+    await cluster.phase("a", "Admitted")
+    await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0"), what="a-0 written")
+    admitted = cluster.status("a")
+    async with store.lock:  # the old leader dies; the standby never saw a
+        store.rebuild(*before_a)
+        store.leading = False
+    assert not store.ledger.bookings_of("default/a") and "default/a" not in store.records
+    n = len(cluster.km.journal)
+    # Kopf replays every object to the new leader: a first (an event about a), then a newcomer
+    await cluster.custom.patch_namespaced_custom_object(
+        api.GROUP, api.VERSION, "default", api.PLURAL, "a", {"metadata": {"labels": {"replayed": "yes"}}},
+        _content_type="application/merge-patch+json")
+    await cluster.until(lambda: store.leading, what="the standby to take the lead")
+    await cluster.create(vd("b", QWEN7, **BIG))
+    await cluster.until(lambda: cluster.status("b").get("phase"), what="b decided")
+    await store.flush()
+    later = list(cluster.km.journal)[n:]
+    assert not _index(later, "DELETE", "/deployments/a-0"), \
+        "the new leader deleted a-0, a running Deployment the old leader admitted"
+    b = cluster.status("b")
+    assert b.get("phase") == "Unschedulable", \
+        f"b was {b.get('phase')} on {b.get('placement')}: the GPU the old leader gave a was handed out again"
+    assert cluster.get(DEPLOYMENTS, "a-0") is not None
+    assert cluster.status("a").get("placement") == admitted.get("placement")
+    assert cluster.status("a").get("phase") == "Admitted"
+    assert [bk.node for bk in store.ledger.bookings_of("default/a")] == ["gpu-a"]
+
+
 async def test_a_forged_admitted_status_patched_in_while_the_operator_runs_books_nothing(
         km: Any, cluster: Cluster) -> None:
     """A status the operator did not write (after a restart or a fail-over every record is a
