@@ -45,6 +45,12 @@ def test_reservation_pod_requests_one_gpu_runs_non_root_and_is_found_again() -> 
     assert terms["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["node-a"]
     assert "nodeName" not in p["spec"]  # the scheduler places it (Unschedulable is visible, autoscalers react)
     assert "priorityClassName" not in p["spec"]
+    # no controller (kubectl drain needs --force or a --pod-selector that leaves it out); the
+    # autoscalers are told to keep its node: tests/operator/test_drain_rules.py has the rules
+    assert "ownerReferences" not in p["metadata"]
+    ann = p["metadata"]["annotations"]
+    assert ann["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+    assert ann["karpenter.sh/do-not-disrupt"] == "true"
     assert rsv.reservation_from_pod(p) == rsv.Reservation("r", "node-a", 3)
     assert rsv.reservation_from_pod(pod("r", "node-a", 3, U[1])) == rsv.Reservation("r", "node-a", 3, U[1])
     ended = pod("r", "node-a", 3, U[1])

@@ -47,6 +47,11 @@ ANNOTATION_UUID = f"{api.GROUP}/gpu-uuid"
 """Written by the reservation container on its own pod: the UUID of the one GPU it sees."""
 ANNOTATION_PINS = f"{api.GROUP}/gpus"
 """On a replica's pod: the GPU UUIDs it is pinned to, comma-separated (what the gate waits for)."""
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+"""Set to "false" on reservation pods: the cluster autoscaler never removes their node (its
+notsafetoevict drainability rule blocks, whatever its flags and whatever controller the pod has)."""
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+"""Set to "true" on reservation pods: Karpenter does not consolidate (or drift) their node."""
 GATE = f"{api.GROUP}/gpu-reservation"
 """The scheduling gate of a replica pod that waits for its reservations (or its DRA claim)."""
 CONTAINER = "reserve"
@@ -270,6 +275,11 @@ def reservation_pod(cfg: Config, node: str, index: int, name: str,
     The container (`vllmfit reserve`) reads NVML, which the NVIDIA runtime limits to the GPU
     the device plugin allocated, patches ANNOTATION_UUID on its own pod and sleeps; it is
     Ready once it has reported. Non-root, no privilege, read-only root file system.
+
+    Disruption (docs/placement-backends.md, "Drain, cluster autoscaler, Karpenter"): it has no
+    controller, so `kubectl drain` refuses it unless `--force` (or a `--pod-selector` that leaves
+    it out); it tells the cluster autoscaler (SAFE_TO_EVICT "false") and Karpenter
+    (DO_NOT_DISRUPT) not to take its node away while it holds a GPU for a vLLM server.
     """
     spec: dict[str, Any] = {
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
@@ -315,7 +325,7 @@ def reservation_pod(cfg: Config, node: str, index: int, name: str,
             "namespace": cfg.namespace,
             "labels": {MANAGED_BY: "vllmfit", ROLE_LABEL: ROLE, "app.kubernetes.io/name": "vllmfit-reservation"},
             "annotations": {ANNOTATION_NODE: node, ANNOTATION_INDEX: str(index),
-                            "karpenter.sh/do-not-disrupt": "true"},
+                            SAFE_TO_EVICT: "false", DO_NOT_DISRUPT: "true"},
         },
         "spec": spec,
     }
