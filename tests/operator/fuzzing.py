@@ -1,5 +1,6 @@
 """A fuzz of event orders against the real operator on KMock (issue 22): random creates, deletes,
-scale-ups and -downs, moves (a pinned GPU changed), node loss and return, operator restarts, and
+scale-ups and -downs, moves (a pinned GPU changed), resizes (another context length and KV
+capacity, mostly in place), node loss and return, operator restarts, and
 random waits, with pods that take a random time to terminate (kubelet.py). The invariant, checked
 at every tick of the kubelet: for every GPU, the sum over every pod that may be running on it is
 within its budget, and no pod starts where no stored status books it.
@@ -56,7 +57,8 @@ async def fuzz(seed: int, steps: int, *, restarts: bool = True, grace: float = 0
         try:
             await cluster.create(node("gpu-a", gpus=GPUS))
             for _ in range(steps):
-                kind = rng.choice(["create"] * 4 + ["delete", "scale", "scale", "move", "move", "node", "wait", "wait"]
+                kind = rng.choice(["create"] * 4 + ["delete", "scale", "scale", "move", "move", "resize", "resize", "node", "wait",
+                                                    "wait"]
                                   + (["restart"] if restarts else []))
                 alive = [n for n in NAMES if exists(cluster, n)]
                 name = rng.choice([n for n in NAMES if n not in alive] or NAMES) if kind == "create" \
@@ -76,6 +78,9 @@ async def fuzz(seed: int, steps: int, *, restarts: bool = True, grace: float = 0
                     elif kind == "move" and live:
                         await cluster.patch_spec(name, {"replicas": 1, "placement": {
                             "nodeName": "gpu-a", "gpuIndices": [rng.randrange(GPUS)]}})
+                    elif kind == "resize" and live:
+                        # a merge patch: the kvCache of a size that names none is vd()'s default
+                        await cluster.patch_spec(name, {"kvCache": {"concurrency": 1}, **rng.choice(SIZES)})
                     elif kind == "node":
                         if node_up:
                             await cluster.delete_node("gpu-a")

@@ -4,8 +4,8 @@ within its budget at every instant.
 
 - One pod per Deployment, at the placement its template carries, created only when no pod of
   that Deployment is left (the Recreate strategy vllmfit writes).
-- A pod whose Deployment is gone or now carries another placement terminates: it gets a
-  deletionTimestamp, keeps running for `grace` seconds (terminationGracePeriodSeconds, vLLM
+- A pod whose Deployment is gone or now carries another pod template (a move, a resize in place:
+  the Deployment controller rolls it out) terminates: it gets a deletionTimestamp, keeps running for `grace` seconds (terminationGracePeriodSeconds, vLLM
   freeing its memory), then leaves the API.
 - A pod holds what the stored status of its VLLMDeployment booked for its replica on each GPU
   when the pod started, read from the API (never from the operator's memory). A pod that starts
@@ -33,6 +33,7 @@ class Pod:
     replica: int
     where: str
     memory: dict[tuple[str, int], int] = field(default_factory=dict)
+    template: dict[str, Any] = field(default_factory=dict)  # the Deployment's pod template it was made from
     ends_at: float | None = None  # terminating: leaves the API then
 
 
@@ -107,8 +108,7 @@ class Kubelet:
         for pod in list(self.pods.values()):
             if pod.ends_at is None:
                 d = deps.get(pod.deployment)
-                if d is None or d["spec"]["template"]["metadata"]["annotations"].get(
-                        builders.ANNOTATION_PLACEMENT) != pod.where:
+                if d is None or d["spec"]["template"] != pod.template:
                     pod.ends_at = loop.time() + self.grace
                     # the API keeps a deleted pod (with a deletionTimestamp) until the kubelet says
                     # its containers terminated; KMock does the same while a finalizer is on it
@@ -124,8 +124,7 @@ class Kubelet:
             if any(p.deployment == name for p in self.pods.values()):
                 continue  # Recreate: the new pod starts once the old one is gone
             now = self.cluster.get(DEPLOYMENTS, name)
-            if now is None or now["spec"]["template"]["metadata"]["annotations"] != \
-                    d["spec"]["template"]["metadata"]["annotations"]:
+            if now is None or now["spec"]["template"] != d["spec"]["template"]:
                 continue  # deleted or changed meanwhile (its ReplicaSet goes with it)
             tmpl = d["spec"]["template"]
             labels = tmpl["metadata"]["labels"]
@@ -135,7 +134,7 @@ class Kubelet:
             if memory is None:
                 self.violations.append(f"pod of {name} started on {where} with no stored booking")
                 memory = {}
-            pod = Pod(f"{name}-{uuid.uuid4().hex[:5]}", name, owner, replica, where, memory)
+            pod = Pod(f"{name}-{uuid.uuid4().hex[:5]}", name, owner, replica, where, memory, tmpl)
             self.pods[pod.name] = pod
             self.started += 1
             await self.cluster.create({

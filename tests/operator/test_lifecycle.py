@@ -236,3 +236,40 @@ async def test_a_booking_whose_status_cannot_be_written_because_the_object_is_go
         await store.api.close()
         store.api = None
         store.reset()
+
+
+MID = {"maxModelLen": 32768, "kvCache": {"concurrency": 8}}  # fits beside SMALL, not beside BIG
+SMALL = {"maxModelLen": 8192, "kvCache": {"concurrency": 1}}
+
+
+def booked_total(cluster: Cluster, name: str) -> int:
+    return sum(m["totalBytes"] for m in cluster.status(name).get("memory") or [])
+
+
+async def test_a_resize_in_place_keeps_the_difference_booked_until_the_old_pod_is_gone(
+        cluster: Cluster, operator: Operator) -> None:
+    """A change of flags that keeps a replica on its GPU (a resize in place) is a rolling update
+    of the same Deployment (Recreate): the old pod keeps the old footprint until it is gone. What
+    the smaller footprint frees stays booked (a drain of the difference) until then."""
+    from opkit import budget
+
+    await cluster.create(node("gpu-a", gpus=1))
+    await cluster.create(vd("a", QWEN7, **BIG))
+    await cluster.phase("a", "Admitted")
+    old = await pod_of(cluster, "a-0")
+    big = booked_total(cluster, "a")
+    await cluster.create(vd("b", QWEN7, **MID))
+    await cluster.phase("b", "Unschedulable")
+    await cluster.patch_spec("a", {**SMALL})
+    await cluster.until(lambda: 0 < booked_total(cluster, "a") < big, what="a resized in place")
+    assert [p["node"] for p in cluster.status("a")["placement"]] == ["gpu-a"]
+    small = booked_total(cluster, "a")
+    await cluster.until(lambda: (cluster.get(DEPLOYMENTS, "a-0") or {}).get("spec", {}).get("template", {})
+                        .get("metadata", {}).get("annotations", {}) != cluster.get(PODS, old)["metadata"]["annotations"]
+                        or cluster.get(DEPLOYMENTS, "a-0")["spec"]["template"]["spec"]["containers"][0]["args"]
+                        != cluster.get(PODS, old)["spec"]["containers"][0]["args"], what="a-0 rewritten")
+    await stays(cluster, "b", "Unschedulable")  # a's old vLLM still holds the old footprint
+    await gone(cluster, old)
+    await cluster.phase("b", "Admitted")
+    # the scenario tests what it says: b fits beside the new footprint, not beside the old one
+    assert small + booked_total(cluster, "b") <= budget() < big + booked_total(cluster, "b")

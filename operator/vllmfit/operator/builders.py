@@ -18,7 +18,7 @@ from typing import Any
 from vllmfit.backends import binding
 from vllmfit.backends.binding import GPU_RESOURCE
 from vllmfit.core import defaults, limits, memory
-from vllmfit.core.placement import Ledger
+from vllmfit.core.placement import Booking, Ledger
 from vllmfit.core.spec import api, extraargs, names
 from vllmfit.operator import podtemplate
 
@@ -28,6 +28,9 @@ LABEL_DEPLOYMENT = defaults.DEPLOYMENT_LABEL
 LABEL_REPLICA = f"{api.GROUP}/replica"
 ANNOTATION_PLACEMENT = f"{api.GROUP}/placement"
 ANNOTATION_PINNING = f"{api.GROUP}/pinning"
+# the bytes a replica's pod template was written for, per GPU ("0=123,1=123"): tells a resized
+# replica's old pod from its new one at the same placement (operator/draining.py)
+ANNOTATION_BOOKED = f"{api.GROUP}/booked"
 MAX_NAME = limits.MAX_DEPLOYMENT_NAME  # <name>-<replica> must stay a DNS label (63) with room for 6 digits
 
 # `vllm serve` flags vllmfit computes or fixes, and those that change memory it does not model:
@@ -115,6 +118,11 @@ def placement_text(p: api.ReplicaPlacement) -> str:
     return f"{p.node}:{','.join(str(g.index) for g in p.gpus)}"
 
 
+def booked_text(bookings: Iterable[Booking]) -> str:
+    """ANNOTATION_BOOKED of one replica's bookings: GPU index = booked bytes, by index."""
+    return ",".join(f"{b.index}={b.footprint.total}" for b in sorted(bookings, key=lambda b: b.index))
+
+
 def exclusive(ledger: Ledger, key: str, node: str, gpus: Iterable[int]) -> bool:
     """Whether a replica on `gpus` of `node` may be pinned with device-plugin limits: only when
     it takes every GPU of the node and nothing else is booked there, because the device plugin,
@@ -128,10 +136,11 @@ def exclusive(ledger: Ledger, key: str, node: str, gpus: Iterable[int]) -> bool:
 def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: api.Flags, model_name: str,
                *, exclusive: bool, weights_bytes: int = 0, pins: Sequence[str] | None = None,
                gated: bool = False, claim_template: str | None = None,
-               runtime_class: str | None = binding.RUNTIME_CLASS) -> dict[str, Any]:
+               runtime_class: str | None = binding.RUNTIME_CLASS, booked: str = "") -> dict[str, Any]:
     """The Deployment running one replica, pinned to its node and GPUs, with the spec's
     podTemplate merged in (podtemplate.merge). The startup probe allows for loading
-    `weights_bytes` (the replica's checkpoint) unless the template sets its timing.
+    `weights_bytes` (the replica's checkpoint) unless the template sets its timing. `booked`
+    (booked_text) goes on the pods as ANNOTATION_BOOKED.
 
     exclusive: `nvidia.com/gpu` limits (the device plugin hands over the GPUs).
     shared: no GPU limits; NVIDIA_VISIBLE_DEVICES names the GPUs and the nvidia runtime class
@@ -182,6 +191,8 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],  # NCCL / TP workers use /dev/shm
     })
     pod_meta: dict[str, Any] = {"labels": pod_labels, "annotations": {ANNOTATION_PLACEMENT: where, **gpu.annotations}}
+    if booked:
+        pod_meta["annotations"][ANNOTATION_BOOKED] = booked
     podtemplate.merge(pod, pod_meta, spec.pod_template)
     return {
         "apiVersion": "apps/v1",

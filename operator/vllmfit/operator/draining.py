@@ -10,6 +10,11 @@ no pod of that deployment, replica and placement (`vllmfit.dev/placement`, which
 carries) is listed any more, or each one that is listed has phase Succeeded or Failed (its
 containers terminated). Until then the replica is *draining*.
 
+A *resize in place* (new flags, same GPUs) rolls the same Deployment (Recreate): the old pod
+keeps the old footprint until it is gone, while the ledger books the new one. When the new
+footprint is smaller on a GPU, the difference is a drain too, of the pods that carry the old
+booking (`vllmfit.dev/booked`, the bytes the pod template was written for; `Drain.booked`).
+
 The ledger is charged with what the GPU still had room for (never above its budget, so the
 re-planning never evicts a running neighbour for a drain); `blocked` tells which new replicas
 must wait for a drain on their own GPUs (break-then-make), the rest start at once
@@ -26,7 +31,13 @@ from typing import Any
 
 from vllmfit.core.memory import Footprint
 from vllmfit.core.placement import Booking, Ledger
-from vllmfit.operator.builders import ANNOTATION_PLACEMENT, LABEL_DEPLOYMENT, LABEL_REPLICA
+from vllmfit.operator.builders import (
+    ANNOTATION_BOOKED,
+    ANNOTATION_PLACEMENT,
+    LABEL_DEPLOYMENT,
+    LABEL_REPLICA,
+    booked_text,
+)
 
 DRAIN = "~draining/"
 FINISHED = ("Succeeded", "Failed")
@@ -40,11 +51,12 @@ class Drain:
     replica: int
     where: str  # its placement as the pods carry it ("node:0,1")
     bookings: list[Booking] = field(default_factory=list)  # what its vLLM may hold, in full
-    stopped: bool = False  # its Deployment was deleted or moved away: from now on pods can only go
+    stopped: bool = False  # its Deployment was deleted, moved away or resized: from now on pods can only go
+    booked: str = ""  # a resize in place: only the pods written for this booking (ANNOTATION_BOOKED) hold it
 
     @property
     def name(self) -> str:
-        return drain_key(self.key, self.replica, self.where)
+        return drain_key(self.key, self.replica, self.where, self.booked)
 
     @property
     def namespace(self) -> str:
@@ -55,8 +67,8 @@ class Drain:
         return self.key.split("/", 1)[1]
 
 
-def drain_key(key: str, replica: int, where: str) -> str:
-    return f"{DRAIN}{key}/{replica}/{where}"
+def drain_key(key: str, replica: int, where: str, booked: str = "") -> str:
+    return f"{DRAIN}{key}/{replica}/{where}" + (f"@{booked}" if booked else "")
 
 
 def is_drain(key: str) -> bool:
@@ -91,13 +103,17 @@ def charge(ledger: Ledger, drain: Drain) -> None:
 def hold(ledger: Ledger, drains: dict[str, Drain], key: str, old: Iterable[Booking]) -> list[Drain]:
     """After the bookings of `key` changed (from `old` to what the ledger holds now): every old
     replica whose placement is no longer booked becomes a drain. Returns the new drains."""
-    now = {r: where_of(bs) for r, bs in by_replica(ledger.bookings_of(key)).items()}
+    booked_now = by_replica(ledger.bookings_of(key))
+    now = {r: where_of(bs) for r, bs in booked_now.items()}
     new = []
     for replica, bs in sorted(by_replica(old).items()):
         where = where_of(bs)
         if now.get(replica) == where:
-            continue
-        d = Drain(key, replica, where, list(bs))
+            d = _shrunk(key, replica, where, bs, booked_now[replica])
+            if d is None:
+                continue
+        else:
+            d = Drain(key, replica, where, list(bs))
         if d.name in drains:  # the same placement stopped again before its pods were gone: keep the larger
             prev = drains[d.name]
             if sum(b.footprint.total for b in prev.bookings) >= sum(b.footprint.total for b in bs):
@@ -108,14 +124,24 @@ def hold(ledger: Ledger, drains: dict[str, Drain], key: str, old: Iterable[Booki
     return new
 
 
+def _shrunk(key: str, replica: int, where: str, old: list[Booking], new: list[Booking]) -> Drain | None:
+    """A resize in place: the drain of what the old footprint has more than the new one on each
+    GPU, held by the pods written for the old booking; None when nothing shrank."""
+    now = {(b.node, b.index): b.footprint.total for b in new}
+    more = [Booking(key, replica, b.node, b.index, Footprint(b.footprint.total - now[(b.node, b.index)], 0, 0, 0, 0, 0))
+            for b in sorted(old, key=lambda b: b.index) if b.footprint.total > now.get((b.node, b.index), 0)]
+    return Drain(key, replica, where, more, booked=booked_text(old)) if more else None
+
+
 def revive(ledger: Ledger, drains: dict[str, Drain], key: str) -> None:
     """`key` is booked again where one of its drains is (a move back, a scale up again before the
-    pods were gone): that placement is a booking again, not a drain."""
+    pods were gone, a resize back to the old footprint): that placement is a booking again, not
+    a drain."""
     for r, bs in by_replica(ledger.bookings_of(key)).items():
-        name = drain_key(key, r, where_of(bs))
-        if name in drains:
-            drains.pop(name)
-            ledger.release(name)
+        for name in (drain_key(key, r, where_of(bs)), drain_key(key, r, where_of(bs), booked_text(bs))):
+            if name in drains:
+                drains.pop(name)
+                ledger.release(name)
 
 
 def carry(ledger: Ledger, drains: Mapping[str, Drain]) -> None:
@@ -157,10 +183,12 @@ def _replica_of(meta: Mapping[str, Any]) -> tuple[str, int, str] | None:
 
 def _is_for(meta: Mapping[str, Any], drain: Drain) -> bool:
     """Whether this metadata (of a pod, or of a ReplicaSet's pod template) is the drain's replica at
-    the drain's placement (the caller lists one namespace)."""
-    labels = meta.get("labels") or {}
+    the drain's placement (the caller lists one namespace), and for a resize, written for the old
+    booking (or for no known one: a pod from before vllmfit wrote ANNOTATION_BOOKED)."""
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
     return (labels.get(LABEL_DEPLOYMENT) == drain.deployment and labels.get(LABEL_REPLICA) == str(drain.replica)
-            and (meta.get("annotations") or {}).get(ANNOTATION_PLACEMENT) == drain.where)
+            and annotations.get(ANNOTATION_PLACEMENT) == drain.where
+            and (not drain.booked or annotations.get(ANNOTATION_BOOKED, drain.booked) == drain.booked))
 
 
 def pod_holds(pod: Mapping[str, Any], drain: Drain) -> bool:
@@ -169,9 +197,11 @@ def pod_holds(pod: Mapping[str, Any], drain: Drain) -> bool:
 
 
 def set_holds(rs: Mapping[str, Any], drain: Drain) -> bool:
-    """Whether this ReplicaSet (as listed) may still create a pod for the drain's placement: the
-    Deployment is deleted first, and its ReplicaSets only later by the garbage collector."""
-    return _is_for(((rs.get("spec") or {}).get("template") or {}).get("metadata") or {}, drain)
+    """Whether this ReplicaSet (as listed) may still create a pod for the drain: the Deployment is
+    deleted first, and its ReplicaSets only later by the garbage collector. One scaled to zero
+    creates none (a resized Deployment keeps its old ReplicaSet so, for its revision history)."""
+    spec = rs.get("spec") or {}
+    return spec.get("replicas", 1) != 0 and _is_for((spec.get("template") or {}).get("metadata") or {}, drain)
 
 
 def ended(drains: Mapping[str, Drain], namespace: str, deployment: str, pods: Iterable[Mapping[str, Any]],
@@ -184,19 +214,26 @@ def ended(drains: Mapping[str, Drain], namespace: str, deployment: str, pods: It
                   and not any(pod_holds(p, d) for p in pods) and not any(set_holds(r, d) for r in sets))
 
 
-def from_pods(ledger: Ledger, pods: Iterable[Mapping[str, Any]], covered: Mapping[tuple[str, int], str]) -> dict[str, Drain]:
+def from_pods(ledger: Ledger, pods: Iterable[Mapping[str, Any]],
+              covered: Mapping[tuple[str, int], tuple[str, str]]) -> dict[str, Drain]:
     """At start-up: every pod of vllmfit that is not finished and not covered by a booking
-    (`covered`: (key, replica) -> placement booked) holds memory that nothing books: a drain
-    for it, charged with its GPUs' whole room (the pod says where it runs, not how much it
-    uses). Its Deployment is gone or elsewhere by then (the sweep deletes what is not covered)."""
+    (`covered`: (key, replica) -> (placement, booked_text) booked) holds memory that nothing
+    books: a drain for it, charged with its GPUs' whole room (the pod says where it runs, not
+    how much it uses). Its Deployment is gone or elsewhere by then (the sweep deletes what is not
+    covered). A pod at the booked placement written for another booking (a resize in place
+    whose old pod is still there) is a drain of that booking."""
     out: dict[str, Drain] = {}
     for pod in pods:
-        ours = _replica_of(pod.get("metadata") or {})
+        meta = pod.get("metadata") or {}
+        ours = _replica_of(meta)
         if ours is None or ":" not in ours[2] or (pod.get("status") or {}).get("phase") in FINISHED:
             continue
         key, replica, where = ours
-        if covered.get((key, replica)) == where:
-            continue
+        booked = ""
+        if (key, replica) in covered and covered[(key, replica)][0] == where:
+            booked = str((meta.get("annotations") or {}).get(ANNOTATION_BOOKED) or "")
+            if booked in ("", covered[(key, replica)][1]):
+                continue
         node, _, gpus = where.partition(":")
         try:
             indices = sorted({int(i) for i in gpus.split(",")})
@@ -207,7 +244,7 @@ def from_pods(ledger: Ledger, pods: Iterable[Mapping[str, Any]], covered: Mappin
             slot = ledger.slot(node, i)
             room = slot.budget_bytes if slot else 0
             bookings.append(Booking(key, replica, node, i, Footprint(room, 0, 0, 0, 0, 0)))
-        d = Drain(key, replica, where, bookings, stopped=True)
+        d = Drain(key, replica, where, bookings, stopped=True, booked=booked)
         out[d.name] = d
     for d in out.values():
         charge(ledger, d)

@@ -29,7 +29,7 @@ from vllmfit.core import defaults, memory, placement
 from vllmfit.core.model.facts import ModelArch
 from vllmfit.core.placement import Ledger, Request
 from vllmfit.core.spec import api
-from vllmfit.operator import draining, models, report
+from vllmfit.operator import builders, draining, models, report
 from vllmfit.operator.pods import PodHealth
 from vllmfit.operator.record import Record, key_of, pruned, record_from_object
 from vllmfit.sources import catalog
@@ -257,7 +257,7 @@ class Store:
                     continue
                 self.ledger.restore(rec.key, bookings)
         self.overlay_dra(self.ledger)
-        covered = {(k, r): draining.where_of(bs) for k in self.ledger.deployments()
+        covered = {(k, r): (draining.where_of(bs), builders.booked_text(bs)) for k in self.ledger.deployments()
                    for r, bs in draining.by_replica(self.ledger.bookings_of(k)).items()}
         self.drains = draining.from_pods(self.ledger, vllm_pods, covered)
         self.ready.set()

@@ -86,7 +86,8 @@ def children_state(rec: Record) -> tuple[Any, ...]:
     # their reservations all the same)
     pinning = tuple((tuple(reservations.pins(store, rec.key, p) or ()),
                      ((claims.desired(store, rec.key, p) or {}).get("metadata") or {}).get("name"),
-                     store.backend_of(p.node))
+                     store.backend_of(p.node),
+                     builders.booked_text(b for b in store.ledger.bookings_of(rec.key) if b.replica == p.replica))
                     for p in rec.placement)
     return (rec.admitted and not rec.going, tuple(builders.placement_text(p) for p in rec.placement), rec.flags,
             req.spec if req else None, req.model.name if req else None, pinning, tuple(waiting_for_drains(store, rec)))
@@ -166,13 +167,15 @@ async def sync_children(store: Store, key: str) -> None:
                     continue  # its pods could not start: not written (condition, Event)
                 pins, gated = reservations.pins(store, key, p), reservations.gated(store, key, p)
 
-                weights = sum(b.footprint.weights for b in store.ledger.bookings_of(key) if b.replica == p.replica)
+                mine = [b for b in store.ledger.bookings_of(key) if b.replica == p.replica]
+                weights, booked = sum(b.footprint.weights for b in mine), builders.booked_text(mine)
 
                 def make(exclusive: bool, p: api.ReplicaPlacement = p, weights: int = weights,
-                         pins: list[str] | None = pins, gated: bool = gated, tmpl: str | None = tmpl) -> dict[str, Any]:
+                         pins: list[str] | None = pins, gated: bool = gated, tmpl: str | None = tmpl,
+                         booked: str = booked) -> dict[str, Any]:
                     return builders.deployment(obj, p, flags, req.model.name, exclusive=exclusive and not tmpl,
                                                weights_bytes=weights, pins=pins, gated=gated and not exclusive,
-                                               claim_template=tmpl,
+                                               claim_template=tmpl, booked=booked,
                                                runtime_class=store.options.reservation.runtime_class)
 
                 if await apply_deployment(apps, make, ex, rec.body) and not tmpl:
@@ -189,8 +192,8 @@ async def sync_children(store: Store, key: str) -> None:
                     await claims.delete(store, rec.namespace, old)
                 rec.children.add(p.replica)
                 rec.child_where[p.replica] = where = builders.placement_text(p)
-                for d in store.drains.values():  # moved: the Deployment's old pods are being stopped
-                    if d.key == key and d.replica == p.replica and d.where != where:
+                for d in store.drains.values():  # moved or resized: the Deployment's old pods are being stopped
+                    if d.key == key and d.replica == p.replica and (d.where != where or d.booked not in ("", booked)):
                         d.stopped = True
             await apply_service(core, builders.service(obj), rec.body)
         for r in sorted(rec.children - want):
