@@ -1,5 +1,5 @@
 """The event-order fuzz of issue 22, longer: random creates, deletes, scale-ups and -downs, moves,
-node loss and return and operator restarts against the real operator on KMock, with pods that
+resizes, node loss and return and operator restarts against the real operator on KMock, with pods that
 take a random time to terminate (tests/operator/fuzzing.py, tests/operator/kubelet.py). The
 invariant, checked at every tick: for every GPU, the sum over every pod that may be running on it
 is within its budget, and no pod starts where no stored status books it.
