@@ -11,7 +11,7 @@ from opkit import DEPLOYMENTS, H100, SERVICES, VD, Cluster, Operator, node, used
 
 from vllmfit.core import defaults
 from vllmfit.core.spec import api
-from vllmfit.operator import report
+from vllmfit.operator import builders, report
 from vllmfit.operator.handlers import common, decide, startup
 from vllmfit.operator.state import get_store
 from vllmfit.sources import catalog
@@ -335,6 +335,8 @@ async def test_restart_rebuilds_the_same_ledger_and_doubles_nothing(km: Any, clu
 
     before = bookings(get_store().ledger)
     statuses = {n: cluster.status(n) for n in names}
+    templates = {d["metadata"]["name"]: d["spec"]["template"] for d in cluster.objects(DEPLOYMENTS)}
+    assert all(t["metadata"]["annotations"][builders.ANNOTATION_BOOKED] for t in templates.values())
     await op.stop()
     await cluster.reconnect()
     await cluster.create(vd("e", QWEN7, maxModelLen=4096))  # created while the operator is down
@@ -355,6 +357,9 @@ async def test_restart_rebuilds_the_same_ledger_and_doubles_nothing(km: Any, clu
         await cluster.until(lambda: len(cluster.objects(DEPLOYMENTS)) == 6)
         deployments = sorted(d["metadata"]["name"] for d in cluster.objects(DEPLOYMENTS))
         assert deployments == ["a-0", "b-0", "c-0", "d-0", "d-1", "e-0"]
+        # a pod template written again differently would restart its vLLM (Recreate): the restored
+        # bookings give the same template, vllmfit.dev/booked included
+        assert {n: cluster.get(DEPLOYMENTS, n)["spec"]["template"] for n in templates} == templates
     finally:
         await op.stop()
 
