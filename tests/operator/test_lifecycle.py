@@ -135,6 +135,28 @@ async def test_a_lost_reservation_is_reported_and_asked_again_and_a_failed_one_i
     assert [e for e in cluster.events("b") if e.get("reason") == "ReservationLost" and "failed" in e["message"]]
 
 
+async def test_a_gracefully_evicted_reservation_is_reported_when_its_deletion_starts(
+        cluster: Cluster, operator: Operator) -> None:
+    """On a real API server an eviction or `kubectl delete` first sets a deletionTimestamp (the
+    pod terminates for its grace period); the first event already shows it terminating. It is
+    lost then, not when the pod leaves the API (KMock keeps a deleted pod while it has a
+    finalizer, as the API server keeps it until the kubelet says its containers stopped)."""
+    from test_reservations import asked, gpu_node, reservations
+
+    await cluster.create(gpu_node("gpu-a", 2))
+    pin = {"nodeName": "gpu-a", "gpuIndices": [1]}
+    await cluster.create(vd("a", QWEN7, placement=pin))
+    await cluster.create(vd("b", QWEN7, maxModelLen=8192, placement=pin))
+    await cluster.phase("b", "Admitted")
+    await cluster.until(lambda: asked(cluster) == [("gpu-a", 1)], what="a reservation for gpu-a GPU 1")
+    first = reservations(cluster)[0]["metadata"]["name"]
+    await cluster.patch_pod(first, {"metadata": {"finalizers": ["tests/kubelet"]}})
+    await cluster.core.delete_namespaced_pod(first, "default")
+    assert cluster.get(PODS, first)["metadata"].get("deletionTimestamp")
+    event = await cluster.event("a", "ReservationLost")
+    assert f"{first} holding gpu-a GPU 1 was deleted, evicted or preempted" in event["message"]
+
+
 # --- restart: what a status may book (store level) -------------------------------------------------
 
 

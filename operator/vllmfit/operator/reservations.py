@@ -206,7 +206,9 @@ async def sync(store: Store) -> None:
                     continue
             async with store.lock:
                 store.reservations.setdefault(name, rsv.Reservation(name, node, i))
+                store.retiring.discard(name)  # a new pod of a name vllmfit deleted before
         for name in todo.delete:
+            store.retiring.add(name)
             try:
                 await core.delete_namespaced_pod(name, cfg.namespace)
             except ApiException as e:

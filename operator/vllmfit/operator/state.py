@@ -93,6 +93,7 @@ class Store:
         self.node_infos: dict[str, placement.NodeInfo | None] = {}  # node -> what its Node object says
         self.templates: dict[tuple[str, int], str] = {}  # (deployment, replica) -> its ResourceClaimTemplate
         self.reservation_waits: dict[str, str] = {}  # reservation pod -> the scheduler's last Unschedulable message
+        self.retiring: set[str] = set()  # reservation pods vllmfit itself deletes (their end is no loss)
         self.runtime_classes: set[str] | None = None  # RuntimeClass names (None: not listed yet)
         self.dra_capacity_ok = True  # False once the API server dropped capacity requests (feature gate off)
         self.dra_refresh = ""  # why the DRA nodes must be looked at again (set while writing; finish() does it)

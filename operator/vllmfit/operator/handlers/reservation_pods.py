@@ -45,7 +45,11 @@ async def on_reservation(type: str | None, body: kopf.Body, **_: Any) -> None:
                       if k in store.records]
         elif r is None or not waiting:
             store.reservation_waits.pop(name, None)
-        if prev is not None and r is None and not prev.terminating:
+        if r is None:
+            store.retiring.discard(name)
+        # lost when its end starts: on a real API server an eviction or a deletion first sets a
+        # deletionTimestamp (terminating), and the pod leaves the API only later
+        if prev is not None and not prev.terminating and (r is None or r.terminating) and name not in store.retiring:
             how = "ended (its pod failed)" if ended and type != "DELETED" else "was deleted, evicted or preempted"
             text = (f"the reservation pod {name} holding {prev.node} GPU {prev.index} {how}; the GPU is asked "
                     "for again (a new reservation pod; the replica is re-booked where it lands)")

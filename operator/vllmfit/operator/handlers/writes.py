@@ -159,6 +159,7 @@ async def place(store: Store) -> None:
             if fx.sync or fx.mark or retire:
                 store.changes += 1
         for name in retire:
+            store.retiring.add(name)
             await gone_ok(client.CoreV1Api(store.api).delete_namespaced_pod, name, store.options.reservation.namespace)
         await finish(store, fx, strict=False, hold=False)
         await reservations.sync(store)
