@@ -91,15 +91,17 @@ class Kubelet:
 
     def booked(self, owner: str, replica: int, where: str) -> dict[tuple[str, int], int] | None:
         # a VLLMDeployment deleted a moment ago (with no finalizer yet) takes its status along while
-        # its Deployment is still there: the booking it had is the last status seen
-        st = self.cluster.status(owner) or self.last_status.get(owner) or self.last_written(owner)
-        if st.get("phase") not in ("Admitted", "Running", "Failed"):
-            return None
-        for p in st.get("placement") or []:
-            text = f"{p['node']}:{','.join(str(g['index']) for g in p['gpus'])}"
-            if p["replica"] == replica and text == where:
-                return {(m["node"], m["index"]): m["totalBytes"] for m in st.get("memory") or []
-                        if m["replica"] == replica}
+        # its Deployment is still there: the booking it had is the last status this loop saw, or the
+        # last one written to the API (this loop may have seen only an earlier one)
+        live = self.cluster.status(owner)
+        for st in [live] if live else [self.last_status.get(owner) or {}, self.last_written(owner)]:
+            if st.get("phase") not in ("Admitted", "Running", "Failed"):
+                continue
+            for p in st.get("placement") or []:
+                text = f"{p['node']}:{','.join(str(g['index']) for g in p['gpus'])}"
+                if p["replica"] == replica and text == where:
+                    return {(m["node"], m["index"]): m["totalBytes"] for m in st.get("memory") or []
+                            if m["replica"] == replica}
         return None
 
     async def step(self) -> None:
