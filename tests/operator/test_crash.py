@@ -55,9 +55,26 @@ class Crashing(Emulator):
             if self.killed.is_set() or (self.kill_at is not None and self.writes == self.kill_at):
                 self.killed.set()
                 await self.thaw.wait()
-                raise kmock.KubernetesError(status=503, reason="ServiceUnavailable", message="operator killed")
+                # a dead process's requests fail (what it makes of it dies with it). 404, not 503:
+                # Kopf retries 5xx for up to a minute, and a task of the stopping operator that
+                # missed its cancellation (Python 3.11's asyncio.wait_for can swallow one) would
+                # hold the stop that long; other 4xx escape Kopf's patching and are re-raised
+                # when its tasks stop. A 404 is an answer every writer here takes in its stride.
+                raise kmock.KubernetesError(status=404, reason="NotFound", message="operator killed")
             self.writes += 1
+        return await self.serve(request)
+
+    async def serve(self, request: Any) -> Any:
+        """A request that reaches the store (the killed operator's writes never do)."""
         return await super()._handle(request)
+
+    async def kill(self, op: Operator) -> None:
+        """The operator process dies: its frozen writes fail, as every later write of it does,
+        none reaching the store, and its task stops. The frozen writes are let go first: Kopf's
+        stop waits for its tasks (its Event poster's too), so one blocked in a frozen request
+        would hold the stop until they were let go."""
+        self.thaw.set()
+        await op.stop()
 
     async def restart(self, op: Operator, cluster: Cluster) -> None:
         """The killed operator is gone: let its frozen writes fail, forget the kill point, and start
@@ -143,7 +160,7 @@ async def run(km: Crashing, kill_at: int | None) -> int:
                 if km.killed.is_set() and not crashed:
                     crashed = True
                     await asyncio.sleep(0.05)  # let in-flight requests reach the frozen emulator
-                    await op.stop()
+                    await km.kill(op)
                     running_is_booked(cluster, f"crash at write {kill_at} ({what})")
                     await km.restart(op, cluster)
                     continue

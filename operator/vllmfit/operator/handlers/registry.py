@@ -45,8 +45,11 @@ kopf.on.delete(*RESOURCE, id="release")(counted("release", vllmdeployments.on_de
 
 # Nodes
 kopf.on.event("", "v1", "nodes", id="nodes")(counted("nodes", nodes.on_node))
+kopf.on.event("", "v1", "nodes", id="startup-drains")(counted("startup-drains", startup.settle_startup_drains))
 
-# Pods of vLLM replicas (health and logs; the reservation gate and claim allocation)
+# Pods of vLLM replicas (health and logs; the reservation gate and claim allocation). The index
+# keeps nothing: no handler runs before the pods watch has listed (startup.settle_startup_drains)
+kopf.on.index("", "v1", "pods", id="pods-listed", labels=REPLICA_PODS)(startup.pods_listed)
 kopf.on.event("", "v1", "pods", id="pods", labels=REPLICA_PODS)(counted("pods", replica_pods.on_pod))
 kopf.on.event("", "v1", "pods", id="gates", labels=REPLICA_PODS)(counted("gates", replica_pods.on_gated_pod))
 

@@ -128,7 +128,11 @@ async def resync_loop(store: Store, every: float) -> None:
             logger.warning("resync failed: %s", e)
 
 
-async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+STARTUP_DRAINS = "vllmfit_startup_drains"
+"""Kopf memo key: the drains made at start-up from pods, until the pods watch has listed."""
+
+
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Rebuild the ledger from the API before any handler allocates: every node, and the
     bookings recorded in the status of every admitted VLLMDeployment."""
     configure(settings)
@@ -143,6 +147,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     await claims.load(store)  # the DRA nodes' GPUs and claims, before the ledger is rebuilt
     children, pods = await list_ours(store)  # a status books only what runs where it says; pods drain
     problems = store.rebuild(node_dicts, deployments, children, pods)
+    # shared by every object's memo (each a shallow copy of this one): see settle_startup_drains
+    memo[STARTUP_DRAINS] = sorted(store.drains)
     await reservations.load(store)
     for p in problems:
         logger.warning("start-up: %s", p)
@@ -159,6 +165,28 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     port = os.environ.get("VLLMFIT_METRICS_PORT")
     if port:
         metrics.serve(int(port))
+
+
+async def pods_listed(**_: Any) -> None:
+    """An index on vllmfit's replica pods that keeps nothing: Kopf runs no handler before every
+    index is filled by its watch's first listing (an empty one too), so whatever handler runs
+    knows that the pods watch has listed (settle_startup_drains)."""
+
+
+async def settle_startup_drains(memo: kopf.Memo, **_: Any) -> None:
+    """At the first node event after a start-up: end the drains made at start-up whose pods are
+    gone. A pod that leaves the API between the start-up listing and the first listing of the
+    pods watch sends no event (the watch never saw it), so its drain would wait for the resync;
+    no handler runs before that listing (pods_listed), so a listing now sees what it missed. A
+    start-up drain's GPUs are on a node, so a node event comes (one that is gone charges no GPU)."""
+    pending = memo.get(STARTUP_DRAINS)
+    if not pending:
+        return
+    names, pending[:] = list(pending), []
+    store = get_store()
+    await store.ready.wait()
+    if any(n in store.drains for n in names):
+        await settle_drains(store)
 
 
 async def cleanup(**_: Any) -> None:
