@@ -12,8 +12,9 @@ every instant of every run, crash and restart included:
 And each scenario step is done within `STEP_DEADLINE_S` (nothing stuck Admitted on a lost node,
 no drain that never ends).
 
-In the suite: every `KILL_EVERY`-th write and the first write of each step (so every step is
-killed at least once). VLLMFIT_CRASH_STEP=1 kills at every write, VLLMFIT_CRASH_AT=k at one.
+In the suite (`kill_points`): the write right after each status write, about 25 of the ~95
+writes, each step's included. VLLMFIT_CRASH_STEP=k kills at every k-th write (1: at
+every write), VLLMFIT_CRASH_AT=k at one.
 """
 
 from __future__ import annotations
@@ -48,9 +49,8 @@ step still not done after a whole period is stuck (a liveness failure, reported 
 STOP_DEADLINE_S = RESYNC_S
 """Bounds a kill, a restart or the teardown of the operator and the kubelet (a hang guard: the
 operator's stop cancels its tasks and waits for them)."""
-KILL_EVERY = max(1, int(os.environ.get("VLLMFIT_CRASH_STEP", "6")))
-KILL_FIRST = int(os.environ.get("VLLMFIT_CRASH_FIRST", "2"))  # the first writes of each step: where its order is
-KILL_AT = os.environ.get("VLLMFIT_CRASH_AT")
+KILL_EVERY = os.environ.get("VLLMFIT_CRASH_STEP")  # every k-th write instead (1: every write)
+KILL_AT = os.environ.get("VLLMFIT_CRASH_AT")  # one kill point, to look at it
 RES_VD, RES_DEPLOYMENTS, RES_PODS = kmock.resource(VD), kmock.resource(DEPLOYMENTS), kmock.resource(PODS)
 
 Step = tuple[str, Callable[[], Awaitable[Any]], Callable[[], bool]]
@@ -69,6 +69,8 @@ class Racing(Crashing):
     race: dict[str, Callable[[], Awaitable[Any]]] = attrs.field(factory=dict)  # name -> the user's action
     raced: dict[str, int] = attrs.field(factory=dict)  # name -> the HTTP status its booking write got
     after_pod_listing: Callable[[], Awaitable[Any]] | None = None  # once, after the operator's next pod listing
+    status_writes: list[int] = attrs.field(factory=list)  # the operator's write numbers of its status writes
+    kill_after_status: int | None = None  # crash at the operator's first write after its n-th status write
 
     def _raw(self, resource: Any, ns: str | None, name: str | None) -> dict[str, Any] | None:
         key = (resource, ns, name)
@@ -82,6 +84,10 @@ class Racing(Crashing):
         status_write = method == "PATCH" and request.resource == RES_VD and request.subresource == "status"
         name, ns = request.name, request.namespace
         booking = status_write and ((request.data or {}).get("status") or {}).get("phase") in BOOKED
+        if ours and status_write:
+            self.status_writes.append(self.writes - 1)  # Crashing counted it
+            if len(self.status_writes) == self.kill_after_status:
+                self.kill_at = self.writes  # the next one: this status is stored, what it orders is not
         racing = ours and booking and name in self.race and name not in self.raced
         if racing:
             self.raced[name] = 0
@@ -221,10 +227,12 @@ async def halt(kubelet: Kubelet) -> None:
     await kubelet.stop()
 
 
-async def run(km: Racing, kill_at: int | None, firsts: list[int] | None = None) -> int:
-    """The scenario with a crash at the operator's `kill_at`-th write; returns the writes seen
-    (and appends to `firsts` the number of writes before each step)."""
+async def run(km: Racing, kill_at: int | None) -> int:
+    """The scenario with a crash at the operator's `kill_at`-th write (or after its
+    `km.kill_after_status`-th status write); returns the writes seen."""
     km.kill_at, km.writes = kill_at, 0
+    at = f"at write {kill_at}" if kill_at is not None else \
+        f"after status write {km.kill_after_status}" if km.kill_after_status else "nowhere"
     km.killed, km.thaw = asyncio.Event(), asyncio.Event()
     cluster = Cluster(km)
     kubelet = StoredKubelet(Cluster(km), grace=GRACE, gpus={"gpu-a": 2})
@@ -241,31 +249,31 @@ async def run(km: Racing, kill_at: int | None, firsts: list[int] | None = None) 
 
     try:
         for what, action, done in scenario(cluster, kubelet, km):
-            if firsts is not None:
-                firsts.append(km.writes)
             await action()
             note(f"--- {what}")
             deadline = loop.time() + STEP_DEADLINE_S
             while not done():
-                assert_ok(km, kubelet, f"crash at write {kill_at}, during {what}")
+                assert_ok(km, kubelet, f"crash {at}, during {what}")
                 note(repr((cluster.phases(), [placed(cluster, n) for n in ("a", "b")],
                            sorted(d["metadata"]["name"] for d in cluster.objects(DEPLOYMENTS)),
                            sorted(get_store().drains))))
                 if loop.time() > deadline:
                     print("\n".join(trace))
-                    pytest.fail(f"crash at write {kill_at}: {what} not done within {STEP_DEADLINE_S:g} s (one "
+                    pytest.fail(f"crash {at}: {what} not done within {STEP_DEADLINE_S:g} s (one "
                                 f"resync period); phases {cluster.phases()}, placed "
                                 f"{[placed(cluster, n) for n in ('a', 'b')]}, Deployments "
                                 f"{[d['metadata']['name'] for d in cluster.objects(DEPLOYMENTS)]}, drains "
                                 f"{sorted(get_store().drains)}, pods {sorted(kubelet.pods)}")
                 if km.killed.is_set() and not crashed:
                     crashed = True
+                    if kill_at is None:
+                        at = f"at write {km.kill_at} ({at})"
                     note("=== crash")
                     await asyncio.sleep(0.05)  # let in-flight requests reach the frozen emulator
                     async with asyncio.timeout(STOP_DEADLINE_S):
                         await halt(kubelet)  # Kopf's stop would cancel it (and wait for it)
                         await km.kill(op)
-                    covered(cluster, f"crash at write {kill_at} ({what})")
+                    covered(cluster, f"crash {at} ({what})")
                     async with asyncio.timeout(STOP_DEADLINE_S):
                         await km.restart(op, cluster)
                         await kubelet.ensure()
@@ -273,9 +281,9 @@ async def run(km: Racing, kill_at: int | None, firsts: list[int] | None = None) 
                     deadline = loop.time() + STEP_DEADLINE_S  # a new operator, from its start-up
                     continue
                 await asyncio.sleep(0.01)
-            assert_ok(km, kubelet, f"crash at write {kill_at}, after {what}")
+            assert_ok(km, kubelet, f"crash {at}, after {what}")
         await get_store().flush()
-        assert_ok(km, kubelet, f"settled, crash at write {kill_at}")
+        assert_ok(km, kubelet, f"settled, crash {at}")
         return km.writes
     finally:
         km.thaw.set()
@@ -306,19 +314,23 @@ async def test_no_crash_the_lifecycle_scenario_holds_the_invariant(racing: Racin
     assert racing.raced == {"d": 404}
 
 
-def kill_points(n: int, firsts: list[int]) -> list[int]:
-    """Every KILL_EVERY-th of the `n` writes, and the first KILL_FIRST writes of each step (where
-    a step's order of writes is: stop, then release; book, then start)."""
+def kill_points(n: int, status_writes: list[int]) -> list[tuple[int | None, int | None]]:
+    """(kill at write k, kill after status write m). In the suite: right after each status write
+    of the run without a crash, counted in the run itself (the writes around it come in another
+    order from run to run): a crash there leaves that status stored and what it orders undone
+    (the stop after a release, the start after a booking). Every step writes a status, so each
+    is killed at least once. VLLMFIT_CRASH_STEP=k: every k-th of the `n` writes instead."""
     if KILL_AT:
-        return [int(KILL_AT)]
-    return sorted(set(range(0, n, KILL_EVERY)) | {f + i for f in firsts for i in range(KILL_FIRST) if f + i < n})
+        return [(int(KILL_AT), None)]
+    if KILL_EVERY:
+        return [(k, None) for k in range(0, n, max(1, int(KILL_EVERY)))]
+    return [(None, m) for m in range(1, len(status_writes) + 1)]
 
 
 async def test_a_crash_at_the_writes_of_the_lifecycle_keeps_every_gpu_within_budget(racing: Racing) -> None:
-    firsts: list[int] = []
-    n = await run(racing, None, firsts)
-    for k in kill_points(n, firsts):
-        async with Racing() as km, kmock.Server(km):  # the same scenario from an empty cluster
+    n = await run(racing, None)
+    for k, m in kill_points(n, racing.status_writes):
+        async with Racing(kill_after_status=m) as km, kmock.Server(km):  # the same scenario from an empty cluster
             declare(km)
             await run(km, k)
 
