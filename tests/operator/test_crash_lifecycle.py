@@ -232,7 +232,7 @@ async def run(km: Racing, kill_at: int | None) -> int:
     `km.kill_after_status`-th status write); returns the writes seen."""
     km.kill_at, km.writes = kill_at, 0
     at = f"at write {kill_at}" if kill_at is not None else \
-        f"after status write {km.kill_after_status}" if km.kill_after_status else "nowhere"
+        f"after status write {km.kill_after_status}" if km.kill_after_status else "none (the run without one)"
     km.killed, km.thaw = asyncio.Event(), asyncio.Event()
     cluster = Cluster(km)
     kubelet = StoredKubelet(Cluster(km), grace=GRACE, gpus={"gpu-a": 2})
