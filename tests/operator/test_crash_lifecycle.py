@@ -217,9 +217,10 @@ def assert_ok(km: Racing, kubelet: Kubelet, where: str) -> None:
 
 
 async def halt(kubelet: Kubelet) -> None:
-    """kubelet.stop(), robust to Python 3.11's asyncio.wait_for (in Kubelet._loop), which swallows
-    a cancellation that arrives as the step it waits for finishes: the loop then runs on, and
-    one cancel() never ends it."""
+    """kubelet.stop(), cancelling until the loop has ended: one cancel() did not end it while
+    Kubelet._loop used asyncio.wait_for, which on Python 3.11 swallows a cancellation that
+    arrives as the step it waits for finishes (Kopf's stop, which cancels every task started
+    while the operator ran, then waited for it forever)."""
     task = kubelet.task
     while task is not None and not task.done():
         task.cancel()
