@@ -114,7 +114,11 @@ def test_200_half_sent_connections_get_429_or_408_and_a_normal_review_still_pass
     server.server.max_connections = 2 * n  # this test is about reviews in flight, not connections
     before = rss_bytes()
 
+    t0 = time.monotonic()
     conns = [half_sent(server) for _ in range(n)]
+    # a slot frees after READ_TIMEOUT_S (408): on a loaded machine, where opening the 200
+    # connections takes longer than that, later ones may take freed slots (and get 408 too)
+    windows = 1 + int((time.monotonic() - t0) // READ_TIMEOUT_S)
     peak = rss_bytes()
     ok = normal_review(server)
     while ok.status_code == 429:  # all slots held by half-sent clients until their read timeout
@@ -123,8 +127,8 @@ def test_200_half_sent_connections_get_429_or_408_and_a_normal_review_still_pass
     statuses = [answer(s) for s in conns]
     assert ok.status_code == 200 and ok.json()["response"]["allowed"] is True
     assert set(statuses) <= {408, 429}
-    assert statuses.count(408) <= server.server.max_concurrent  # never more than N read at once
-    assert statuses.count(429) >= n - 2 * server.server.max_concurrent  # most refused at once
+    assert statuses.count(408) <= windows * server.server.max_concurrent  # never more than N read at once
+    assert statuses.count(429) >= n - (windows + 1) * server.server.max_concurrent  # most refused at once
     assert max(peak, rss_bytes()) - before < 100 * 1024 * 1024
     assert server.server.in_flight == 0
     server.server.max_connections = defaults.WEBHOOK_MAX_CONNECTIONS
