@@ -1,5 +1,6 @@
 """Kill the operator at its writes while replicas stop and start (issue 22, item 5): scale-down,
-delete, move, node loss and re-creation, create + delete, a delete that lands while the
+delete, move, node loss and re-creation, a resize in place that frees room a newcomer waits for,
+create + delete, a delete that lands while the
 operator writes the booking, with pods that take `GRACE` seconds to terminate
 (tests/operator/kubelet.py plays the ReplicaSet controller and the kubelet). Invariants, at
 every instant of every run, crash and restart included:
@@ -146,11 +147,20 @@ def scenario(cluster: Cluster, kubelet: Kubelet, km: Racing) -> list[Step]:
         moved["to"] = f"gpu-a:{1 - here}"
         await cluster.patch_spec("b", {"placement": {"nodeName": "gpu-a", "gpuIndices": [1 - here]}})
 
+    def gpu_of_b() -> int:
+        return int(placed(cluster, "b")[0].split(":")[1])
+
+    async def f_waits_for_b() -> None:
+        resized["on"] = placed(cluster, "b")[0]
+        await cluster.create(vd("f", QWEN7, placement={"nodeName": "gpu-a", "gpuIndices": [gpu_of_b()],
+                                                                 "allowReschedule": False}, **BIG))
+
     async def deleted_while_booked(name: str) -> None:
         km.race[name] = lambda: cluster.delete(name)  # lands before the operator's booking is stored
         await cluster.create(vd(name, QWEN7, maxModelLen=4096))
 
     moved: dict[str, str] = {}
+    resized: dict[str, str] = {}
     return [
         ("node", lambda: cluster.create(node("gpu-a", gpus=2)), lambda: True),
         ("create a (2 replicas)", lambda: cluster.create(vd("a", QWEN7, replicas=2, **BIG)),
@@ -170,11 +180,17 @@ def scenario(cluster: Cluster, kubelet: Kubelet, km: Racing) -> list[Step]:
          lambda: phase(cluster, "b") == "Unschedulable" and not dep("b-0")),
         ("the node comes back", lambda: cluster.create(node("gpu-a", gpus=2)),
          lambda: phase(cluster, "b") == "Admitted" and dep("b-0")),
+        ("f waits for b's GPU", f_waits_for_b, lambda: phase(cluster, "f") == "Unschedulable"),
+        ("resize b in place; f takes the room once b's old pod is gone",
+         lambda: cluster.patch_spec("b", {"maxModelLen": 4096, "kvCache": {"concurrency": 1}}),
+         lambda: placed(cluster, "b") == [resized["on"]] and (cluster.status("b").get("flags") or {}).get(
+             "maxModelLen") == 4096 and phase(cluster, "f") == "Admitted" and dep("f-0")),
         ("create and delete c", lambda: create_delete(cluster, "c"),
          lambda: not exists(cluster, "c") and not dep("c-0")),
         ("d deleted while its booking is written", lambda: deleted_while_booked("d"),
          lambda: "d" in km.raced and not exists(cluster, "d") and not dep("d-0")),
         ("delete b", lambda: cluster.delete("b"), lambda: not exists(cluster, "b") and not dep("b-0")),
+        ("delete f", lambda: cluster.delete("f"), lambda: not exists(cluster, "f") and not dep("f-0")),
     ]
 
 
