@@ -145,7 +145,9 @@ def scenario(cluster: Cluster, kubelet: Kubelet, km: Racing) -> list[Step]:
     async def move_b() -> None:
         here = int(placed(cluster, "b")[0].split(":")[1])
         moved["to"] = f"gpu-a:{1 - here}"
-        await cluster.patch_spec("b", {"placement": {"nodeName": "gpu-a", "gpuIndices": [1 - here]}})
+        # allowReschedule false: b stays on that GPU from now on (the resize below is in place)
+        await cluster.patch_spec("b", {"placement": {"nodeName": "gpu-a", "gpuIndices": [1 - here],
+                                                      "allowReschedule": False}})
 
     def gpu_of_b() -> int:
         return int(placed(cluster, "b")[0].split(":")[1])
