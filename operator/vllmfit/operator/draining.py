@@ -102,7 +102,8 @@ def charge(ledger: Ledger, drain: Drain) -> None:
 
 def hold(ledger: Ledger, drains: dict[str, Drain], key: str, old: Iterable[Booking]) -> list[Drain]:
     """After the bookings of `key` changed (from `old` to what the ledger holds now): every old
-    replica whose placement is no longer booked becomes a drain. Returns the new drains."""
+    replica whose placement is no longer booked becomes a drain, and so does what a replica booked
+    at the same placement shrank by (a resize in place, `_shrunk`). Returns the new drains."""
     booked_now = by_replica(ledger.bookings_of(key))
     now = {r: where_of(bs) for r, bs in booked_now.items()}
     new = []
@@ -116,7 +117,7 @@ def hold(ledger: Ledger, drains: dict[str, Drain], key: str, old: Iterable[Booki
             d = Drain(key, replica, where, list(bs))
         if d.name in drains:  # the same placement stopped again before its pods were gone: keep the larger
             prev = drains[d.name]
-            if sum(b.footprint.total for b in prev.bookings) >= sum(b.footprint.total for b in bs):
+            if sum(b.footprint.total for b in prev.bookings) >= sum(b.footprint.total for b in d.bookings):
                 continue
         drains[d.name] = d
         charge(ledger, d)
