@@ -87,8 +87,8 @@ def wanted(store: Store, key: str, p: api.ReplicaPlacement
     if store.backend_of(p.node) != "dra":
         return None
     need: dict[int, int] = {}
-    for b in store.ledger.bookings_of(key):
-        if b.replica == p.replica and b.node == p.node:
+    for b in store.ledger.bookings_of(key, p.replica):
+        if b.node == p.node:
             need[b.index] = need.get(b.index, 0) + b.footprint.total
     gpus = []
     by_uuid = {d.uuid: d for d in store.devices().get(p.node, []) if d.uuid}

@@ -154,9 +154,8 @@ def carry(ledger: Ledger, drains: Mapping[str, Drain]) -> None:
 def blocked(ledger: Ledger, drains: Mapping[str, Drain], key: str, replica: int) -> list[Drain]:
     """The drains that keep a new replica of `key` from starting: on one of its GPUs, the
     bookings plus the drains' full memory are over the budget (break-then-make)."""
-    mine = [b for b in ledger.bookings_of(key) if b.replica == replica]
     out = []
-    for b in mine:
+    for b in ledger.bookings_of(key, replica):
         slot = ledger.slot(b.node, b.index)
         if slot is None:
             continue

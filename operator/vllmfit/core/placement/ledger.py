@@ -190,8 +190,9 @@ class Ledger:
             self._on_gpu.get(node, {}).get(index, {}).values(), key=lambda b: (b.deployment, b.replica)
         )
 
-    def bookings_of(self, key: str) -> list[Booking]:
-        return list(self._by_deployment.get(key, []))
+    def bookings_of(self, key: str, replica: int | None = None) -> list[Booking]:
+        """The bookings of deployment `key`, or of one of its replicas."""
+        return [b for b in self._by_deployment.get(key, []) if replica is None or b.replica == replica]
 
     def deployments(self) -> list[str]:
         return sorted(self._by_deployment)

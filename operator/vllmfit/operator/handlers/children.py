@@ -87,7 +87,7 @@ def children_state(rec: Record) -> tuple[Any, ...]:
     pinning = tuple((tuple(reservations.pins(store, rec.key, p) or ()),
                      ((claims.desired(store, rec.key, p) or {}).get("metadata") or {}).get("name"),
                      store.backend_of(p.node),
-                     builders.booked_text(b for b in store.ledger.bookings_of(rec.key) if b.replica == p.replica))
+                     builders.booked_text(store.ledger.bookings_of(rec.key, p.replica)))
                     for p in rec.placement)
     return (rec.admitted and not rec.going, tuple(builders.placement_text(p) for p in rec.placement), rec.flags,
             req.spec if req else None, req.model.name if req else None, pinning, tuple(waiting_for_drains(store, rec)))
@@ -167,7 +167,7 @@ async def sync_children(store: Store, key: str) -> None:
                     continue  # its pods could not start: not written (condition, Event)
                 pins, gated = reservations.pins(store, key, p), reservations.gated(store, key, p)
 
-                mine = [b for b in store.ledger.bookings_of(key) if b.replica == p.replica]
+                mine = store.ledger.bookings_of(key, p.replica)
                 weights, booked = sum(b.footprint.weights for b in mine), builders.booked_text(mine)
 
                 def make(exclusive: bool, p: api.ReplicaPlacement = p, weights: int = weights,
