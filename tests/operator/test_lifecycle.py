@@ -43,6 +43,14 @@ async def gone(cluster: Cluster, pod: str) -> None:
     await cluster.core.delete_namespaced_pod(pod, "default")
 
 
+async def waits_for(cluster: Cluster, name: str, pod: str) -> None:
+    """`name` stays Unschedulable while `pod` (an old vLLM still holding the GPU) is there, and is
+    admitted once the kubelet reports it gone."""
+    await stays(cluster, name, "Unschedulable")
+    await gone(cluster, pod)
+    await cluster.phase(name, "Admitted")
+
+
 async def stays(cluster: Cluster, name: str, phase: str, seconds: float = 1.5) -> None:
     end = asyncio.get_running_loop().time() + seconds
     while asyncio.get_running_loop().time() < end:
@@ -60,9 +68,7 @@ async def test_a_deleted_deployment_stays_booked_until_its_pod_is_gone(cluster: 
     await cluster.phase("b", "Unschedulable")
     await cluster.delete("a")
     await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0") is None, what="a-0 deleted")
-    await stays(cluster, "b", "Unschedulable")  # a's vLLM is still terminating on the GPU
-    await gone(cluster, pod)
-    await cluster.phase("b", "Admitted")
+    await waits_for(cluster, "b", pod)  # a's vLLM is still terminating on the GPU
 
 
 async def test_a_scale_down_keeps_the_replica_booked_until_its_pod_is_gone(cluster: Cluster,
@@ -75,9 +81,7 @@ async def test_a_scale_down_keeps_the_replica_booked_until_its_pod_is_gone(clust
     await cluster.phase("b", "Unschedulable")
     await cluster.patch_spec("a", {"replicas": 1})
     await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-1") is None, what="a-1 deleted")
-    await stays(cluster, "b", "Unschedulable")
-    await gone(cluster, pod)
-    await cluster.phase("b", "Admitted")
+    await waits_for(cluster, "b", pod)
 
 
 async def test_a_scale_down_stops_the_replica_before_its_status_releases_it(cluster: Cluster,
@@ -113,14 +117,9 @@ async def test_the_pods_carry_the_placement_the_evidence_is_read_from(cluster: C
 
 async def test_a_lost_reservation_is_reported_and_asked_again_and_a_failed_one_is_replaced(
         cluster: Cluster, operator: Operator) -> None:
-    from test_reservations import asked, gpu_node, reservations
+    from test_reservations import asked, reservations, shared_pair
 
-    await cluster.create(gpu_node("gpu-a", 2))
-    pin = {"nodeName": "gpu-a", "gpuIndices": [1]}
-    await cluster.create(vd("a", QWEN7, placement=pin))
-    await cluster.create(vd("b", QWEN7, maxModelLen=8192, placement=pin))  # two on one GPU: a reservation
-    await cluster.phase("a", "Admitted")
-    await cluster.phase("b", "Admitted")
+    await shared_pair(cluster)  # two on one GPU: a reservation
     await cluster.until(lambda: asked(cluster) == [("gpu-a", 1)], what="a reservation for gpu-a GPU 1")
     first = reservations(cluster)[0]["metadata"]["name"]
     await cluster.core.delete_namespaced_pod(first, "default")  # evicted, preempted, or a kubectl delete
@@ -141,13 +140,9 @@ async def test_a_gracefully_evicted_reservation_is_reported_when_its_deletion_st
     pod terminates for its grace period); the first event already shows it terminating. It is
     lost then, not when the pod leaves the API (KMock keeps a deleted pod while it has a
     finalizer, as the API server keeps it until the kubelet says its containers stopped)."""
-    from test_reservations import asked, gpu_node, reservations
+    from test_reservations import asked, reservations, shared_pair
 
-    await cluster.create(gpu_node("gpu-a", 2))
-    pin = {"nodeName": "gpu-a", "gpuIndices": [1]}
-    await cluster.create(vd("a", QWEN7, placement=pin))
-    await cluster.create(vd("b", QWEN7, maxModelLen=8192, placement=pin))
-    await cluster.phase("b", "Admitted")
+    await shared_pair(cluster)
     await cluster.until(lambda: asked(cluster) == [("gpu-a", 1)], what="a reservation for gpu-a GPU 1")
     first = reservations(cluster)[0]["metadata"]["name"]
     await cluster.patch_pod(first, {"metadata": {"finalizers": ["tests/kubelet"]}})
@@ -290,8 +285,6 @@ async def test_a_resize_in_place_keeps_the_difference_booked_until_the_old_pod_i
                         .get("metadata", {}).get("annotations", {}) != cluster.get(PODS, old)["metadata"]["annotations"]
                         or cluster.get(DEPLOYMENTS, "a-0")["spec"]["template"]["spec"]["containers"][0]["args"]
                         != cluster.get(PODS, old)["spec"]["containers"][0]["args"], what="a-0 rewritten")
-    await stays(cluster, "b", "Unschedulable")  # a's old vLLM still holds the old footprint
-    await gone(cluster, old)
-    await cluster.phase("b", "Admitted")
+    await waits_for(cluster, "b", old)  # a's old vLLM still holds the old footprint
     # the scenario tests what it says: b fits beside the new footprint, not beside the old one
     assert small + booked_total(cluster, "b") <= budget() < big + booked_total(cluster, "b")

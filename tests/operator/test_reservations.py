@@ -99,12 +99,7 @@ async def settle(cluster: Cluster) -> None:
 
 async def test_shared_gpu_is_held_by_one_reservation_and_the_gate_opens_once_it_reports(
         cluster: Cluster, operator: Operator) -> None:
-    await cluster.create(gpu_node("gpu-a", 2))
-    pin = {"nodeName": "gpu-a", "gpuIndices": [1]}
-    await cluster.create(vd("a", QWEN7, placement=pin))
-    await cluster.create(vd("b", QWEN7, maxModelLen=8192, placement=pin))
-    await cluster.phase("a", "Admitted")
-    await cluster.phase("b", "Admitted")
+    await shared_pair(cluster)
     await cluster.until(lambda: asked(cluster) == [("gpu-a", 1)], what="one reservation for gpu-a GPU 1")
     [res] = reservations(cluster)
     for version in ("1.29.0", "1.34.0", "1.35.0", "1.36.0"):
@@ -305,6 +300,7 @@ async def test_a_neighbour_of_a_whole_node_replica_needs_no_reservation_even_aft
 
 
 async def shared_pair(cluster: Cluster) -> None:
+    """a and b admitted on gpu-a GPU 1 of two: a shared GPU, held by one reservation."""
     await cluster.create(gpu_node("gpu-a", 2))
     pin = {"nodeName": "gpu-a", "gpuIndices": [1]}
     await cluster.create(vd("a", QWEN7, placement=pin))
