@@ -77,6 +77,11 @@ def spec_problems(obj: api.VLLMDeployment) -> list[str]:
 # --- Children ----------------------------------------------------------------------------------
 
 
+def selector(name: str | None = None) -> str:
+    """The label selector of what vllmfit made: everything, or what it made for VLLMDeployment `name`."""
+    return f"{MANAGED_BY}=vllmfit" + (f",{LABEL_DEPLOYMENT}={name}" if name is not None else "")
+
+
 def labels(name: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "vllm",

@@ -229,7 +229,7 @@ async def load(store: Store) -> None:
         observe(store, pod, False)
     apps = client.AppsV1Api(store.api)
     for ns in sorted({rec.namespace for rec in store.records.values() if rec.admitted}):
-        listed = await apps.list_namespaced_deployment(ns, label_selector=f"{builders.MANAGED_BY}=vllmfit",
+        listed = await apps.list_namespaced_deployment(ns, label_selector=builders.selector(),
                                                        _request_timeout=30)
         for d in store.api.sanitize_for_serialization(listed).get("items") or []:
             whole_from_deployment(store, d)

@@ -62,7 +62,7 @@ async def sweep(store: Store, namespace: str | None = None, only: str | None = N
     Each is re-read and re-checked under its owner's child lock (sync_children holds it too).
     `only`: the deployment label to look at. Returns what was deleted ("Kind ns/name")."""
     apps, core = client.AppsV1Api(store.api), client.CoreV1Api(store.api)
-    selector = f"{builders.MANAGED_BY}=vllmfit"
+    selector = builders.selector()
     if namespace is None:
         deps = await apps.list_deployment_for_all_namespaces(label_selector=selector)
         pods_ = await core.list_pod_for_all_namespaces(label_selector=selector)
@@ -116,7 +116,7 @@ async def sweep(store: Store, namespace: str | None = None, only: str | None = N
 async def list_ours(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every Deployment and pod vllmfit owns (found by label), as JSON."""
     apps, core = client.AppsV1Api(store.api), client.CoreV1Api(store.api)
-    selector = f"{builders.MANAGED_BY}=vllmfit"
+    selector = builders.selector()
     deps = await apps.list_deployment_for_all_namespaces(label_selector=selector)
     pods_ = await core.list_pod_for_all_namespaces(label_selector=selector)
     ser = store.api.sanitize_for_serialization

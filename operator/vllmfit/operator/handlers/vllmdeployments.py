@@ -132,9 +132,8 @@ async def on_event(type: str | None, body: kopf.Body, **_: Any) -> None:
 async def children_of(store: Store, body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The Deployments of vllmfit for this VLLMDeployment (found by label), as JSON."""
     meta = body.get("metadata") or {}
-    selector = f"{builders.MANAGED_BY}=vllmfit,{builders.LABEL_DEPLOYMENT}={meta.get('name')}"
-    listed = await client.AppsV1Api(store.api).list_namespaced_deployment(meta.get("namespace") or "default",
-                                                                           label_selector=selector)
+    listed = await client.AppsV1Api(store.api).list_namespaced_deployment(
+        meta.get("namespace") or "default", label_selector=builders.selector(str(meta.get("name"))))
     return store.api.sanitize_for_serialization(listed).get("items") or []
 
 

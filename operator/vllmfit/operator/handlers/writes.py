@@ -80,7 +80,7 @@ async def settle_drains(store: Store, keys: set[str] | None = None) -> None:
     ser = store.api.sanitize_for_serialization
     try:
         for ns, name in targets:
-            selector = f"{builders.MANAGED_BY}=vllmfit,{builders.LABEL_DEPLOYMENT}={name}"
+            selector = builders.selector(name)
             sets = await apps.list_namespaced_replica_set(ns, label_selector=selector)
             pods = await core.list_namespaced_pod(ns, label_selector=selector)  # after the sets: none is new
             listed[(ns, name)] = ser(pods).get("items") or [], ser(sets).get("items") or []
