@@ -98,8 +98,7 @@ class Kubelet:
             if st.get("phase") not in ("Admitted", "Running", "Failed"):
                 continue
             for p in st.get("placement") or []:
-                text = f"{p['node']}:{','.join(str(g['index']) for g in p['gpus'])}"
-                if p["replica"] == replica and text == where:
+                if p["replica"] == replica and placement_of(p) == where:
                     return {(m["node"], m["index"]): m["totalBytes"] for m in st.get("memory") or []
                             if m["replica"] == replica}
         return None
@@ -190,9 +189,13 @@ def phase(cluster: Cluster, name: str) -> str | None:
     return cluster.status(name).get("phase")
 
 
+def placement_of(p: dict[str, Any]) -> str:
+    """A status placement entry as the pods' placement annotation writes it ("node:0,1")."""
+    return f"{p['node']}:{','.join(str(g['index']) for g in p['gpus'])}"
+
+
 def placed(cluster: Cluster, name: str) -> list[str]:
-    return [f"{p['node']}:{','.join(str(g['index']) for g in p['gpus'])}"
-            for p in cluster.status(name).get("placement") or []]
+    return [placement_of(p) for p in cluster.status(name).get("placement") or []]
 
 
 def exists(cluster: Cluster, name: str) -> bool:

@@ -28,7 +28,7 @@ from typing import Any
 import attrs
 import kmock
 import pytest
-from kubelet import Kubelet, exists, phase, placed
+from kubelet import Kubelet, exists, phase, placed, placement_of
 from opkit import DEPLOYMENTS, PODS, TEST_AGENT, VD, Cluster, Operator, node, vd
 from test_crash import Crashing
 
@@ -123,7 +123,7 @@ class Racing(Crashing):
         owner, replica = f"{ns}/{labels[builders.LABEL_DEPLOYMENT]}", int(labels[builders.LABEL_REPLICA])
         where = (tmpl.get("annotations") or {}).get(builders.ANNOTATION_PLACEMENT)
         st = self.stored.get(owner) or {}
-        places = [f"{p['replica']}@{p['node']}:{','.join(str(g['index']) for g in p['gpus'])}"
+        places = [f"{p['replica']}@{placement_of(p)}"
                   for p in st.get("placement") or []] if st.get("phase") in BOOKED else []
         if f"{replica}@{where}" not in places:
             self.unbooked.append(f"Deployment {name} written on {where} while the stored status of {owner} "
