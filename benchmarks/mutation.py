@@ -212,7 +212,7 @@ def main() -> None:
     work = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="vllmfit-mutation-"))
     if a.keep and work.exists():
         shutil.rmtree(work)
-    work.mkdir(parents=True)
+    work.mkdir(parents=True, exist_ok=True)  # mkdtemp made it already
     try:
         with tempfile.TemporaryDirectory() as stage:
             prepare(work, stage_tree(a.rev, Path(stage)), modules, TESTS,
