@@ -149,3 +149,14 @@ def test_settings_from_spec_maps_every_memory_field() -> None:
         policy="adr",
     )
     assert LLAMA_8B.name == r.spec.model
+
+
+def test_restore_replaces_what_the_key_had() -> None:
+    """A status read back twice (a resync after a peer moved the replica) books where it says
+    now, not also where it said before (Ledger.restore releases the key first)."""
+    ledger = placement.Ledger([node("n", H100, 2)])
+    fp = memory.Footprint(10 << 30, 0, 0, 0, 0, 0)
+    ledger.restore("default/a", [placement.Booking("default/a", 0, "n", 0, fp)])
+    ledger.restore("default/a", [placement.Booking("default/a", 0, "n", 1, fp)])
+    assert [(b.node, b.index) for b in ledger.bookings_of("default/a")] == [("n", 1)]
+    assert (ledger.used_bytes("n", 0), ledger.used_bytes("n", 1)) == (0, 10 << 30)
