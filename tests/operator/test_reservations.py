@@ -177,12 +177,7 @@ async def test_a_reservation_that_gets_another_gpu_rebooks_the_replicas_there(
 
 async def test_the_last_replica_leaving_a_gpu_takes_its_reservation_away(cluster: Cluster,
                                                                          operator: Operator) -> None:
-    await cluster.create(gpu_node("gpu-a", 2))
-    pin = {"nodeName": "gpu-a", "gpuIndices": [0]}
-    await cluster.create(vd("a", QWEN7, placement=pin))
-    await cluster.create(vd("b", QWEN7, maxModelLen=8192, placement=pin))
-    await cluster.phase("a", "Admitted")
-    await cluster.phase("b", "Admitted")
+    await shared_pair(cluster, gpu=0)
     await cluster.until(lambda: len(reservations(cluster)) == 1)
     await DevicePlugin(cluster, {"gpu-a": U[:2]}).serve()
     await cluster.delete("a")
@@ -299,10 +294,10 @@ async def test_a_neighbour_of_a_whole_node_replica_needs_no_reservation_even_aft
         await op.stop()
 
 
-async def shared_pair(cluster: Cluster) -> None:
-    """a and b admitted on gpu-a GPU 1 of two: a shared GPU, held by one reservation."""
+async def shared_pair(cluster: Cluster, gpu: int = 1) -> None:
+    """a and b admitted on gpu-a GPU `gpu` of two: a shared GPU, held by one reservation."""
     await cluster.create(gpu_node("gpu-a", 2))
-    pin = {"nodeName": "gpu-a", "gpuIndices": [1]}
+    pin = {"nodeName": "gpu-a", "gpuIndices": [gpu]}
     await cluster.create(vd("a", QWEN7, placement=pin))
     await cluster.create(vd("b", QWEN7, maxModelLen=8192, placement=pin))
     await cluster.phase("a", "Admitted")
