@@ -70,7 +70,7 @@ def _suggest(ledger: Ledger, req: Request, policy: memory.Policy) -> list[str]:
         if lo:
             out.append(f"replicas: {lo}")
     # 3. memory changes, sized on the roomiest group the deployment may use
-    s = settings_from_spec(spec, policy)
+    s = settings_from_spec(spec, policy, ledger.kv_grant)
     room = _roomiest(ledger, req, s)
     if room is not None:
         gpu, avail, budget = room

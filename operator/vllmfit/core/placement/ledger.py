@@ -7,7 +7,7 @@ import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from vllmfit.core.memory import Flags, Footprint, Sizing
+from vllmfit.core.memory import DEFAULT_KV_GRANT, Flags, Footprint, KvGrant, Sizing
 from vllmfit.core.model.facts import GpuType
 from vllmfit.core.placement import affinity
 from vllmfit.core.placement.inputs import DecisionPhase, GpuKey, GpuSlot, NodeInfo
@@ -91,7 +91,8 @@ class Ledger:
       there can take.
     """
 
-    def __init__(self, nodes: Iterable[NodeInfo] = ()):
+    def __init__(self, nodes: Iterable[NodeInfo] = (), kv_grant: KvGrant = DEFAULT_KV_GRANT):
+        self.kv_grant = kv_grant  # the cluster's default KV grant (a spec without kvCache or maxNumSeqs)
         self.nodes: dict[str, NodeInfo] = {}
         self._slots: dict[GpuKey, GpuSlot] = {}
         self._on_gpu: dict[str, dict[int, dict[tuple[str, int], Booking]]] = {}  # node -> GPU -> bookings
@@ -257,7 +258,7 @@ class Ledger:
         return bookings
 
     def copy(self) -> Ledger:
-        new = Ledger()
+        new = Ledger(kv_grant=self.kv_grant)
         new.nodes = dict(self.nodes)
         new._slots = dict(self._slots)
         new._on_gpu = {n: {i: dict(b) for i, b in g.items()} for n, g in self._on_gpu.items()}
