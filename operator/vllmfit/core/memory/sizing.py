@@ -158,7 +158,7 @@ def default_cap_seqs(s: Settings, seqs: int) -> int | None:
 
 def grant_text(model: ModelArch, s: Settings, r: Resolved, sizing: Sizing) -> str:
     """Which rule granted the KV cache, for output and status: 'maxNumSeqs 4 x maxModelLen 1024',
-    '4 requests x maxModelLen 8192 (cluster default grant: requests)', 'the room left, below ...'."""
+    'default grant: 4 requests x maxModelLen 8192', 'the room left, below ...'."""
     f, lay = sizing.flags, r.layout
     if f is None or lay.pooling or model.pooling or not lay.block_bytes:
         return ""
@@ -171,8 +171,8 @@ def grant_text(model: ModelArch, s: Settings, r: Resolved, sizing: Sizing) -> st
     if cap is not None:
         what = {
             "caps": f"maxNumSeqs {f.max_num_seqs} x maxModelLen {L}",
-            "requests": f"{cap} requests x maxModelLen {L} (cluster default grant: requests)",
-            "room": f"vLLM's maxNumSeqs {f.max_num_seqs} x maxModelLen {L} (cluster default grant: room)",
+            "requests": f"default grant: {cap} requests x maxModelLen {L}",
+            "room": f"default grant room: maxNumSeqs {f.max_num_seqs} x maxModelLen {L}",
         }[s.kv_default or "caps"]
         if kv >= lay.bytes_for(L, cap, r.batched_tokens, s.pp):
             return what
