@@ -39,7 +39,7 @@ def test_six_small_deployments_share_one_h100(capsys):
     """Six Qwen2.5-0.5B at maxModelLen 1024, maxNumSeqs 4, no kvCache, on one node with two H100s:
     all admitted, all on one GPU, each granted 4 x 1024 = 4,096 tokens = 4 x 64 blocks + the null
     block = 257 x 196,608 B = 50,528,256 B (main granted the room: 2 admitted, 5,891,712 tokens each)."""
-    code, d = plan_json(capsys, "-f", str(EXAMPLES / "six-small.yaml"))
+    code, d = plan_json(capsys, "-f", str(EXAMPLES / "sharing" / "six-small.yaml"))
     deps = d["deployments"]
     assert code == 0 and len(deps) == 6 and all(x["phase"] == "Admitted" for x in deps)
     assert len({placed_on(x) for x in deps}) == 1
@@ -48,7 +48,7 @@ def test_six_small_deployments_share_one_h100(capsys):
         assert x["kv_cache"]["granted_tokens"] == 4 * 1024
         assert x["kv_cache"]["granted_by"] == "maxNumSeqs 4 x maxModelLen 1024"
         assert x["flags"]["max_num_seqs"] == 4 and x["flags"]["kv_cache_memory_bytes"] == 50_528_256
-    code, room = plan_json(capsys, "-f", str(EXAMPLES / "six-small.yaml"), "--default-kv-grant", "room")
+    code, room = plan_json(capsys, "-f", str(EXAMPLES / "sharing" / "six-small.yaml"), "--default-kv-grant", "room")
     assert room["deployments"] == deps  # maxNumSeqs is set: the cluster's rule does not apply
 
 
@@ -56,7 +56,7 @@ def test_fourteen_mixed_deployments_share_two_h100s_and_an_l4(capsys):
     """The 14-deployment mix (0.5B, 1.5B, Llama-3.2-1B, Llama-3.1-8B, Qwen2.5-7B, each with its own
     caps): all admitted, at least four on one GPU, each granted exactly maxNumSeqs x maxModelLen
     (the room is never the limit here)."""
-    code, d = plan_json(capsys, "-f", str(EXAMPLES / "mixed-sharing.yaml"))
+    code, d = plan_json(capsys, "-f", str(EXAMPLES / "sharing" / "mixed.yaml"))
     deps = {x["name"]: x for x in d["deployments"]}
     assert code == 0 and len(deps) == 14 and all(x["phase"] == "Admitted" for x in deps.values())
     per_gpu = Counter(placed_on(x) for x in deps.values())
@@ -73,7 +73,7 @@ def test_fourteen_mixed_deployments_share_two_h100s_and_an_l4(capsys):
 
 def test_the_text_plan_says_which_rule_granted_what(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
-    code = main(["plan", "-f", str(EXAMPLES / "six-small.yaml")])
+    code = main(["plan", "-f", str(EXAMPLES / "sharing" / "six-small.yaml")])
     out = capsys.readouterr().out
     assert code == 0 and out.count("KV grant: 4,096 tokens (maxNumSeqs 4 x maxModelLen 1024)") == 6
 
@@ -149,3 +149,17 @@ spec: {{model: {model}, maxModelLen: 8192}}
     assert code == 0 and x["phase"] == "Admitted"
     assert 8192 <= x["kv_cache"]["granted_tokens"] <= 4 * 8192
     assert x["kv_cache"]["granted_by"].endswith("default grant: 4 requests x maxModelLen 8192")
+
+
+def test_the_goldens_of_examples_without_kv_cache_hold_four_full_requests_by_hand():
+    """The two example specs without kvCache or maxNumSeqs, regenerated for issue 33, checked by hand:
+    dra-cluster's Qwen2.5-7B at 8192 on an H100: 4 x 512 + 1 blocks of 917,504 B = 1,879,965,696 B
+    (was the room: 61,021 blocks); lora-offload's Llama-3.1-70B at 8192, TP 1: 80 layers x 8 KV
+    heads x 256 x 2 B = 327,680 B per token, blocks of 5,242,880 B: 2049 x 5,242,880 = 10,742,661,120 B."""
+    golden = Path(__file__).resolve().parents[1] / "golden" / "estimate"
+    qwen = json.loads((golden / "dra-cluster-qwen-7b.json").read_text())
+    assert qwen["per_gpu"]["kv_cache_bytes"] == 2049 * 917_504 == 1_879_965_696
+    assert qwen["kv_cache"]["granted_tokens"] == 4 * 8192 and qwen["flags"]["max_model_len"] == 8192
+    llama = json.loads((golden / "lora-offload-llama-70b-offload.json").read_text())
+    assert llama["per_gpu"]["kv_cache_bytes"] == 2049 * 16 * 80 * 8 * 256 * 2 == 10_742_661_120
+    assert llama["kv_cache"]["granted_tokens"] == 4 * 8192
