@@ -163,3 +163,67 @@ def test_the_goldens_of_examples_without_kv_cache_hold_four_full_requests_by_han
     llama = json.loads((golden / "lora-offload-llama-70b-offload.json").read_text())
     assert llama["per_gpu"]["kv_cache_bytes"] == 2049 * 16 * 80 * 8 * 256 * 2 == 10_742_661_120
     assert llama["kv_cache"]["granted_tokens"] == 4 * 8192
+
+
+# --- fixes that name the cause -----------------------------------------------------------------
+
+
+def _room_status(sizing: memory.Sizing, node: str, index: int, granted_by: str | None):
+    """An admitted status as the operator wrote it, with the grant `sizing` holds."""
+    from vllmfit.core.spec import api
+
+    fp, f = sizing.footprint, sizing.flags
+    return api.VLLMDeploymentStatus(
+        phase="Admitted",
+        flags=api.Flags(max_model_len=f.max_model_len, max_num_seqs=f.max_num_seqs,
+                        gpu_memory_utilization=f.gpu_memory_utilization, kv_cache_memory_bytes=f.kv_cache_memory_bytes,
+                        max_num_batched_tokens=f.max_num_batched_tokens),
+        kv_cache=api.KvCacheStatus(bytes=fp.kv_cache, tokens=sizing.granted_tokens, granted_by=granted_by,
+                                   concurrency_at_max_model_len=round(sizing.max_concurrency, 2)),
+        memory=[api.GpuMemory(node=node, index=index, weights_bytes=fp.weights, kv_cache_bytes=fp.kv_cache,
+                              activation_bytes=fp.activation, overhead_bytes=fp.overhead, total_bytes=fp.total)])
+
+
+@pytest.mark.parametrize("granted_by", [None, "one request of maxModelLen 1024, grown into the room left (kvCache.grow)"])
+def test_a_refusal_names_the_neighbours_holding_room_beyond_their_caps_before_the_budget_policy(granted_by):
+    """Two 0.5B servers (maxNumSeqs 4, maxModelLen 1024) hold the whole of their H100s: admitted before
+    issue 33 (the room by default: status without grantedBy) or with kvCache.grow. They keep their
+    bookings (restored from status, never re-decided), so a third is refused; the first fix names
+    them and how much they hold beyond 4 x 1024 tokens (4 x 64 + 1 blocks of 196,608 B), checked by
+    placing the third with those bookings trimmed, before any budget-policy change."""
+    from placement_fakes import H100, QWEN_05B, node, request
+
+    from vllmfit.core import placement
+
+    h100 = catalog.gpu("NVIDIA-H100-80GB-HBM3")
+    grown = memory.size(QWEN_05B, memory.Settings(max_model_len=1024, max_num_seqs=4, kv_grow=True), h100,
+                        memory.DEFAULT_POLICY.budget(h100.cuda_total_bytes))
+    caps = 257 * 196_608
+    assert grown.footprint.kv_cache > 1000 * caps  # the room: about 67 GiB
+    admitted = {f"old/chat-{i}": placement.bookings_from_status(f"old/chat-{i}", _room_status(grown, "n", i, granted_by))
+                for i in range(2)}
+    for bookings in admitted.values():  # kv x (1 - 4 / concurrency), within one block of the hand figure
+        assert abs(bookings[0].kv_beyond - (grown.footprint.kv_cache - caps)) <= 196_608
+    new = request("new/chat", QWEN_05B, "z", maxModelLen=1024, maxNumSeqs=4)
+    p = placement.plan([node("n", H100, 2)], [new], admitted=admitted)
+    d = p.decisions["new/chat"]
+    assert d.phase == "Unschedulable"
+    first = d.suggestions[0]
+    beyond = memory.fmt_gib(admitted["old/chat-0"][0].kv_beyond)
+    assert first.startswith(f"neighbours on n GPU 0 hold KV cache beyond their maxNumSeqs x maxModelLen "
+                            f"(old/chat-0 {beyond})")
+    assert "Fits with: neighbours on n GPU 0" in d.message
+    assert not any(s.startswith("budget policy") for s in d.suggestions[:1])
+    assert p.ledger.bookings_of("old/chat-0") == admitted["old/chat-0"]  # the check left the ledger as it was
+
+
+def test_a_neighbour_within_its_caps_is_never_named():
+    """The new grants never exceed the caps, so a refusal among them names no neighbour."""
+    from placement_fakes import H100, QWEN_7B, node, request
+
+    from vllmfit.core import placement
+
+    reqs = [request(f"a{i}", QWEN_7B, str(i), maxModelLen=32768, maxNumSeqs=16) for i in range(4)]
+    p = placement.plan([node("n", H100, 1)], reqs)
+    refused = [d for d in p.decisions.values() if not d.admitted]
+    assert refused and not any("beyond their maxNumSeqs" in s for d in refused for s in d.suggestions)
