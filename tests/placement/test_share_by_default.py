@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllmfit.main import main
 from vllmfit.core import memory
+from vllmfit.main import main
 from vllmfit.sources import catalog
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
