@@ -227,3 +227,26 @@ def test_a_neighbour_within_its_caps_is_never_named():
     p = placement.plan([node("n", H100, 1)], reqs)
     refused = [d for d in p.decisions.values() if not d.admitted]
     assert refused and not any("beyond their maxNumSeqs" in s for d in refused for s in d.suggestions)
+
+
+def test_a_deployment_kept_from_its_status_shows_the_grant_its_status_names(capsys, monkeypatch, tmp_path):
+    """`vllmfit status` and `plan` keep an admitted deployment's bookings from status.memory; the
+    KV grant line comes from status.kvCache (tokens, grantedBy)."""
+    import yaml
+
+    monkeypatch.setenv("COLUMNS", "200")
+    docs = [d for d in yaml.safe_load_all((EXAMPLES / "sharing" / "six-small.yaml").read_text()) if d][:2]
+    dep = docs[1]
+    dep["status"] = {
+        "phase": "Admitted",
+        "flags": {"maxModelLen": 1024, "maxNumSeqs": 4, "gpuMemoryUtilization": 0.0422},
+        "kvCache": {"bytes": 50_528_256, "tokens": 4096, "grantedBy": "maxNumSeqs 4 x maxModelLen 1024",
+                    "concurrencyAtMaxModelLen": 4.0},
+        "memory": [{"node": "gpu-h100-s", "index": 0, "weightsBytes": 1 << 30, "kvCacheBytes": 50_528_256,
+                    "activationBytes": 1 << 30, "overheadBytes": 1 << 30, "totalBytes": (3 << 30) + 50_528_256}],
+    }
+    f = tmp_path / "kept.yaml"
+    f.write_text(yaml.safe_dump_all(docs))
+    assert main(["plan", "-f", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "(kept: from status)" in out and "KV grant: 4,096 tokens (maxNumSeqs 4 x maxModelLen 1024)" in out

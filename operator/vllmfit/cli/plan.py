@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -160,9 +161,20 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
         plan = placement.plan(nodes.values(), [], admitted=admitted, admitted_flags=flags, policy=policy)
         plan.requests.update({r.key: r for r in requests})
         plan.decisions.update(shown)
+    _show_grants(plan, deployments)
     plan.errors = sorted(plan.errors + errors)
     plan.warnings = sorted(set(plan.warnings) | set(notes) | set(objs.ignored))
     return plan
+
+
+def _show_grants(plan: placement.Plan, deployments: Mapping[str, VLLMDeployment]) -> None:
+    """A deployment kept from its status shows the KV grant the status names (status.kvCache)."""
+    for key, d in plan.decisions.items():
+        st = deployments[key].status if key in deployments else None
+        kv = st.kv_cache if st else None
+        if d.restored and d.replicas and kv is not None and kv.granted_by:
+            z = replace(d.replicas[0].sizing, granted_tokens=kv.tokens, grant=kv.granted_by)
+            plan.decisions[key] = replace(d, replicas=(replace(d.replicas[0], sizing=z), *d.replicas[1:]))
 
 
 def _dra_nodes(objs: Objects, nodes: dict[str, placement.NodeInfo],
