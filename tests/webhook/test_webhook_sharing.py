@@ -70,3 +70,34 @@ def test_the_clusters_default_grant_reaches_the_webhook(capsys):
     store.ledger.kv_grant = memory.KvGrant("room")
     got = asyncio.run(review_all(store, bodies[:1]))
     assert [t for *_, t in got.values()] == [1024 * 1024]
+
+
+def test_the_webhook_names_neighbours_holding_room_beyond_their_caps_first():
+    """Two 0.5B servers admitted before issue 33 hold the room of both H100s (their statuses, without
+    grantedBy, restored as the operator restores them): a third is denied, and the first fix of the
+    denial names the neighbour and how much it holds beyond maxNumSeqs x maxModelLen, before the
+    budget policy."""
+    from vllmfit.sources import catalog
+
+    nodes, deployments = documents("six-small.yaml")
+    store = FakeStore(nodes)
+    h100 = catalog.gpu("NVIDIA-H100-80GB-HBM3")
+    model = catalog.model("Qwen/Qwen2.5-0.5B-Instruct")
+    grown = memory.size(model, memory.Settings(max_model_len=1024, max_num_seqs=4, kv_grow=True), h100,
+                        memory.DEFAULT_POLICY.budget(h100.cuda_total_bytes))
+    fp, f = grown.footprint, grown.flags
+    for i in range(2):
+        st = api.VLLMDeploymentStatus.model_validate({
+            "phase": "Admitted",
+            "flags": {"maxModelLen": 1024, "maxNumSeqs": 4, "gpuMemoryUtilization": f.gpu_memory_utilization},
+            "kvCache": {"bytes": fp.kv_cache, "tokens": grown.granted_tokens,
+                        "concurrencyAtMaxModelLen": round(grown.max_concurrency, 2)},
+            "memory": [{"node": "gpu-h100-s", "index": i, "weightsBytes": fp.weights, "kvCacheBytes": fp.kv_cache,
+                        "activationBytes": fp.activation, "overheadBytes": fp.overhead, "totalBytes": fp.total}]})
+        store.ledger.restore(f"old/chat-{i}", placement.bookings_from_status(f"old/chat-{i}", st))
+    v = asyncio.run(webhook.review(store, deployments[0], None, "CREATE", False))
+    assert not v.allowed
+    fixes = v.message.split("Fits with: ", 1)[1]
+    assert fixes.startswith("neighbours on gpu-h100-s GPU 0 hold KV cache beyond their maxNumSeqs x maxModelLen "
+                            "(old/chat-0 67.4 GiB)")
+    assert fixes.index("neighbours on") < fixes.index("budget policy")
