@@ -72,11 +72,6 @@ class KvGrant:
             return f"default KV grant requests {self.requests} must be in [1, {limits.MAX_KV_GRANT_REQUESTS}]"
         return None
 
-    @property
-    def text(self) -> str:
-        """'requests (4 full-length requests)' / 'room': for output and messages."""
-        return f"requests ({self.requests} full-length requests)" if self.rule == "requests" else self.rule
-
 
 DEFAULT_KV_GRANT = KvGrant()
 
