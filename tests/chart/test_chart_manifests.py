@@ -661,6 +661,13 @@ def test_crd_file_has_one_document():
     assert len(docs) == 1 and copy.deepcopy(docs[0])["kind"] == "CustomResourceDefinition"
 
 
+def test_the_default_kv_grant_reaches_the_operator(render):
+    """values.kvCache is the cluster's default KV grant (issue 33): passed as operator flags."""
+    docs = render("default", "--set", "kvCache.defaultGrant=room", "--set", "kvCache.defaultRequests=8")
+    c = _container(docs, "Deployment", OPERATOR, "operator")
+    assert "--default-kv-grant=room" in c["args"] and "--default-kv-requests=8" in c["args"]
+
+
 def test_the_budget_policy_reaches_the_operator(render):
     """values.budget is the cluster-wide budget policy: passed as operator flags."""
     # helm --set types only integers (0.95 would be a string): --set-json, or a values file
