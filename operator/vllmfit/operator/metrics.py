@@ -149,7 +149,7 @@ class StoreCollector(Collector):
             if u is not None:
                 observed.add_metric(labels, u.used_bytes)
             for b in ledger.bookings_on(slot.node, slot.index):
-                pred.add_metric([*_split(b.deployment), str(b.replica), b.node, gpu], b.footprint.total)
+                pred.add_metric([*_split(b.deployment), str(b.replica), b.node, gpu], b.footprint.predicted)
         for node, att in sorted(store.attributions.items()):
             for deployment, by_unit in sorted(att.by_deployment.items()):
                 for unit, n in sorted(by_unit.items()):

@@ -65,13 +65,13 @@ def attribute(store: Store, node: str, body: Mapping[str, Any], t: str) -> None:
             if unit is None or not unit.attributable or b.index not in att.by_deployment.get(key, {}):
                 continue  # nothing measured for it there (not running yet, or processes not listed)
             seen = att.observed(key, b.index)
-            drift, bad = attribution.drift(b.footprint.total, seen)
+            drift, bad = attribution.drift(b.footprint.predicted, seen)
             entries.append(api.ObservedMemory(node=node, index=b.index, used_bytes=seen,
-                                              predicted_bytes=b.footprint.total, drift_bytes=drift,
+                                              predicted_bytes=b.footprint.predicted, drift_bytes=drift,
                                               sampled_at=att.sampled_at))
             if bad:
                 warn.append(f"{node} GPU {b.index}: uses {memory.fmt_gib(seen)}, predicted "
-                            f"{memory.fmt_gib(b.footprint.total)}")
+                            f"{memory.fmt_gib(b.footprint.predicted)}")
         rec.observed = [o for o in rec.observed if o.node != node] + entries
         if entries or warn:
             rec.conditions = report.set_condition(
