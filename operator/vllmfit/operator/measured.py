@@ -42,7 +42,8 @@ def in_use(store: Store, node: str) -> dict[tuple[str, int, int], int]:
     return out
 
 
-def gate(store: Store, key: str, replica: int, now: datetime | None = None) -> observed.Gate:
+def gate(store: Store, key: str, replica: int, made_for: str | None = None,
+         now: datetime | None = None) -> observed.Gate:
     """The start gate of one replica on the measured room of its node (observed.start_gate)."""
     mine = store.ledger.bookings_of(key, replica)
     node = mine[0].node if mine else ""
@@ -55,4 +56,4 @@ def gate(store: Store, key: str, replica: int, now: datetime | None = None) -> o
         except ValueError:
             age = None
     return observed.start_gate(store.ledger, key, replica, free, age, lambda k, r: started(store, k, r),
-                               in_use(store, node))
+                               in_use(store, node), made_for=made_for)

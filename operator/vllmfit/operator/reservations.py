@@ -283,7 +283,9 @@ def track(store: Store, pod: Mapping[str, Any], deleted: bool) -> None:
             "schedulingGates") or []])
         labels = meta.get("labels") or {}
         try:
-            store.gate_of[key] = (f"{key[0]}/{labels[builders.LABEL_DEPLOYMENT]}", int(labels[builders.LABEL_REPLICA]))
+            where = str(((pod.get("metadata") or {}).get("annotations") or {}).get(builders.ANNOTATION_PLACEMENT, ""))
+            store.gate_of[key] = (f"{key[0]}/{labels[builders.LABEL_DEPLOYMENT]}", int(labels[builders.LABEL_REPLICA]),
+                                  where or None)
         except (KeyError, ValueError):
             store.gate_of.pop(key, None)
 
@@ -297,7 +299,7 @@ def openable(store: Store) -> list[tuple[str, str, list[dict[str, Any]]]]:
             continue
         owner = store.gate_of.get((ns, name))
         if owner is not None:  # the start gate on measured room (issue 34)
-            verdict = measured.gate(store, *owner)
+            verdict = measured.gate(store, owner[0], owner[1], made_for=owner[2])
             start_condition(store, owner[0], name, verdict)
             if not verdict.open:
                 store.gate_holds[(ns, name)] = verdict.reason

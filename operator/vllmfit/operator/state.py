@@ -103,7 +103,7 @@ class Store:
         # the closed loop (issue 34; handlers.nodes, reservations, vllmfit.core.placement.observed)
         self.footprints: dict[tuple[str, int, str, int], tuple[str, int]] = {}  # replica, GPU -> (sampledAt, bytes)
         self.replica_usage: dict[str, Any] = {}  # node -> Attribution keyed "namespace/name#replica"
-        self.gate_of: dict[tuple[str, str], tuple[str, int]] = {}  # gated pod -> (deployment, replica)
+        self.gate_of: dict[tuple[str, str], tuple[str, int, str | None]] = {}  # gated pod -> deployment, replica, "node:i"
         self.gate_holds: dict[tuple[str, str], str] = {}  # gated pod -> why the start gate holds it
         self.started: set[tuple[str, int]] = set()  # (deployment, replica) whose footprint was seen stable
         self.learned: list[memory.learned.Record] = []  # read from the operator's ConfigMap (operator.learning)

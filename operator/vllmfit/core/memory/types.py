@@ -45,7 +45,7 @@ class Settings:
     lora_dtype: str = "auto"
     cpu_offload_bytes: int = 0  # spec.cpuOffload: weight bytes per GPU kept in CPU memory (--cpu-offload-gb)
     # issue 34: learned records of this model (memory.learned): config key -> (predicted, observed, source)
-    learned: tuple[tuple[str, int, int, str], ...] = field(default=(), compare=False, repr=False)
+    learned: tuple[tuple[str, int, int, str], ...] = field(default=(), repr=False)  # compared: sizings are cached
 
     @property
     def gpus(self) -> int:

@@ -167,16 +167,22 @@ def start_gate(
     started: Callable[[str, int], bool],
     in_use: Mapping[tuple[str, int, int], int] | None = None,
     max_age_s: float = defaults.START_GATE_MAX_AGE_SECONDS,
+    made_for: str | None = None,
 ) -> Gate:
     """Whether replica `replica` of `key` may start (module docstring).
 
     `free`: GPU index -> free bytes (total - used) in the agent's latest inventory of the
     replica's node, None when the node has no inventory; `age_s`: its age (None: unreadable);
-    `started(key, replica)`; `in_use`: (key, replica, GPU index) -> bytes its processes hold now."""
+    `started(key, replica)`; `in_use`: (key, replica, GPU index) -> bytes its processes hold now;
+    `made_for`: the "node:i,j" the pod was made for (a pod of a replica booked elsewhere since
+    is never released: its Deployment's new pods are)."""
     mine = sorted(ledger.bookings_of(key, replica), key=lambda b: b.index)
     if not mine:
         return Gate(False, f"held: {key} replica {replica} is not booked")
     node, held = mine[0].node, in_use or {}
+    where = f"{node}:{','.join(str(b.index) for b in mine)}"
+    if made_for is not None and made_for != where:
+        return Gate(False, f"held: this pod was made for {made_for}; the replica is booked on {where} now")
     if free is None:
         return Gate(True, f"node {node} publishes no agent inventory: released on its reservation alone")
     if age_s is None or age_s > max_age_s:

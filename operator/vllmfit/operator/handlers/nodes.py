@@ -17,7 +17,7 @@ from vllmfit.core.placement import observed
 from vllmfit.core.spec import api
 from vllmfit.operator import bounded, builders, learning, metrics, report, reservations
 from vllmfit.operator.handlers.common import Effects, now
-from vllmfit.operator.handlers.decide import apply_decision, resolve_requests_on, update_node
+from vllmfit.operator.handlers.decide import apply_decision, resolve_requests_on, retry_waiting, update_node
 from vllmfit.operator.handlers.writes import finish
 from vllmfit.operator.measured import in_use, replica_pods, started
 from vllmfit.operator.state import Store, get_store
@@ -195,6 +195,8 @@ async def close_loop(store: Store, node: str, fx: Effects, t: str) -> None:
                     f"{memory.fmt_gib(g.after)}")
             fx.events.append((rec.body, "Warning", "BookingGrew", text))
     await over_budget(store, node, over, fx, t)
+    if any(g.after < g.before for g in change.grown):
+        await retry_waiting(store, fx)  # a booking came back down: room for what waits
 
 
 def teach(store: Store, node: str, measured: list[observed.Measured]) -> None:
@@ -220,13 +222,27 @@ def teach(store: Store, node: str, measured: list[observed.Measured]) -> None:
 
 
 async def over_budget(store: Store, node: str, over: list[tuple[str, int]], fx: Effects, t: str) -> None:
-    """Condition and Event naming who holds what on each GPU of `node` over budget; cleared when
-    back within budget. Deployments booked there that have not started anywhere are decided again
-    (they go elsewhere when they fit elsewhere; else they stay, behind the start gate)."""
+    """Deployments booked on a GPU of `node` over budget that have not started anywhere are decided
+    again (they go elsewhere when they fit elsewhere; else they stay, behind the start gate); then
+    a condition and an Event naming who holds what on each GPU still over budget, cleared once
+    back within budget."""
     slots = {(s.node, s.index) for s in store.ledger.slots() if s.node == node}
     bad = {k for k in slots if store.ledger.headroom_bytes(*k) < 0} | set(over)
+    for key in sorted({b.deployment for k in sorted(bad) for b in store.ledger.bookings_on(*k)}):
+        rec = store.records.get(key)
+        if rec is None or not rec.admitted or any(started(store, key, p.replica) for p in rec.placement):
+            continue
+        req = rec.request or rec.admitted_request
+        if req is None:
+            continue
+        old_bookings = store.ledger.release(key)
+        d = await bounded.decide(store.ledger, req)
+        if d.admitted and not {(b.node, b.index) for b in d.bookings()} & bad:
+            apply_decision(store, rec, req, d, fx, cause=f"{node}: a GPU it was booked on is over budget (measured)")
+        else:
+            store.ledger.restore(key, old_bookings)  # nowhere better: it waits behind the start gate
     texts: dict[str, list[str]] = {}
-    for k in sorted(bad):
+    for k in sorted(k for k in slots if store.ledger.headroom_bytes(*k) < 0):
         line = observed.holders(store.ledger, *k)
         for b in store.ledger.bookings_on(*k):
             texts.setdefault(b.deployment, []).append(line)
@@ -239,21 +255,7 @@ async def over_budget(store: Store, node: str, over: list[tuple[str, int]], fx: 
                                                       message, t, rec.generation)
                 fx.events.append((rec.body, "Warning", "GpuOverBudget", message))
                 fx.mark.add(key)
-        elif old is not None and old.status == "True" and any(p.node == node for p in rec.placement):
+        elif old is not None and old.status == "True":
             rec.conditions = report.set_condition(rec.conditions, OVER_BUDGET, "False", "WithinBudget",
                                                   "every GPU it is booked on is within its budget", t, rec.generation)
             fx.mark.add(key)
-    for key in sorted(texts):
-        rec = store.records.get(key)
-        if rec is None or not rec.admitted or any(started(store, key, p.replica) for p in rec.placement):
-            continue
-        req = rec.request or rec.admitted_request
-        if req is None:
-            continue
-        old_bookings = store.ledger.release(key)
-        d = await bounded.decide(store.ledger, req)
-        where = {(b.node, b.index) for b in d.bookings()}
-        if d.admitted and not where & bad:
-            apply_decision(store, rec, req, d, fx, cause=f"{node}: a GPU it was booked on is over budget (measured)")
-        else:
-            store.ledger.restore(key, old_bookings)  # nowhere better: it waits behind the start gate
