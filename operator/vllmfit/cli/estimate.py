@@ -11,6 +11,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from vllmfit.cli import calibration
 from vllmfit.cli.inputs import read_input
 from vllmfit.core import defaults, limits, memory
 from vllmfit.core.errors import UserError
@@ -65,7 +66,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="refuse a model whose config has layer types vllmfit does not model (exit 2)")
     p.add_argument("--policy", default="vllm", choices=["vllm", "adr"], help="memory model (default: %(default)s)")
     p.add_argument("--output", "-o", default="table", choices=["table", "json"])
-    add_calibration_arg(p)
+    calibration.add_argument(p)
     p.set_defaults(func=run_estimate)
 
     ls = sub.add_parser("models", help="List the catalog's models")
@@ -85,37 +86,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 # --- inputs ------------------------------------------------------------------------------------
-
-
-def add_calibration_arg(p: argparse.ArgumentParser) -> None:
-    """--calibration FILE (estimate and plan): the operator's learned records (issue 34)."""
-    p.add_argument("--calibration", metavar="FILE",
-                   help="learned records: the operator's vllmfit-calibration ConfigMap (kubectl get -o yaml), "
-                        "its records.json, or a YAML list of records; a configuration that used more than "
-                        "predicted at its first start is booked with what it used")
-
-
-def read_calibration(path: str) -> list[memory.learned.Record]:
-    """The records of a --calibration FILE (one line and exit 2 on anything unusable)."""
-    import yaml
-
-    from vllmfit.cli import documents
-
-    def parse(text: str, where: str) -> Any:
-        if documents.nesting(text) > limits.MAX_NESTING:
-            raise UserError(f"{where}: nested deeper than {limits.MAX_NESTING} levels")
-        try:
-            return documents.load_yaml(text)
-        except yaml.YAMLError as e:
-            raise UserError(f"{where}: not YAML: {str(e).splitlines()[0]}") from None
-
-    data = parse(read_input(path), f"--calibration {path}")
-    if isinstance(data, dict) and data.get("kind") == "ConfigMap":
-        text = (data.get("data") or {}).get(defaults.CALIBRATION_KEY)
-        if not isinstance(text, str):
-            raise UserError(f"--calibration {path}: the ConfigMap has no data key {defaults.CALIBRATION_KEY}")
-        data = parse(text, f"--calibration {path}: data {defaults.CALIBRATION_KEY}")
-    return memory.learned.records_from_data(data)
 
 
 def add_budget_args(p: argparse.ArgumentParser) -> None:
@@ -328,7 +298,7 @@ def _run_estimate(args: argparse.Namespace) -> int:
     gpu = resolve_gpu(args)
     s = settings_from_args(args)
     if args.calibration:
-        s = replace(s, learned=memory.learned.for_model(read_calibration(args.calibration), model.name))
+        s = replace(s, learned=memory.learned.for_model(calibration.read(args.calibration), model.name))
     policy = budget_from_args(args)
     errors = memory.validate(model, s)
     bad = policy.error(gpu.cuda_total_bytes)

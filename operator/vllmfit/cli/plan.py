@@ -223,9 +223,10 @@ def emit(plan: placement.Plan, output: str, out_file: str | None, title: str) ->
 
 def run_plan(args: argparse.Namespace) -> int:
     objs = read_objects(read_files(args.filename))
-    from vllmfit.cli.estimate import budget_from_args, read_calibration
+    from vllmfit.cli import calibration
+    from vllmfit.cli.estimate import budget_from_args
 
-    learned = read_calibration(args.calibration) if args.calibration else []
+    learned = calibration.read(args.calibration) if args.calibration else []
     plan = build_plan(objs, policy=args.policy, budget=budget_from_args(args), learned=learned)
     if not plan.ledger.nodes and not plan.decisions:
         detail = f": {plan.errors[0]}" if plan.errors else ""
@@ -266,10 +267,11 @@ def add_parser(subparsers: Any) -> None:
         default="vllm",
         help="memory model: vllm (what vLLM does, default) or adr (ADR-0002 formulas)",
     )
-    from vllmfit.cli.estimate import add_budget_args, add_calibration_arg
+    from vllmfit.cli import calibration
+    from vllmfit.cli.estimate import add_budget_args
 
     add_budget_args(p)  # the cluster-wide budget policy; node labels still override it per node pool
-    add_calibration_arg(p)
+    calibration.add_argument(p)
     p.set_defaults(func=run_plan)
 
 
