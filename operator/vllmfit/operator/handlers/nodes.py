@@ -215,10 +215,10 @@ def teach(store: Store, node: str, measured: list[observed.Measured]) -> None:
         predicted = fp.predicted - fp.learned  # the memory model's own figure, not an earlier correction
         new = memory.learned.record(req.model.name, slot.gpu.product, s, predicted, m.used_bytes,
                                     f"{m.deployment} replica {m.replica} on {node} GPU {m.index}")
-        old = next((r for r in store.learned if r.key == new.key), None)
         merged = memory.learned.learn(store.learned, new)
-        if old is None or merged != store.learned:
-            store.learned, store.learned_dirty = merged, store.learned_dirty or merged != store.learned
+        if merged != store.learned:
+            store.learned = merged
+            store.learned_dirty = True  # written by learning.save after the handler's writes
 
 
 async def over_budget(store: Store, node: str, over: list[tuple[str, int]], fx: Effects, t: str) -> None:
