@@ -98,11 +98,15 @@ async def test_a_replica_using_2_gib_more_grows_its_booking_and_a_newcomer_that_
     # (a footprint is its non-KV part + the KV request, rounded up to u's 4 decimals: < 8 MiB)
     non_kv = predicted - 20 * GIB
     b_kv = headroom - non_kv - GIB
+    await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0"), what="a's Deployment")
+    template = cluster.get(DEPLOYMENTS, "a-0")["spec"]["template"]
     uid = await pod(cluster, "a", ready=True)
     await agent(cluster, "gpu-a", 1, {0: [(uid, predicted + over)]})
     # within one agent interval (the first inventory after a Ready pod): booked observed + margin
     want = predicted + over + MARGIN
     await cluster.until(lambda: mem(cluster, "a")["totalBytes"] == want, what="a's booking to grow")
+    await get_store().flush()
+    assert cluster.get(DEPLOYMENTS, "a-0")["spec"]["template"] == template  # the measured vLLM is not restarted
     assert mem(cluster, "a")["observedExcessBytes"] == over + MARGIN
     assert get_store().ledger.headroom_bytes("gpu-a", 0) == headroom - over - MARGIN
     await cluster.create(vd("b", QWEN7, kvCache=kv(b_kv), **FIXED))
