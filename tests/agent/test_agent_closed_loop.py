@@ -7,7 +7,19 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from agent_fakes import CID_A, CID_B, GIB, H100_TOTAL, MIB, POD_A, POD_B, FakeGpu, FakeNVML, FakeProc, write_proc
+from agent_fakes import (
+    CID_A,
+    CID_B,
+    GIB,
+    H100_TOTAL,
+    MIB,
+    POD_A,
+    POD_B,
+    FakeGpu,
+    FakeNVML,
+    FakeProc,
+    write_proc,
+)
 
 from vllmfit.agent import nvml as agent_nvml
 from vllmfit.agent import publish

@@ -289,3 +289,35 @@ async def test_the_second_deployment_of_a_configuration_that_over_ran_is_booked_
                         "--calibration", str(path), "-o", "json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["per_gpu"]["total_bytes"] == observed and out["per_gpu"]["learned_bytes"] == 2 * GIB
+
+
+async def test_a_restart_keeps_the_measured_booking_and_reads_the_learned_records_back(km: Any,
+                                                                                      cluster: Cluster) -> None:
+    op = Operator(km)
+    await op.start()
+    try:
+        await cluster.create(node("gpu-a", gpus=1, annotations=inventory(1)))
+        await cluster.create(vd("first", QWEN7, **FIXED))
+        await cluster.phase("first", "Admitted")
+        predicted = mem(cluster, "first")["totalBytes"]
+        uid = await pod(cluster, "first", ready=True)
+        await agent(cluster, "gpu-a", 1, {0: [(uid, predicted + 2 * GIB)]})
+        await cluster.until(lambda: mem(cluster, "first")["totalBytes"] == predicted + 2 * GIB + MARGIN)
+        await cluster.until(lambda: any(o["metadata"]["name"] == defaults.CALIBRATION_CONFIGMAP
+                                        for o in cluster.objects("v1/configmaps")), what="the ConfigMap")
+        learned = list(get_store().learned)
+    finally:
+        await op.stop()
+    await cluster.reconnect()
+    await op.start()
+    try:
+        st = get_store()
+        assert st.learned == learned  # read back from the operator's own ConfigMap at start-up
+        [b] = st.ledger.bookings_of("default/first")
+        assert (b.footprint.total, b.footprint.observed_excess) == (predicted + 2 * GIB + MARGIN, 2 * GIB + MARGIN)
+        await cluster.create(vd("second", QWEN7, **FIXED))
+        await cluster.phase("second", "Admitted")
+        assert (mem(cluster, "second")["totalBytes"], mem(cluster, "second")["learnedBytes"]) == (
+            predicted + 2 * GIB, 2 * GIB)
+    finally:
+        await op.stop()
