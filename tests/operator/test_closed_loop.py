@@ -151,9 +151,8 @@ async def test_without_readiness_two_stable_samples_start_the_replica_one_interv
     assert mem(cluster, "a").get("observedExcessBytes") is None
 
 
-async def shared(cluster: Cluster, at: str) -> tuple[str, str]:
-    """a and b admitted on gpu-a GPU 1 of two (shared: reservation + gate), the reservation held;
-    returns the pods of a-0 and b-0 (gated)."""
+async def shared_on_gpu_1(cluster: Cluster, at: str) -> None:
+    """a and b admitted on gpu-a GPU 1 of two (shared: reservation + gate), their Deployments written."""
     await cluster.create(node("gpu-a", gpus=2, annotations=inventory(2, at=at)))
     pin = {"nodeName": "gpu-a", "gpuIndices": [1]}
     await cluster.create(vd("a", QWEN7, maxModelLen=8192, placement=pin))
@@ -161,6 +160,11 @@ async def shared(cluster: Cluster, at: str) -> tuple[str, str]:
     await cluster.phase("a", "Admitted")
     await cluster.phase("b", "Admitted")
     await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0") and cluster.get(DEPLOYMENTS, "b-0"))
+
+
+async def shared(cluster: Cluster, at: str) -> tuple[str, str]:
+    """shared_on_gpu_1, and the pods of a-0 and b-0, both behind the gate."""
+    await shared_on_gpu_1(cluster, at)
     pod_a, pod_b = await replica_pod(cluster, "a-0"), await replica_pod(cluster, "b-0")
     await cluster.until(lambda: {("default", pod_a), ("default", pod_b)} <= set(get_store().gate_of),
                         what="both pods behind the gate")
@@ -189,13 +193,7 @@ async def test_nothing_starts_on_a_gpu_whose_measured_free_memory_is_below_its_f
     """a starts first and, still loading (not Ready, not stable), already holds far more than its
     booking: the ledger cannot know yet, the agent does. b's pod, made now, is held by the start
     gate until the agent shows room for it."""
-    await cluster.create(node("gpu-a", gpus=2, annotations=inventory(2)))
-    pin = {"nodeName": "gpu-a", "gpuIndices": [1]}
-    await cluster.create(vd("a", QWEN7, maxModelLen=8192, placement=pin))
-    await cluster.create(vd("b", QWEN7, maxModelLen=8192, placement=pin))
-    await cluster.phase("a", "Admitted")
-    await cluster.phase("b", "Admitted")
-    await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0") and cluster.get(DEPLOYMENTS, "b-0"))
+    await shared_on_gpu_1(cluster, stamp())
     pod_a = await replica_pod(cluster, "a-0")
     assert await DevicePlugin(cluster, {"gpu-a": U[:2]}, order={"gpu-a": [1, 0]}).serve() == [U[1]]
     await cluster.until(lambda: not gates(cluster, pod_a), what="a released: the GPU is empty")
