@@ -233,7 +233,8 @@ async def test_a_real_prometheus_scrapes_the_operator_and_answers_every_dashboar
                 pytest.fail("Prometheus never scraped the operator: " + (tmp_path / "prometheus.log").read_text()[-2000:])
             await asyncio.sleep(0.25)
         booked = {s["metric"]["gpu"]: float(s["value"][1]) for s in r["data"]["result"]}
-        assert booked == {str(got["index"]): got["predicted"], str(1 - got["index"]): 0}
+        # measured above its prediction once Ready: booked at observed + margin (issue 34)
+        assert booked == {str(got["index"]): got["observed"] + defaults.OBSERVED_MARGIN_BYTES, str(1 - got["index"]): 0}
         up = await asyncio.to_thread(query, base, 'up{job="vllmfit"}')
         assert [s["value"][1] for s in up["data"]["result"]] == ["1"]
         for q in dashboard_queries():
