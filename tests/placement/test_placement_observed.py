@@ -190,3 +190,14 @@ def test_a_start_that_used_less_never_unteaches_an_over_run_and_records_round_tr
 def test_bad_records_are_one_line(data: object, message: str) -> None:
     with pytest.raises(UserError, match=message):
         learned.records_from_data(data)
+
+
+def test_floor_puts_one_nodes_bookings_back_to_their_prediction_and_change_restores_them() -> None:
+    lg = ledger(("a", 0, 0, 20 * GIB))
+    observed.apply(lg, observed.change(lg, [observed.Measured("a", 0, "n", 0, 30 * GIB, True)]))
+    assert lg.used_bytes("n", 0) == 30 * GIB + MARGIN
+    assert set(observed.floor(lg, "other").bookings) == set()
+    observed.apply(lg, observed.floor(lg, "n"))
+    assert lg.used_bytes("n", 0) == 20 * GIB and lg.bookings_of("a")[0].footprint.observed_excess == 0
+    observed.apply(lg, observed.change(lg, [observed.Measured("a", 0, "n", 0, 30 * GIB, True)]))
+    assert lg.used_bytes("n", 0) == 30 * GIB + MARGIN

@@ -121,6 +121,18 @@ def change(ledger: Ledger, measured: Iterable[Measured], margin: int = defaults.
     return Change(out, tuple(grown))
 
 
+def floor(ledger: Ledger, node: str) -> Change:
+    """Every booking on `node` back to its prediction (the view a re-plan for a change of the node
+    itself decides on: a measurement never moves a started replica; `change` puts it back)."""
+    out: dict[str, tuple[Booking, ...]] = {}
+    for key in ledger.deployments():
+        bs = ledger.bookings_of(key)
+        if any(b.node == node and b.footprint.observed_excess for b in bs):
+            out[key] = tuple(replace(b, footprint=replace(b.footprint, observed_excess=0)) if b.node == node else b
+                             for b in bs)
+    return Change(out)
+
+
 def apply(ledger: Ledger, ch: Change) -> list[GpuKey]:
     """THE change the agent's measurements make to the ledger: each changed deployment's bookings
     replaced (unchecked: what is really held is booked even when it over-runs the budget).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -105,10 +106,17 @@ async def on_node(type: str | None, body: kopf.Body, **_: Any) -> None:
             store.node_infos[name] = info
             store.refused.discard(name)
             info = store.effective_node(name, info)
+        # a re-plan for a change of the node itself (capacity, foreign use) decides on the
+        # predictions: a measurement never moves a started replica (docs/operator.md); the
+        # measured bookings are put back right after, from this inventory
+        held = {(b.deployment, b.replica, b.index): b.footprint.observed_excess
+                for k in store.ledger.deployments() for b in store.ledger.bookings_of(k) if b.node == name}
+        observed.apply(store.ledger, observed.floor(store.ledger, name))
         await update_node(store, name, info, fx, "was removed" if type == "DELETED" else "no longer reports GPUs")
         if info is not None:
             attribute(store, name, body, t)
-            await close_loop(store, name, fx, t)
+            shrank = close_loop(store, name, fx, held)
+            await after_measuring(store, name, shrank, fx, t)
         node_data_condition(store, name, None, fx, t)
     await finish(store, fx, strict=False)
     await learning.save(store)
@@ -162,41 +170,74 @@ OVER_BUDGET = "OverBudget"
 """Condition on the deployments booked on a GPU whose measured bookings exceed its budget."""
 
 
-async def close_loop(store: Store, node: str, fx: Effects, t: str) -> None:
+def close_loop(store: Store, node: str, fx: Effects, held: dict[tuple[str, int, int], int]) -> bool:
     """The node's latest inventory, per replica: footprints seen stable start their replica and
     teach a learned record; started replicas' bookings become max(prediction, observed + margin)
-    (observed.apply, the one change to the ledger); a GPU over budget says who holds what and its
-    deployments that have not started move elsewhere when they can. Hold the lock."""
+    (observed.apply, the one change the measurements make to the ledger); what this inventory does
+    not measure again keeps the excess it had (`held`: (deployment, replica, GPU) -> the measured
+    excess booked before). Returns whether a measured booking came back down. Hold the lock."""
     att = store.replica_usage.get(node)
-    if att is None:
-        return
     measured = []
-    for (key, replica, index), n in sorted(in_use(store, node).items()):
-        if not att.units[index].attributable:
-            continue
-        sample = (att.sampled_at, n)
-        prev = store.footprints.get((key, replica, node, index))
-        store.footprints[(key, replica, node, index)] = sample
-        if observed.stable(prev, sample):
-            store.started.add((key, replica))
-        measured.append(observed.Measured(key, replica, node, index, n, started(store, key, replica)))
-    teach(store, node, measured)
+    if att is not None:
+        forget(store)
+        for (key, replica, index), n in sorted(in_use(store, node).items()):
+            if not att.units[index].attributable:
+                continue
+            sample = (att.sampled_at, n)
+            prev = store.footprints.get((key, replica, node, index))
+            store.footprints[(key, replica, node, index)] = sample
+            if observed.stable(prev, sample):
+                store.started.add((key, replica))
+            measured.append(observed.Measured(key, replica, node, index, n, started(store, key, replica)))
+        teach(store, node, measured)
+    seen = {(m.deployment, m.replica, m.index) for m in measured if m.started}
+    observed.apply(store.ledger, restore_held(store, node, {k: v for k, v in held.items() if k not in seen}))
     change = observed.change(store.ledger, measured)
     before = {k: builders.gpus_of(store.ledger, k) for k in change.bookings}
-    over = observed.apply(store.ledger, change)  # THE change the agent's measurements make to the ledger
+    observed.apply(store.ledger, change)  # THE change the agent's measurements make to the ledger
+    shrank = False
     for g in change.grown:
+        was = g.predicted + held.get((g.deployment, g.replica, g.index), 0)
         rec = store.records.get(g.deployment)
-        if rec is None:
+        if rec is None or g.after == was:
             continue
+        shrank = shrank or g.after < was
         fx.mark.update({g.deployment} | builders.neighbours(store.ledger, before.get(g.deployment, set())))
-        if g.after > g.before:
+        if g.after > was:
             text = (f"{g.node} GPU {g.index} replica {g.replica}: measured {memory.fmt_gib(g.observed)}, "
-                    f"predicted {memory.fmt_gib(g.predicted)}; booked {memory.fmt_gib(g.before)} -> "
+                    f"predicted {memory.fmt_gib(g.predicted)}; booked {memory.fmt_gib(was)} -> "
                     f"{memory.fmt_gib(g.after)}")
             fx.events.append((rec.body, "Warning", "BookingGrew", text))
-    await over_budget(store, node, over, fx, t)
-    if any(g.after < g.before for g in change.grown):
+    return shrank
+
+
+async def after_measuring(store: Store, node: str, shrank: bool, fx: Effects, t: str) -> None:
+    """Over budget (conditions, Events, re-placing what has not started), and room for waiting
+    specs when a measured booking came back down. Hold the lock."""
+    await over_budget(store, node, fx, t)
+    if shrank:
         await retry_waiting(store, fx)  # a booking came back down: room for what waits
+
+
+def restore_held(store: Store, node: str, held: dict[tuple[str, int, int], int]) -> observed.Change:
+    """The measured excess of bookings on `node` that this inventory does not measure again, as
+    it was (still booked where the re-plan left them)."""
+    out = {}
+    for key in sorted({k[0] for k, v in held.items() if v}):
+        bs = store.ledger.bookings_of(key)
+        new = tuple(replace(b, footprint=replace(b.footprint, observed_excess=held.get(
+            (key, b.replica, b.index), b.footprint.observed_excess))) if b.node == node else b for b in bs)
+        if new != tuple(bs):
+            out[key] = new
+    return observed.Change(out)
+
+
+def forget(store: Store) -> None:
+    """Drop the samples and starts of replicas that are no longer booked."""
+    live = {(k, b.replica) for k in store.ledger.deployments() for b in store.ledger.bookings_of(k)}
+    store.started &= live
+    for k in [k for k in store.footprints if (k[0], k[1]) not in live]:
+        del store.footprints[k]
 
 
 def teach(store: Store, node: str, measured: list[observed.Measured]) -> None:
@@ -221,13 +262,13 @@ def teach(store: Store, node: str, measured: list[observed.Measured]) -> None:
             store.learned_dirty = True  # written by learning.save after the handler's writes
 
 
-async def over_budget(store: Store, node: str, over: list[tuple[str, int]], fx: Effects, t: str) -> None:
+async def over_budget(store: Store, node: str, fx: Effects, t: str) -> None:
     """Deployments booked on a GPU of `node` over budget that have not started anywhere are decided
     again (they go elsewhere when they fit elsewhere; else they stay, behind the start gate); then
     a condition and an Event naming who holds what on each GPU still over budget, cleared once
     back within budget."""
     slots = {(s.node, s.index) for s in store.ledger.slots() if s.node == node}
-    bad = {k for k in slots if store.ledger.headroom_bytes(*k) < 0} | set(over)
+    bad = {k for k in slots if store.ledger.headroom_bytes(*k) < 0}
     for key in sorted({b.deployment for k in sorted(bad) for b in store.ledger.bookings_on(*k)}):
         rec = store.records.get(key)
         if rec is None or not rec.admitted or any(started(store, key, p.replica) for p in rec.placement):
