@@ -30,7 +30,10 @@ releases on its reservation alone, said in the reason (an explicit, visible fail
 runs the agent on every GPU node).
 
 `change` computes what the measurements change, as data; `apply` is the one function that changes
-the ledger for them (the operator calls it once, under the store's lock).
+the ledger for them. The operator calls it in one critical section of its node handler: `floor`
+(the node's bookings back to their predictions) before a re-plan for a change of the node itself,
+so that a measurement never moves a started replica, then `change` from the same inventory, which
+puts back (`kept`) what is not measured again.
 """
 
 from __future__ import annotations
@@ -95,26 +98,29 @@ class Change:
         return bool(self.bookings)
 
 
-def change(ledger: Ledger, measured: Iterable[Measured], margin: int = defaults.OBSERVED_MARGIN_BYTES) -> Change:
-    """The bookings `measured` changes by the booking rule (module docstring); nothing else moves."""
+def change(ledger: Ledger, measured: Iterable[Measured], margin: int = defaults.OBSERVED_MARGIN_BYTES,
+           kept: Mapping[tuple[str, int, str, int], int] | None = None) -> Change:
+    """The bookings `measured` changes by the booking rule (module docstring); nothing else moves.
+    `kept`: (deployment, replica, node, GPU) -> the measured excess booked before `floor` took it
+    off; a booking this inventory does not measure (started) again gets it back, and `Grown.before`
+    counts it (so an unchanged measurement is no change)."""
     by = {(m.deployment, m.replica, m.node, m.index): m for m in measured}
+    kept = kept or {}
     out: dict[str, tuple[Booking, ...]] = {}
     grown: list[Grown] = []
-    for key in sorted({k[0] for k in by}):
+    for key in sorted({k[0] for k in by} | {k[0] for k, v in kept.items() if v}):
         new, changed = [], False
         for b in ledger.bookings_of(key):
-            m = by.get((b.deployment, b.replica, b.node, b.index))
-            if m is None or not m.started:
-                new.append(b)
-                continue
-            fp = b.footprint
-            excess = booked(fp.predicted, m.used_bytes, margin) - fp.predicted
+            where = (b.deployment, b.replica, b.node, b.index)
+            fp, m = b.footprint, by.get(where)
+            had = kept.get(where, fp.observed_excess)
+            excess = booked(fp.predicted, m.used_bytes, margin) - fp.predicted if m is not None and m.started else had
             if excess != fp.observed_excess:
                 changed = True
-                b2 = replace(b, footprint=replace(fp, observed_excess=excess))
-                grown.append(Grown(key, b.replica, b.node, b.index, fp.predicted, m.used_bytes, fp.total,
-                                   b2.footprint.total))
-                b = b2
+                b = replace(b, footprint=replace(fp, observed_excess=excess))
+            if excess != had:
+                grown.append(Grown(key, b.replica, b.node, b.index, fp.predicted, m.used_bytes if m else 0,
+                                   fp.predicted + had, b.footprint.total))
             new.append(b)
         if changed:
             out[key] = tuple(new)
@@ -123,7 +129,8 @@ def change(ledger: Ledger, measured: Iterable[Measured], margin: int = defaults.
 
 def floor(ledger: Ledger, node: str) -> Change:
     """Every booking on `node` back to its prediction (the view a re-plan for a change of the node
-    itself decides on: a measurement never moves a started replica; `change` puts it back)."""
+    itself decides on: a measurement never moves a started replica); `kept(ledger, node)` before
+    it, passed to `change` after, puts back what the next inventory does not measure again."""
     out: dict[str, tuple[Booking, ...]] = {}
     for key in ledger.deployments():
         bs = ledger.bookings_of(key)
@@ -131,6 +138,13 @@ def floor(ledger: Ledger, node: str) -> Change:
             out[key] = tuple(replace(b, footprint=replace(b.footprint, observed_excess=0)) if b.node == node else b
                              for b in bs)
     return Change(out)
+
+
+def kept(ledger: Ledger, node: str) -> dict[tuple[str, int, str, int], int]:
+    """(deployment, replica, node, GPU) -> the measured excess booked on `node` now."""
+    return {(b.deployment, b.replica, b.node, b.index): b.footprint.observed_excess
+            for key in ledger.deployments() for b in ledger.bookings_of(key)
+            if b.node == node and b.footprint.observed_excess}
 
 
 def apply(ledger: Ledger, ch: Change) -> list[GpuKey]:

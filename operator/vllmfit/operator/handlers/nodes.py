@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -109,9 +108,8 @@ async def on_node(type: str | None, body: kopf.Body, **_: Any) -> None:
         # a re-plan for a change of the node itself (capacity, foreign use) decides on the
         # predictions: a measurement never moves a started replica (docs/operator.md); the
         # measured bookings are put back right after, from this inventory
-        held = {(b.deployment, b.replica, b.index): b.footprint.observed_excess
-                for k in store.ledger.deployments() for b in store.ledger.bookings_of(k) if b.node == name}
-        observed.apply(store.ledger, observed.floor(store.ledger, name))
+        held = observed.kept(store.ledger, name)
+        observed.apply(store.ledger, observed.floor(store.ledger, name))  # the ledger's measured change, 1 of 2
         await update_node(store, name, info, fx, "was removed" if type == "DELETED" else "no longer reports GPUs")
         if info is not None:
             attribute(store, name, body, t)
@@ -170,12 +168,12 @@ OVER_BUDGET = "OverBudget"
 """Condition on the deployments booked on a GPU whose measured bookings exceed its budget."""
 
 
-def close_loop(store: Store, node: str, fx: Effects, held: dict[tuple[str, int, int], int]) -> bool:
+def close_loop(store: Store, node: str, fx: Effects, held: dict[tuple[str, int, str, int], int]) -> bool:
     """The node's latest inventory, per replica: footprints seen stable start their replica and
     teach a learned record; started replicas' bookings become max(prediction, observed + margin)
     (observed.apply, the one change the measurements make to the ledger); what this inventory does
-    not measure again keeps the excess it had (`held`: (deployment, replica, GPU) -> the measured
-    excess booked before). Returns whether a measured booking came back down. Hold the lock."""
+    not measure again keeps the excess it had (`held`, observed.kept before observed.floor).
+    Returns whether a measured booking came back down. Hold the lock."""
     att = store.replica_usage.get(node)
     measured = []
     if att is not None:
@@ -190,25 +188,20 @@ def close_loop(store: Store, node: str, fx: Effects, held: dict[tuple[str, int, 
                 store.started.add((key, replica))
             measured.append(observed.Measured(key, replica, node, index, n, started(store, key, replica)))
         teach(store, node, measured)
-    seen = {(m.deployment, m.replica, m.index) for m in measured if m.started}
-    observed.apply(store.ledger, restore_held(store, node, {k: v for k, v in held.items() if k not in seen}))
-    change = observed.change(store.ledger, measured)
+    change = observed.change(store.ledger, measured, kept=held)
     before = {k: builders.gpus_of(store.ledger, k) for k in change.bookings}
-    observed.apply(store.ledger, change)  # THE change the agent's measurements make to the ledger
-    shrank = False
+    observed.apply(store.ledger, change)  # the ledger's measured change, 2 of 2
     for g in change.grown:
-        was = g.predicted + held.get((g.deployment, g.replica, g.index), 0)
         rec = store.records.get(g.deployment)
-        if rec is None or g.after == was:
+        if rec is None:
             continue
-        shrank = shrank or g.after < was
         fx.mark.update({g.deployment} | builders.neighbours(store.ledger, before.get(g.deployment, set())))
-        if g.after > was:
+        if g.after > g.before:
             text = (f"{g.node} GPU {g.index} replica {g.replica}: measured {memory.fmt_gib(g.observed)}, "
-                    f"predicted {memory.fmt_gib(g.predicted)}; booked {memory.fmt_gib(was)} -> "
+                    f"predicted {memory.fmt_gib(g.predicted)}; booked {memory.fmt_gib(g.before)} -> "
                     f"{memory.fmt_gib(g.after)}")
             fx.events.append((rec.body, "Warning", "BookingGrew", text))
-    return shrank
+    return any(g.after < g.before for g in change.grown)
 
 
 async def after_measuring(store: Store, node: str, shrank: bool, fx: Effects, t: str) -> None:
@@ -217,19 +210,6 @@ async def after_measuring(store: Store, node: str, shrank: bool, fx: Effects, t:
     await over_budget(store, node, fx, t)
     if shrank:
         await retry_waiting(store, fx)  # a booking came back down: room for what waits
-
-
-def restore_held(store: Store, node: str, held: dict[tuple[str, int, int], int]) -> observed.Change:
-    """The measured excess of bookings on `node` that this inventory does not measure again, as
-    it was (still booked where the re-plan left them)."""
-    out = {}
-    for key in sorted({k[0] for k, v in held.items() if v}):
-        bs = store.ledger.bookings_of(key)
-        new = tuple(replace(b, footprint=replace(b.footprint, observed_excess=held.get(
-            (key, b.replica, b.index), b.footprint.observed_excess))) if b.node == node else b for b in bs)
-        if new != tuple(bs):
-            out[key] = new
-    return observed.Change(out)
 
 
 def forget(store: Store) -> None:
