@@ -4,6 +4,15 @@ Every case goes through the same code path as `vllmfit estimate --gpu-memory-uti
 memory.estimate(...).vllm, i.e. what vLLM would log for exactly the logged settings.
 Prints a table, then (last line) one JSON object with median and max absolute errors.
 
+The closed loop (issue 34): `learned_*` keys say what the operator's learned corrections
+(vllmfit.core.memory.learned) would have done on these logs. A log's over-run is the KV cache
+vllmfit promised beyond what vLLM found (predicted - observed KV): with the KV request injected as
+--kv-cache-memory-bytes, that is memory the process holds beyond its booking. Leave-one-out per
+configuration: each log is predicted with the record learned from the other logs of the same
+configuration (model, quantization, dtypes, GPU, vLLM version, TP x PP, context, batch, eager; the
+operator's key), booked + max(0, their over-run); and, as a looser key for comparison, learn on the
+first log of each (model, GPU, vLLM version) and predict the rest.
+
     python benchmarks/accuracy.py [--calibration DIR]
 """
 
@@ -106,6 +115,58 @@ def measured_bands(residuals: dict[str, list[float]]) -> dict[str, tuple[int, in
     return out
 
 
+def config_of(row: dict) -> tuple:
+    """The learned record's configuration key for a log (--gpu-memory-utilization excluded: with
+    the KV request injected vLLM's footprint does not depend on it)."""
+    return (row["model"], row["quantization"], row["dtype"], row["kv_cache_dtype"], row["gpu"], version_of(row),
+            row["tensor_parallel_size"], row["pipeline_parallel_size"], row["max_model_len"], row["max_num_seqs"],
+            row["max_num_batched_tokens"], bool(row["enforce_eager"]))
+
+
+def learned_corrections(rows: list[dict], over: list[float]) -> dict:
+    """What the learned correction (book + max(0, the record's over-run)) would have done."""
+    by_config: dict[tuple, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_config.setdefault(config_of(row), []).append(i)
+    loo_before, loo_after, loo_extra = [], [], []
+    for idx in by_config.values():
+        for i in idx if len(idx) > 1 else ():
+            correction = max(0.0, *(over[j] for j in idx if j != i))
+            loo_before.append(over[i])
+            loo_after.append(over[i] - correction)
+            loo_extra.append(correction)
+    by_model: dict[tuple, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_model.setdefault((row["model"], row["gpu"], version_of(row)), []).append(i)
+    first_before, first_after = [], []
+    for idx in by_model.values():
+        correction = max(0.0, over[idx[0]])
+        for i in idx[1:]:
+            first_before.append(over[i])
+            first_after.append(over[i] - correction)
+    print()
+    print("learned corrections (issue 34): over-run = predicted KV - observed KV, GiB")
+    print(f"{'split':<44} {'logs':>5} {'max over-run before/after':>26} {'> 0.5 GiB before/after':>23}")
+    for name, before, after in (("leave-one-out, same configuration", loo_before, loo_after),
+                                ("learn first, predict rest (model x GPU x vLLM)", first_before, first_after)):
+        if before:
+            print(f"{name:<44} {len(before):>5} {max(before):>12.3f}/{max(after):<13.3f} "
+                  f"{sum(o > OVER_LIMIT_GIB for o in before):>11}/{sum(o > OVER_LIMIT_GIB for o in after):<11}")
+    return {
+        "learned_loo_logs_count": len(loo_before),
+        "learned_loo_max_overrun_before_gib": round(max(loo_before), 3) if loo_before else None,
+        "learned_loo_max_overrun_after_gib": round(max(loo_after), 3) if loo_after else None,
+        "learned_loo_overrun_over_0_5_gib_before_count": sum(o > OVER_LIMIT_GIB for o in loo_before),
+        "learned_loo_overrun_over_0_5_gib_after_count": sum(o > OVER_LIMIT_GIB for o in loo_after),
+        "learned_loo_mean_extra_booked_gib": round(statistics.mean(loo_extra), 3) if loo_extra else None,
+        "learned_first_logs_count": len(first_before),
+        "learned_first_max_overrun_before_gib": round(max(first_before), 3) if first_before else None,
+        "learned_first_max_overrun_after_gib": round(max(first_after), 3) if first_after else None,
+        "learned_first_overrun_over_0_5_gib_before_count": sum(o > OVER_LIMIT_GIB for o in first_before),
+        "learned_first_overrun_over_0_5_gib_after_count": sum(o > OVER_LIMIT_GIB for o in first_after),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibration", type=Path, default=DEFAULT_DIR)
@@ -163,6 +224,7 @@ def main() -> int:
     for cls, band in graph_bands.items():
         print(f"{cls:<9} CUDA-graph estimate band from 0.21 (0.01 GiB): measured {band}, in memory.margin "
               f"{margin.GRAPH_BAND_CENTI_GIB.get(cls)}")
+    summary.update(learned_corrections(rows, over))
     summary["kv_band_matches_measured"] = all(margin.KV_BAND_CENTI_GIB.get(c) == b for c, b in bands.items()) and \
         all(margin.GRAPH_BAND_CENTI_GIB.get(c) == b for c, b in graph_bands.items())
     print()

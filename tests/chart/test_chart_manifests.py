@@ -14,6 +14,8 @@ import kubernetes_validate.utils
 import pytest
 import yaml
 
+from vllmfit.core import defaults
+
 from .conftest import CHART, NAMESPACE, ROOT, VALUE_SETS, find, one, pod_specs
 
 KUBE_VERSIONS = ["1.29", "1.35"]
@@ -178,6 +180,8 @@ def test_default_install_objects(render):
             ("ClusterRoleBinding", OPERATOR),
             ("Role", OPERATOR),
             ("RoleBinding", OPERATOR),
+            ("Role", f"{OPERATOR}-calibration"),
+            ("RoleBinding", f"{OPERATOR}-calibration"),
             ("Role", f"{OPERATOR}-reservations"),
             ("RoleBinding", f"{OPERATOR}-reservations"),
             ("ServiceAccount", "vllmfit-reservation"),
@@ -287,6 +291,15 @@ def test_reservation_pods_are_created_in_the_release_namespace_and_patch_only_po
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vllmfit-reservation", "namespace": NAMESPACE}]
     pc = one(render(), "PriorityClass", "vllmfit-reservation")
     assert (pc["value"], pc["preemptionPolicy"], pc["globalDefault"]) == (1000000, "Never", False)
+
+
+def test_the_learned_records_configmap_is_the_only_one_the_operator_writes(render):
+    role = one(render(), "Role", f"{OPERATOR}-calibration")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert _rules(role) == {("", "configmaps", ()): ("create",),
+                            ("", "configmaps", (defaults.CALIBRATION_CONFIGMAP,)): ("get", "patch")}
+    binding = one(render(), "RoleBinding", f"{OPERATOR}-calibration")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": OPERATOR, "namespace": NAMESPACE}]
 
 
 def test_agent_may_only_read_and_patch_nodes(render):
@@ -456,7 +469,8 @@ def test_cert_manager_mode(render):
         )
     # cert-manager owns the Secret and the caBundle: the operator gets no access to either
     assert not any(_rules(r).get(("", "secrets", ())) for r in find(docs, "Role"))
-    assert {r["metadata"]["name"] for r in find(docs, "Role")} == {f"{OPERATOR}-reservations", "vllmfit-reservation"}
+    assert {r["metadata"]["name"] for r in find(docs, "Role")} == {f"{OPERATOR}-calibration", f"{OPERATOR}-reservations",
+                                                                  "vllmfit-reservation"}
     rules = _rules(one(docs, "ClusterRole", OPERATOR))
     assert not any(group == "admissionregistration.k8s.io" for group, _, _ in rules)
 

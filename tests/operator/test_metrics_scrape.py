@@ -180,9 +180,12 @@ async def test_the_scraped_metrics_follow_the_scenario(cluster: Cluster, operato
     budget = int(0.90 * catalog.gpu(H100).cuda_total_bytes) - 2 * GIB  # 0.90 x capacity - 2 GiB, by hand
     assert m[("vllmfit_gpu_budget_bytes", gpu)] == m[("vllmfit_gpu_budget_bytes", idle)] == budget
     assert m[("vllmfit_gpu_capacity_bytes", gpu)] == catalog.gpu(H100).cuda_total_bytes
-    assert m[("vllmfit_gpu_booked_bytes", gpu)] == got["predicted"] and m[("vllmfit_gpu_booked_bytes", idle)] == 0
+    # the pod is Ready (started) and uses 1 GiB more than predicted: the GPU books what it holds plus
+    # the margin (issue 34), while the per-deployment metric keeps the prediction
+    booked = got["observed"] + defaults.OBSERVED_MARGIN_BYTES
+    assert m[("vllmfit_gpu_booked_bytes", gpu)] == booked and m[("vllmfit_gpu_booked_bytes", idle)] == 0
     assert m[("vllmfit_gpu_observed_bytes", gpu)] == got["observed"] and m[("vllmfit_gpu_observed_bytes", idle)] == 0
-    assert m[("vllmfit_gpu_headroom_bytes", gpu)] == budget - got["predicted"]
+    assert m[("vllmfit_gpu_headroom_bytes", gpu)] == budget - booked
     dep = (("gpu", str(i)), ("name", "llama"), ("namespace", "ml"), ("node", "gpu-a"))
     assert m[("vllmfit_deployment_predicted_bytes", (*dep[:3], ("node", "gpu-a"), ("replica", "0")))] == got["predicted"]
     assert m[("vllmfit_deployment_observed_bytes", dep)] == got["observed"]
@@ -230,7 +233,8 @@ async def test_a_real_prometheus_scrapes_the_operator_and_answers_every_dashboar
                 pytest.fail("Prometheus never scraped the operator: " + (tmp_path / "prometheus.log").read_text()[-2000:])
             await asyncio.sleep(0.25)
         booked = {s["metric"]["gpu"]: float(s["value"][1]) for s in r["data"]["result"]}
-        assert booked == {str(got["index"]): got["predicted"], str(1 - got["index"]): 0}
+        # measured above its prediction once Ready: booked at observed + margin (issue 34)
+        assert booked == {str(got["index"]): got["observed"] + defaults.OBSERVED_MARGIN_BYTES, str(1 - got["index"]): 0}
         up = await asyncio.to_thread(query, base, 'up{job="vllmfit"}')
         assert [s["value"][1] for s in up["data"]["result"]] == ["1"]
         for q in dashboard_queries():

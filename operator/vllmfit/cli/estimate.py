@@ -11,6 +11,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from vllmfit.cli import calibration
 from vllmfit.cli.inputs import read_input
 from vllmfit.core import defaults, limits, memory
 from vllmfit.core.errors import UserError
@@ -67,6 +68,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="refuse a model whose config has layer types vllmfit does not model (exit 2)")
     p.add_argument("--policy", default="vllm", choices=["vllm", "adr"], help="memory model (default: %(default)s)")
     p.add_argument("--output", "-o", default="table", choices=["table", "json"])
+    calibration.add_argument(p)
     p.set_defaults(func=run_estimate)
 
     ls = sub.add_parser("models", help="List the catalog's models")
@@ -317,6 +319,8 @@ def _run_estimate(args: argparse.Namespace) -> int:
     model = load_model_config(args.model_config, args.params) if args.model_config else resolve_model(args.model)
     gpu = resolve_gpu(args)
     s = settings_from_args(args)
+    if args.calibration:
+        s = replace(s, learned=memory.learned.for_model(calibration.read(args.calibration), model.name))
     policy = budget_from_args(args)
     errors = memory.validate(model, s)
     bad = policy.error(gpu.cuda_total_bytes)
@@ -368,6 +372,7 @@ def estimate_json(est: memory.Estimate) -> dict[str, Any]:
             **({"cpu_offload_bytes": fp.cpu_offloaded} if est.settings.cpu_offload_bytes else {}),
             "reserve_bytes": est.reserve_bytes,
             "total_bytes": fp.total,
+            **({"predicted_bytes": fp.total - fp.learned, "learned_bytes": fp.learned} if fp.learned else {}),
             "capacity_bytes": est.capacity_bytes,
             "budget_bytes": est.budget_bytes,
             "headroom_bytes": est.headroom_bytes,

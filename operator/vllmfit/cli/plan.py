@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -81,8 +81,10 @@ def resolve_model(
 
 def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = True,
                budget: memory.BudgetPolicy = memory.DEFAULT_POLICY,
-               kv_grant: memory.KvGrant = memory.DEFAULT_KV_GRANT) -> placement.Plan:
-    """Nodes and deployments -> a Plan. decide=False (status): only what the statuses say."""
+               kv_grant: memory.KvGrant = memory.DEFAULT_KV_GRANT,
+               learned: Sequence[memory.learned.Record] = ()) -> placement.Plan:
+    """Nodes and deployments -> a Plan. decide=False (status): only what the statuses say.
+    `learned`: the records of --calibration (a configuration that over-ran books what it used)."""
     errors = list(objs.errors)
     deployments: dict[str, VLLMDeployment] = {}
     places: dict[str, str] = {}  # key -> "VLLMDeployment ns/name (file document N)"
@@ -151,7 +153,8 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
                 errors.append(f"{places[key]}: {one_line(e)}")
                 shown.pop(key, None)
             continue
-        requests.append(placement.request_from_object(dep, model))
+        req = placement.request_from_object(dep, model)
+        requests.append(replace(req, learned=memory.learned.for_model(learned, model.name)) if learned else req)
     notes = _dra_nodes(objs, nodes, admitted)
     if decide:
         plan = placement.plan(
@@ -232,9 +235,12 @@ def emit(plan: placement.Plan, output: str, out_file: str | None, title: str) ->
 
 def run_plan(args: argparse.Namespace) -> int:
     objs = read_objects(read_files(args.filename))
+    from vllmfit.cli import calibration
     from vllmfit.cli.estimate import budget_from_args, kv_grant_from_args
 
-    plan = build_plan(objs, policy=args.policy, budget=budget_from_args(args), kv_grant=kv_grant_from_args(args))
+    learned = calibration.read(args.calibration) if args.calibration else []
+    plan = build_plan(objs, policy=args.policy, budget=budget_from_args(args), kv_grant=kv_grant_from_args(args),
+                      learned=learned)
     if not plan.ledger.nodes and not plan.decisions:
         detail = f": {plan.errors[0]}" if plan.errors else ""
         raise UserError(f"nothing to plan: no usable Node or {KIND} in the input{detail}")
@@ -274,10 +280,12 @@ def add_parser(subparsers: Any) -> None:
         default="vllm",
         help="memory model: vllm (what vLLM does, default) or adr (ADR-0002 formulas)",
     )
+    from vllmfit.cli import calibration
     from vllmfit.cli.estimate import add_budget_args, add_kv_grant_args
 
     add_budget_args(p)  # the cluster-wide budget policy; node labels still override it per node pool
     add_kv_grant_args(p)  # the cluster's default KV grant (the operator's --default-kv-grant)
+    calibration.add_argument(p)
     p.set_defaults(func=run_plan)
 
 

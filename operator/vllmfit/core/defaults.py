@@ -85,6 +85,37 @@ INVENTORY_ANNOTATION = "vllmfit.dev/gpu-inventory"
 INVENTORY_STALE_SECONDS = 300
 """An inventory older than this is reported as stale (the agent publishes every 30 s)."""
 
+# --- The closed loop (issue 34): what the GPUs really hold corrects the ledger and gates starts ---
+
+AGENT_PUBLISH_SECONDS = 30
+"""The node agent samples every 30 s and publishes on a change of more than
+FOOTPRINT_STABLE_BYTES, and at least this often (vllmfit.agent.publish.PUBLISH_EVERY_S): one agent
+interval, the time the operator needs at most to see a footprint twice."""
+FOOTPRINT_STABLE_BYTES = 64 * MIB
+"""A replica has "started" (vLLM has allocated its KV cache) when its pod is Ready, or when two
+consecutive agent samples (different sampledAt) show its processes on a GPU within this many bytes
+of each other. Equal to the agent's publish jitter (vllmfit.agent.publish.USED_JITTER_BYTES): a
+change smaller than that is not even published, so it cannot tell a start-up still under way."""
+OBSERVED_MARGIN_BYTES = 256 * MIB
+"""Added to a started replica's observed footprint before it is booked: booking = max(prediction,
+observed + this). Why 256 MiB: the observed figure is one NVML sample, and after start-up vLLM's
+memory still moves by what the sampler cannot see or does not publish: the 64 MiB publish jitter,
+PyTorch's caching allocator rounding new blocks up to 2 MiB segments and 20 MiB large-block
+chunks under load, and the per-request sampler and detokenizer buffers (tens of MiB on 7-70B
+models); four times the publish jitter keeps one more sample from over-running the booking
+again, and it is under 0.4 % of an 80 GB GPU, so it never costs a neighbour its place."""
+START_GATE_MAX_AGE_SECONDS = 3 * AGENT_PUBLISH_SECONDS
+"""The start gate trusts an inventory no older than this (three publish periods: one missed
+publish and a slow watch are tolerated). Older: the gate holds the replica and says so."""
+CALIBRATION_CONFIGMAP = "vllmfit-calibration"
+"""The ConfigMap, in the operator's own namespace, created and written by the operator only, that
+keeps the learned records (what each configuration really used at its first start)."""
+CALIBRATION_KEY = "records.json"
+"""The key of CALIBRATION_CONFIGMAP's data holding the records (JSON; `vllmfit estimate
+--calibration` reads the same text, the ConfigMap's YAML, or a plain YAML file)."""
+MAX_CALIBRATION_RECORDS = 2000
+"""Records kept (the newest win): one per configuration; a ConfigMap holds at most 1 MiB."""
+
 GFD_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GFD_MEMORY_LABEL = "nvidia.com/gpu.memory"
 GFD_COUNT_LABEL = "nvidia.com/gpu.count"

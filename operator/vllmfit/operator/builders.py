@@ -124,8 +124,10 @@ def placement_text(p: api.ReplicaPlacement) -> str:
 
 
 def booked_text(bookings: Iterable[Booking]) -> str:
-    """ANNOTATION_BOOKED of one replica's bookings: GPU index = booked bytes, by index."""
-    return ",".join(f"{b.index}={b.footprint.total}" for b in sorted(bookings, key=lambda b: b.index))
+    """ANNOTATION_BOOKED of one replica's bookings: GPU index = booked bytes, by index. The
+    prediction the pods were written for: a booking that grows on measured use (issue 34) changes
+    no pod (a rewrite would restart the vLLM it measured)."""
+    return ",".join(f"{b.index}={b.footprint.predicted}" for b in sorted(bookings, key=lambda b: b.index))
 
 
 def exclusive(ledger: Ledger, key: str, node: str, gpus: Iterable[int]) -> bool:

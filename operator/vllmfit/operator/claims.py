@@ -89,7 +89,7 @@ def wanted(store: Store, key: str, p: api.ReplicaPlacement
     need: dict[int, int] = {}
     for b in store.ledger.bookings_of(key, p.replica):
         if b.node == p.node:
-            need[b.index] = need.get(b.index, 0) + b.footprint.total
+            need[b.index] = need.get(b.index, 0) + b.footprint.predicted  # measured growth rewrites no claim
     gpus = []
     by_uuid = {d.uuid: d for d in store.devices().get(p.node, []) if d.uuid}
     for g in p.gpus:

@@ -102,14 +102,15 @@ class StoreCollector(Collector):
                          GPU_LABELS)
         budget = gauge("vllmfit_gpu_budget_bytes", "GPU memory vllmfit may hand out: utilization x capacity - "
                        "reserve.", GPU_LABELS)
-        booked = gauge("vllmfit_gpu_booked_bytes", "GPU memory booked for vllmfit's replicas (predicted).", GPU_LABELS)
+        booked = gauge("vllmfit_gpu_booked_bytes", "GPU memory booked for vllmfit's replicas (the prediction, or "
+                       "observed + margin for a started replica measured above it).", GPU_LABELS)
         foreign = gauge("vllmfit_gpu_foreign_bytes", "GPU memory of processes vllmfit does not manage.", GPU_LABELS)
         used = gauge("vllmfit_gpu_used_bytes", "Booked plus foreign GPU memory.", GPU_LABELS)
         head = gauge("vllmfit_gpu_headroom_bytes", "Budget minus used (negative: over budget).", GPU_LABELS)
         observed = gauge("vllmfit_gpu_observed_bytes", "GPU memory in use as the node agent last measured it (NVML).",
                          GPU_LABELS)
-        pred = gauge("vllmfit_deployment_predicted_bytes", "Predicted GPU memory of one replica on one GPU (its "
-                     "booking).", ["namespace", "name", "replica", "node", "gpu"])
+        pred = gauge("vllmfit_deployment_predicted_bytes", "Predicted GPU memory of one replica on one GPU (the "
+                     "floor of its booking).", ["namespace", "name", "replica", "node", "gpu"])
         obs = gauge("vllmfit_deployment_observed_bytes", "GPU memory the node agent attributes to a deployment's "
                     "processes on one GPU.", ["namespace", "name", "node", "gpu"])
         drift = gauge("vllmfit_deployment_drift_bytes", "Observed minus predicted bytes of a deployment on one GPU "
@@ -149,7 +150,7 @@ class StoreCollector(Collector):
             if u is not None:
                 observed.add_metric(labels, u.used_bytes)
             for b in ledger.bookings_on(slot.node, slot.index):
-                pred.add_metric([*_split(b.deployment), str(b.replica), b.node, gpu], b.footprint.total)
+                pred.add_metric([*_split(b.deployment), str(b.replica), b.node, gpu], b.footprint.predicted)
         for node, att in sorted(store.attributions.items()):
             for deployment, by_unit in sorted(att.by_deployment.items()):
                 for unit, n in sorted(by_unit.items()):

@@ -50,6 +50,8 @@ def memory_entries(bookings: Iterable[Booking]) -> list[api.GpuMemory]:
     return [api.GpuMemory(node=b.node, index=b.index, replica=b.replica, weights_bytes=b.footprint.weights,
                           kv_cache_bytes=b.footprint.kv_cache, activation_bytes=b.footprint.activation,
                           overhead_bytes=b.footprint.overhead, total_bytes=b.footprint.total,
+                          learned_bytes=b.footprint.learned or None,
+                          observed_excess_bytes=b.footprint.observed_excess or None,
                           kv_cache_range_bytes=list(b.footprint.kv_range)
                           if b.footprint.margin or b.footprint.kv_band_under else None)
             for b in sorted(bookings, key=lambda b: (b.replica, b.node, b.index))]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -22,7 +23,7 @@ from kubernetes_asyncio.client import ApiException
 
 from vllmfit.backends import reservation as rsv
 from vllmfit.core.spec import api
-from vllmfit.operator import builders
+from vllmfit.operator import builders, measured, report
 from vllmfit.operator.state import Store
 
 logger = logging.getLogger(__name__)
@@ -275,18 +276,61 @@ def track(store: Store, pod: Mapping[str, Any], deleted: bool) -> None:
     key = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
     if deleted or not has_gate(pod):
         store.gated.pop(key, None)
+        store.gate_of.pop(key, None)
+        store.gate_holds.pop(key, None)
     else:
         store.gated[key] = (pod_node(pod), pod_pins(pod), [g for g in (pod.get("spec") or {}).get(
             "schedulingGates") or []])
+        labels = meta.get("labels") or {}
+        try:
+            where = str(((pod.get("metadata") or {}).get("annotations") or {}).get(builders.ANNOTATION_PLACEMENT, ""))
+            store.gate_of[key] = (f"{key[0]}/{labels[builders.LABEL_DEPLOYMENT]}", int(labels[builders.LABEL_REPLICA]),
+                                  where or None)
+        except (KeyError, ValueError):
+            store.gate_of.pop(key, None)
 
 
 def openable(store: Store) -> list[tuple[str, str, list[dict[str, Any]]]]:
-    """Gated pods whose GPUs are all held now (hold the lock)."""
+    """Gated pods whose GPUs are all held now and whose GPUs the agent measured room on
+    (`measured.gate`: what it holds back is in `store.gate_holds`). Hold the lock."""
     out = []
     for (ns, name), (node, pinned, gates) in sorted(store.gated.items()):
-        if rsv.gate_open(pinned, rsv.held_uuids(store.reservations.values(), node)):
-            out.append((ns, name, [g for g in gates if g.get("name") != rsv.GATE]))
+        if not rsv.gate_open(pinned, rsv.held_uuids(store.reservations.values(), node)):
+            continue
+        owner = store.gate_of.get((ns, name))
+        if owner is not None:  # the start gate on measured room (issue 34)
+            verdict = measured.gate(store, owner[0], owner[1], made_for=owner[2])
+            start_condition(store, owner[0], name, verdict)
+            if not verdict.open:
+                store.gate_holds[(ns, name)] = verdict.reason
+                continue
+            store.gate_holds.pop((ns, name), None)
+        out.append((ns, name, [g for g in gates if g.get("name") != rsv.GATE]))
     return out
+
+
+START_GATE = "StartGate"
+"""Condition: whether the start gate on measured room released the replica pods (issue 34)."""
+
+
+def start_condition(store: Store, key: str, pod: str, verdict: Any) -> None:
+    """The StartGate condition of `key` (and a Warning Event when a hold begins or changes)."""
+    rec = store.records.get(key)
+    if rec is None:
+        return
+    old = next((c for c in rec.conditions if c.type == START_GATE), None)
+    status, reason = ("True", "Released") if verdict.open else ("False", "HeldOnMeasuredRoom")
+    message = f"pod {pod}: {verdict.reason}"
+    if old is not None and (old.status, old.message) == (status, message):
+        return
+    rec.conditions = report.set_condition(rec.conditions, START_GATE, status, reason, message,
+                                          datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), rec.generation)
+    store.mark([key])
+    if not verdict.open:
+        try:
+            kopf.event(dict(rec.body), type="Warning", reason="StartHeld", message=message[:1000])  # type: ignore[arg-type]
+        except LookupError:  # not inside a running operator
+            logger.info("event Warning StartHeld: %s", message)
 
 
 async def ungate(store: Store) -> None:

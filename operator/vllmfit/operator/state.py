@@ -19,7 +19,7 @@ import logging
 import os
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -101,6 +101,14 @@ class Store:
         self.drains: dict[str, draining.Drain] = {}  # stopped replicas whose pods may still hold memory
         self.lead_lock = asyncio.Lock()  # taking the lead (a sweep before the first admission)
         self.refused: set[str] = set()  # nodes whose data was refused at start-up, not read well since
+        # the closed loop (issue 34; handlers.nodes, reservations, vllmfit.core.placement.observed)
+        self.footprints: dict[tuple[str, int, str, int], tuple[str, int]] = {}  # replica, GPU -> (sampledAt, bytes)
+        self.replica_usage: dict[str, Any] = {}  # node -> Attribution keyed "namespace/name#replica"
+        self.gate_of: dict[tuple[str, str], tuple[str, int, str | None]] = {}  # gated pod -> deployment, replica, "node:i"
+        self.gate_holds: dict[tuple[str, str], str] = {}  # gated pod -> why the start gate holds it
+        self.started: set[tuple[str, int]] = set()  # (deployment, replica) whose footprint was seen stable
+        self.learned: list[memory.learned.Record] = []  # read from the operator's ConfigMap (operator.learning)
+        self.learned_dirty = False  # records to write
         self._devices: dict[str, list[dra.Device]] | None = None
 
     @contextlib.asynccontextmanager
@@ -182,7 +190,8 @@ class Store:
         """Resolve the model of `obj` (inline modelConfig, modelConfigRef ConfigMap, catalog, then
         the Hugging Face Hub) into a placement request. Raises ModelResolutionError."""
         obj = self.effective(obj)
-        return placement.request_from_object(obj, await self.resolve_model(obj))
+        req = placement.request_from_object(obj, model := await self.resolve_model(obj))
+        return replace(req, learned=memory.learned.for_model(self.learned, model.name)) if self.learned else req
 
     async def resolve_model(self, obj: api.VLLMDeployment) -> ModelArch:
         return await models.resolve_model(self.api, obj)

@@ -166,6 +166,7 @@ def estimate_segments(est: Estimate) -> list[Segment]:
         ("KV cache", fp.kv_cache, "green3", "#00cd00", "▓", ""),
         ("activation", fp.activation, "dark_orange", "#ff8c00", "▒", ""),
         ("overhead", fp.overhead, "magenta", "#cd00cd", "▒", ""),
+        *([("learned over-run", fp.learned, "red3", "#cd0000", "▒", "")] if fp.learned else []),
         ("budget left", free, *FREE, ""),
         ("held back", reserve, *RESERVE, "hatch"),
     )

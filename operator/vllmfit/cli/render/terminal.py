@@ -294,6 +294,7 @@ def estimate_table(est: Estimate) -> Table:
         ("KV cache", fp.kv_cache),
         ("activation", fp.activation),
         ("overhead", fp.overhead),
+        *([("learned over-run (--calibration)", fp.learned)] if fp.learned else []),
         ("= footprint", fp.total),
         ("budget", est.budget_bytes),
         (

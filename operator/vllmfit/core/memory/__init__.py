@@ -25,6 +25,8 @@ One module per concern, in dependency order:
   sizing      choose context, concurrency and utilization; check the fit
   fixes       changes that make a deployment fit, each re-checked
   estimate    one deployment on empty GPUs (`vllmfit estimate`)
+  learned     what a configuration really used at its first start, and the correction it
+              teaches (`memory.size` is `learned.size`: sizing with a learned over-run on top)
 
 This package re-exports the names the shells use; inside the core, import the module.
 """
@@ -53,13 +55,13 @@ from vllmfit.core.memory.fixes import (
     largest_kv_tokens,
 )
 from vllmfit.core.memory.kv import KvLayout, adr_kv_bytes_per_token, kv_layout
+from vllmfit.core.memory.learned import size  # sizing.size with a learned over-run booked on top
 from vllmfit.core.memory.lora import lora_args, lora_bytes
 from vllmfit.core.memory.sizing import (
     MIN_BATCHED_TOKENS,
     UNLIMITED,
     default_batch,
     default_grant,
-    size,
     vllm_startup,
 )
 from vllmfit.core.memory.types import (

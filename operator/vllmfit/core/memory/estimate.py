@@ -6,7 +6,8 @@ from dataclasses import replace
 
 from vllmfit.core.memory.budget import BudgetPolicy, default_policy
 from vllmfit.core.memory.fixes import context_note, fixes, larger_gpu
-from vllmfit.core.memory.sizing import size, vllm_startup
+from vllmfit.core.memory.learned import size  # with a learned over-run of this configuration on top
+from vllmfit.core.memory.sizing import vllm_startup
 from vllmfit.core.memory.types import Estimate, Settings, SpecError
 from vllmfit.core.memory.versions import parse_version
 from vllmfit.core.model.facts import GpuType, ModelArch

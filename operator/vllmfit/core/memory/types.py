@@ -48,6 +48,8 @@ class Settings:
     lora_max_rank: int = defaults.LORA_MAX_RANK
     lora_dtype: str = "auto"
     cpu_offload_bytes: int = 0  # spec.cpuOffload: weight bytes per GPU kept in CPU memory (--cpu-offload-gb)
+    # issue 34: learned records of this model (memory.learned): config key -> (predicted, observed, source)
+    learned: tuple[tuple[str, int, int, str], ...] = field(default=(), repr=False)  # compared: sizings are cached
 
     @property
     def gpus(self) -> int:
@@ -94,6 +96,8 @@ class Footprint:
     kv_band_under: int = field(default=0, compare=False)  # how much more KV vLLM may find (range only)
     lora: int = field(default=0, compare=False)  # LoRA slots + punica metadata, included in weights (memory.lora)
     cpu_offloaded: int = field(default=0, compare=False)  # weight bytes in CPU memory, taken off weights
+    learned: int = 0  # booked above the prediction: a learned record of this configuration (memory.learned)
+    observed_excess: int = 0  # booked above the prediction: the agent measured more (placement.observed)
 
     @property
     def overhead(self) -> int:
@@ -107,8 +111,14 @@ class Footprint:
         return self.kv_cache, self.kv_cache + self.margin + self.kv_band_under
 
     @property
+    def predicted(self) -> int:
+        """What the memory model predicts (with a learned correction): the floor of the booking."""
+        return self.weights + self.kv_cache + self.activation + self.overhead + self.learned
+
+    @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.activation + self.overhead
+        """What the ledger books: the prediction, or the observed footprint plus a margin when larger."""
+        return self.predicted + self.observed_excess
 
     @property
     def non_kv(self) -> int:

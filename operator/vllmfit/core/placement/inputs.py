@@ -95,6 +95,7 @@ class Request:
     spec: VLLMDeploymentSpec
     model: ModelArch
     order: tuple[str, str] = ("", "")  # (creationTimestamp, key): earlier first
+    learned: tuple[tuple[str, int, int, str], ...] = ()  # memory.learned.for_model: this model's over-runs
 
 
 def settings_from_spec(spec: VLLMDeploymentSpec, policy: memory.Policy = "vllm",

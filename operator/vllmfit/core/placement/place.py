@@ -124,6 +124,8 @@ def _decide(
     explain=False: an Unschedulable decision carries no reasons (checking a fix needs only
     whether it fits; the reasons cost a pass over every node)."""
     s = settings_from_spec(req.spec, policy, ledger.kv_grant)
+    if req.learned:
+        s = replace(s, learned=req.learned)  # issue 34: a configuration that over-ran books what it used
     errors = _spec_errors(req, s)
     if errors:
         return Decision(req.key, "Rejected", reasons=tuple(errors), message=f"{req.key}: {errors[0]}")

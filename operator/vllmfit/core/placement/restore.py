@@ -19,7 +19,8 @@ def bookings_from_status(key: str, status: VLLMDeploymentStatus) -> list[Booking
     bytes each holds beyond maxNumSeqs x maxModelLen (`_beyond_caps`)."""
     out = []
     for m in status.memory:
-        parts = m.weights_bytes + m.kv_cache_bytes + m.activation_bytes + m.overhead_bytes
+        learned, excess = m.learned_bytes or 0, m.observed_excess_bytes or 0
+        parts = m.weights_bytes + m.kv_cache_bytes + m.activation_bytes + m.overhead_bytes + learned + excess
         fp = Footprint(
             m.weights_bytes,
             m.kv_cache_bytes,
@@ -29,6 +30,8 @@ def bookings_from_status(key: str, status: VLLMDeploymentStatus) -> list[Booking
             0,
             slack=max(m.total_bytes - parts, 0),
             kv_band_under=(m.kv_cache_range_bytes[1] - m.kv_cache_range_bytes[0]) if m.kv_cache_range_bytes else 0,
+            learned=learned,
+            observed_excess=excess,
         )
         out.append(Booking(key, m.replica, m.node, m.index, fp, _beyond_caps(status, m.kv_cache_bytes)))
     return out

@@ -78,6 +78,16 @@ class GpuMemory(_Model):
     activation_bytes: int = Field(ge=0, le=limits.MAX_GPU_MEMORY_BYTES, description="Activation peak.")
     overhead_bytes: int = Field(ge=0, le=limits.MAX_GPU_MEMORY_BYTES, description="CUDA context, NCCL, non-torch memory and CUDA graphs.")
     total_bytes: int = Field(ge=0, le=limits.MAX_GPU_MEMORY_BYTES, description="Everything this process may use on the GPU.")
+    learned_bytes: int | None = Field(
+        default=None, ge=0, le=limits.MAX_GPU_MEMORY_BYTES,
+        description="Booked above the prediction because this configuration used more at an earlier start "
+        "(the operator's learned records); included in totalBytes.",
+    )
+    observed_excess_bytes: int | None = Field(
+        default=None, ge=0, le=limits.MAX_GPU_MEMORY_BYTES,
+        description="Booked above the prediction because the node agent measured more once this replica had "
+        "started (observed + margin - prediction); included in totalBytes.",
+    )
     kv_cache_range_bytes: list[int] | None = Field(
         default=None,
         min_length=2,

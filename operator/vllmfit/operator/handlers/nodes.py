@@ -13,11 +13,13 @@ import pydantic
 
 from vllmfit.core import defaults, memory, placement
 from vllmfit.core.observe import attribution, inventory
+from vllmfit.core.placement import observed
 from vllmfit.core.spec import api
-from vllmfit.operator import metrics, report
+from vllmfit.operator import bounded, builders, learning, metrics, report, reservations
 from vllmfit.operator.handlers.common import Effects, now
-from vllmfit.operator.handlers.decide import resolve_requests_on, update_node
+from vllmfit.operator.handlers.decide import apply_decision, resolve_requests_on, retry_waiting, update_node
 from vllmfit.operator.handlers.writes import finish
+from vllmfit.operator.measured import in_use, replica_pods, started
 from vllmfit.operator.state import Store, get_store
 from vllmfit.sources import catalog
 
@@ -42,6 +44,7 @@ def attribute(store: Store, node: str, body: Mapping[str, Any], t: str) -> None:
     raw = ((body.get("metadata") or {}).get("annotations") or {}).get(defaults.INVENTORY_ANNOTATION)
     if not raw:
         store.attributions.pop(node, None)
+        store.replica_usage.pop(node, None)
         return
     try:
         inv = inventory.GpuInventory.model_validate_json(raw)
@@ -50,6 +53,7 @@ def attribute(store: Store, node: str, body: Mapping[str, Any], t: str) -> None:
     uids = {uid: rec.key for rec in store.records.values() for uid in rec.pod_uids.values()}
     att = attribution.attribute(inv, uids)
     store.attributions[node] = att
+    store.replica_usage[node] = attribution.attribute(inv, replica_pods(store))  # the closed loop's view
     for key in store.ledger.deployments():
         rec = store.records.get(key)
         mine = [b for b in store.ledger.bookings_of(key) if b.node == node]
@@ -61,13 +65,13 @@ def attribute(store: Store, node: str, body: Mapping[str, Any], t: str) -> None:
             if unit is None or not unit.attributable or b.index not in att.by_deployment.get(key, {}):
                 continue  # nothing measured for it there (not running yet, or processes not listed)
             seen = att.observed(key, b.index)
-            drift, bad = attribution.drift(b.footprint.total, seen)
+            drift, bad = attribution.drift(b.footprint.predicted, seen)
             entries.append(api.ObservedMemory(node=node, index=b.index, used_bytes=seen,
-                                              predicted_bytes=b.footprint.total, drift_bytes=drift,
+                                              predicted_bytes=b.footprint.predicted, drift_bytes=drift,
                                               sampled_at=att.sampled_at))
             if bad:
                 warn.append(f"{node} GPU {b.index}: uses {memory.fmt_gib(seen)}, predicted "
-                            f"{memory.fmt_gib(b.footprint.total)}")
+                            f"{memory.fmt_gib(b.footprint.predicted)}")
         rec.observed = [o for o in rec.observed if o.node != node] + entries
         if entries or warn:
             rec.conditions = report.set_condition(
@@ -101,11 +105,21 @@ async def on_node(type: str | None, body: kopf.Body, **_: Any) -> None:
             store.node_infos[name] = info
             store.refused.discard(name)
             info = store.effective_node(name, info)
+        # a re-plan for a change of the node itself (capacity, foreign use) decides on the
+        # predictions: a measurement never moves a started replica (docs/operator.md); the
+        # measured bookings are put back right after, from this inventory
+        held = observed.kept(store.ledger, name)
+        observed.apply(store.ledger, observed.floor(store.ledger, name))  # the ledger's measured change, 1 of 2
         await update_node(store, name, info, fx, "was removed" if type == "DELETED" else "no longer reports GPUs")
         if info is not None:
             attribute(store, name, body, t)
+            shrank = close_loop(store, name, fx, held)
+            await after_measuring(store, name, shrank, fx, t)
         node_data_condition(store, name, None, fx, t)
     await finish(store, fx, strict=False)
+    await learning.save(store)
+    if reservations.device_plugin(store, name):
+        await reservations.ungate(store)  # measured room may have grown: the start gate looks again
 
 
 NODE_DATA = "NodeData"
@@ -146,3 +160,123 @@ def node_data_condition(store: Store, name: str, problem: str | None, fx: Effect
                                                   t, rec.generation)
             fx.events.append((rec.body, "Warning", "NodeDataRefused", message))
         fx.mark.add(key)
+
+
+# --- The closed loop (issue 34): measured footprints into the ledger ---------------------------
+
+OVER_BUDGET = "OverBudget"
+"""Condition on the deployments booked on a GPU whose measured bookings exceed its budget."""
+
+
+def close_loop(store: Store, node: str, fx: Effects, held: dict[tuple[str, int, str, int], int]) -> bool:
+    """The node's latest inventory, per replica: footprints seen stable start their replica and
+    teach a learned record; started replicas' bookings become max(prediction, observed + margin)
+    (observed.apply, the one change the measurements make to the ledger); what this inventory does
+    not measure again keeps the excess it had (`held`, observed.kept before observed.floor).
+    Returns whether a measured booking came back down. Hold the lock."""
+    att = store.replica_usage.get(node)
+    measured = []
+    if att is not None:
+        forget(store)
+        for (key, replica, index), n in sorted(in_use(store, node).items()):
+            if not att.units[index].attributable:
+                continue
+            sample = (att.sampled_at, n)
+            prev = store.footprints.get((key, replica, node, index))
+            store.footprints[(key, replica, node, index)] = sample
+            if observed.stable(prev, sample):
+                store.started.add((key, replica))
+            measured.append(observed.Measured(key, replica, node, index, n, started(store, key, replica)))
+        teach(store, node, measured)
+    change = observed.change(store.ledger, measured, kept=held)
+    before = {k: builders.gpus_of(store.ledger, k) for k in change.bookings}
+    observed.apply(store.ledger, change)  # the ledger's measured change, 2 of 2
+    for g in change.grown:
+        rec = store.records.get(g.deployment)
+        if rec is None:
+            continue
+        fx.mark.update({g.deployment} | builders.neighbours(store.ledger, before.get(g.deployment, set())))
+        if g.after > g.before:
+            text = (f"{g.node} GPU {g.index} replica {g.replica}: measured {memory.fmt_gib(g.observed)}, "
+                    f"predicted {memory.fmt_gib(g.predicted)}; booked {memory.fmt_gib(g.before)} -> "
+                    f"{memory.fmt_gib(g.after)}")
+            fx.events.append((rec.body, "Warning", "BookingGrew", text))
+    return any(g.after < g.before for g in change.grown)
+
+
+async def after_measuring(store: Store, node: str, shrank: bool, fx: Effects, t: str) -> None:
+    """Over budget (conditions, Events, re-placing what has not started), and room for waiting
+    specs when a measured booking came back down. Hold the lock."""
+    await over_budget(store, node, fx, t)
+    if shrank:
+        await retry_waiting(store, fx)  # a booking came back down: room for what waits
+
+
+def forget(store: Store) -> None:
+    """Drop the samples and starts of replicas that are no longer booked."""
+    live = {(k, b.replica) for k in store.ledger.deployments() for b in store.ledger.bookings_of(k)}
+    store.started &= live
+    for k in [k for k in store.footprints if (k[0], k[1]) not in live]:
+        del store.footprints[k]
+
+
+def teach(store: Store, node: str, measured: list[observed.Measured]) -> None:
+    """A replica's first finished start on a GPU teaches a learned record of its configuration."""
+    for m in measured:
+        if not m.started:
+            continue
+        rec = store.records.get(m.deployment)
+        req = rec and (rec.request or rec.admitted_request)
+        slot = store.ledger.slot(node, m.index)
+        mine = [b for b in store.ledger.bookings_of(m.deployment, m.replica) if b.node == node and b.index == m.index]
+        if req is None or slot is None or not mine:
+            continue
+        s = placement.settings_from_spec(req.spec)
+        fp = mine[0].footprint
+        predicted = fp.predicted - fp.learned  # the memory model's own figure, not an earlier correction
+        new = memory.learned.record(req.model.name, slot.gpu.product, s, predicted, m.used_bytes,
+                                    f"{m.deployment} replica {m.replica} on {node} GPU {m.index}")
+        merged = memory.learned.learn(store.learned, new)
+        if merged != store.learned:
+            store.learned = merged
+            store.learned_dirty = True  # written by learning.save after the handler's writes
+
+
+async def over_budget(store: Store, node: str, fx: Effects, t: str) -> None:
+    """Deployments booked on a GPU of `node` over budget that have not started anywhere are decided
+    again (they go elsewhere when they fit elsewhere; else they stay, behind the start gate); then
+    a condition and an Event naming who holds what on each GPU still over budget, cleared once
+    back within budget."""
+    slots = {(s.node, s.index) for s in store.ledger.slots() if s.node == node}
+    bad = {k for k in slots if store.ledger.headroom_bytes(*k) < 0}
+    for key in sorted({b.deployment for k in sorted(bad) for b in store.ledger.bookings_on(*k)}):
+        rec = store.records.get(key)
+        if rec is None or not rec.admitted or any(started(store, key, p.replica) for p in rec.placement):
+            continue
+        req = rec.request or rec.admitted_request
+        if req is None:
+            continue
+        old_bookings = store.ledger.release(key)
+        d = await bounded.decide(store.ledger, req)
+        if d.admitted and not {(b.node, b.index) for b in d.bookings()} & bad:
+            apply_decision(store, rec, req, d, fx, cause=f"{node}: a GPU it was booked on is over budget (measured)")
+        else:
+            store.ledger.restore(key, old_bookings)  # nowhere better: it waits behind the start gate
+    texts: dict[str, list[str]] = {}
+    for k in sorted(k for k in slots if store.ledger.headroom_bytes(*k) < 0):
+        line = observed.holders(store.ledger, *k)
+        for b in store.ledger.bookings_on(*k):
+            texts.setdefault(b.deployment, []).append(line)
+    for key, rec in store.records.items():
+        old = next((c for c in rec.conditions if c.type == OVER_BUDGET), None)
+        if key in texts:
+            message = "; ".join(texts[key])
+            if old is None or old.message != message:
+                rec.conditions = report.set_condition(rec.conditions, OVER_BUDGET, "True", "MeasuredOverBudget",
+                                                      message, t, rec.generation)
+                fx.events.append((rec.body, "Warning", "GpuOverBudget", message))
+                fx.mark.add(key)
+        elif old is not None and old.status == "True":
+            rec.conditions = report.set_condition(rec.conditions, OVER_BUDGET, "False", "WithinBudget",
+                                                  "every GPU it is booked on is within its budget", t, rec.generation)
+            fx.mark.add(key)

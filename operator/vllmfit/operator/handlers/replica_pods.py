@@ -64,8 +64,10 @@ async def on_pod(type: str | None, body: kopf.Body, **_: Any) -> None:
         if rec is None:
             return
         if health is None:
-            rec.pods.pop(name, None)
+            gone = rec.pods.pop(name, None)
             rec.pod_uids.pop(name, None)
+            if gone is not None:  # its next pod starts afresh: not started until seen so (issue 34)
+                store.started.discard((key, gone[0]))
         else:
             try:
                 replica = int(labels.get(builders.LABEL_REPLICA, "0"))

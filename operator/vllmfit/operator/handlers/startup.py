@@ -15,7 +15,7 @@ from kubernetes_asyncio.client import ApiException
 
 from vllmfit import __version__
 from vllmfit.core.spec import api
-from vllmfit.operator import claims, metrics, reservations
+from vllmfit.operator import claims, learning, metrics, reservations
 from vllmfit.operator.handlers.children import children_state
 from vllmfit.operator.handlers.common import Effects
 from vllmfit.operator.handlers.decide import retry_waiting
@@ -143,6 +143,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         await store.api.close()
     store.api = client.ApiClient(store.kube_config or await load_config())
     store.api.user_agent = USER_AGENT  # the field manager of every write: "vllmfit"
+    await learning.load(store)  # what earlier starts taught, before any decision (issue 34)
     node_dicts, deployments = await list_cluster(store)
     await claims.load(store)  # the DRA nodes' GPUs and claims, before the ledger is rebuilt
     children, pods = await list_ours(store)  # a status books only what runs where it says; pods drain
