@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from vllmfit.cli.inputs import read_input
+from vllmfit.cli.output import console, write_then
 from vllmfit.core import defaults, limits, memory
 from vllmfit.core.errors import UserError
 from vllmfit.core.model.config import params_from_index, parse_hf_config
@@ -310,15 +311,13 @@ def _run_estimate(args: argparse.Namespace) -> int:
         est = memory.estimate(model, s, gpu, other_gpus=tuple(catalog.gpus().values()), policy=policy)
     except memory.SpecError as e:
         raise UserError(str(e)) from None
+    verdict = 0 if est.sizing.fits else 1
     if args.output == "json":
-        print(json.dumps(estimate_json(est), indent=2, sort_keys=True))
-    else:
-        from rich.console import Console
+        return write_then(verdict, lambda: print(json.dumps(estimate_json(est), indent=2, sort_keys=True)))
+    from vllmfit.cli import render
 
-        from vllmfit.cli import render
-
-        render.print_estimate(Console(), replace(est, suggestions=tuple(cli_words(x) for x in est.suggestions)))
-    return 0 if est.sizing.fits else 1
+    shown = replace(est, suggestions=tuple(cli_words(x) for x in est.suggestions))
+    return write_then(verdict, lambda: render.print_estimate(console(), shown))
 
 
 def estimate_json(est: memory.Estimate) -> dict[str, Any]:
@@ -441,7 +440,7 @@ def _print_json(rows: list[dict[str, Any]]) -> int:
     return 0
 
 
-def _print_table(rows: list[dict[str, Any]], console: Any = None) -> int:
+def _print_table(rows: list[dict[str, Any]], out: Any = None) -> int:
     """A kubectl-style table: no borders, upper-case headers, a short default set (`-o wide` adds
     the rest). No cell is cut or wrapped: a table wider than the terminal is printed whole, one line
     a row, at its natural width (the terminal wraps the lines, as with kubectl -o wide)."""
@@ -458,13 +457,13 @@ def _print_table(rows: list[dict[str, Any]], console: Any = None) -> int:
         table.add_column(key, overflow="fold", min_width=width)
     for r in rows:
         table.add_row(*(_cell(v) for v in r.values()))
-    console = console or Console()
+    out = out or console()
     # never crop: where the natural layout is wider than the terminal, print it whole (the terminal
     # wraps the lines, as with kubectl) instead of letting rich squeeze and cut the last columns
     need = Console(width=1 << 16).measure(table).maximum
-    if need > console.width:
-        console = Console(file=console.file, width=need, color_system=console.color_system)
-    console.print(table)
+    if need > out.width:
+        out = Console(file=out.file, width=need, color_system=out.color_system)
+    out.print(table)
     return 0
 
 
