@@ -99,7 +99,7 @@ def deployment_row_html(p: Plan, key: str, palette: dict[str, Look]) -> str:
     kv = ""
     if fp is not None and sizing is not None:
         kv = f"{gib(fp.kv_cache)} GiB" + (
-            f", {sizing.kv_cache_tokens} tokens" if sizing.kv_cache_tokens else ""
+            f", {sizing.granted_tokens} tokens" if sizing.granted_tokens else ""
         )
     notes = [f"<li>{html.escape(r)}</li>" for r in d.reasons]
     notes += [f'<li class="fix">fits with: {html.escape(s)}</li>' for s in d.suggestions]

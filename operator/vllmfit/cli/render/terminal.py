@@ -181,8 +181,8 @@ def print_deployment(console: Console, p: Plan, key: str, palette: dict[str, Loo
         sizing = d.replicas[0].sizing
         fp = sizing.footprint
         line = f"  on {placement_text(d)}: {gib(fp.total)} GiB per GPU, KV cache {gib(fp.kv_cache)} GiB"
-        if sizing.kv_cache_tokens:
-            line += f" = {sizing.kv_cache_tokens} tokens (max concurrency {sizing.max_concurrency:.1f})"
+        if sizing.granted_tokens:
+            line += f" = {sizing.granted_tokens} tokens (max concurrency {sizing.max_concurrency:.1f})"
         console.print(line, highlight=False)
     if d.flags is not None and d.admitted:
         console.print(Text("  " + " ".join(d.flags.args()), style="cyan"))
@@ -239,9 +239,9 @@ def print_estimate(console: Console, est: Estimate, width: int = BAR_WIDTH) -> N
     if sizing.flags is not None:
         label = "flags: " if sizing.fits else "flags (if it fit): "
         console.print(Text(label, style="bold") + Text(" ".join(sizing.flags.args())))
-    if sizing.kv_cache_tokens and sizing.fits:
+    if sizing.granted_tokens and sizing.fits:
         console.print(
-            f"KV cache: {sizing.kv_cache_tokens} tokens, max concurrency {sizing.max_concurrency:.2f} "
+            f"KV cache: {sizing.granted_tokens} tokens, max concurrency {sizing.max_concurrency:.2f} "
             f"({sizing.kv_bytes_per_token} bytes per token)"
             + (f"; {sizing.concurrency_typical:.1f} requests of the typical {sizing.typical_len} tokens"
                if sizing.concurrency_typical is not None else ""),
@@ -314,7 +314,7 @@ def vllm_table(est: Estimate) -> Table:
         ("non-torch memory", f"{gib(v.non_torch_bytes)} GiB"),
         ("CUDA graphs", f"{gib(v.cuda_graph_bytes)} GiB"),
         ("available KV cache memory", f"{gib(v.kv_cache_bytes)} GiB"),
-        ("GPU KV cache size", f"{v.kv_cache_tokens} tokens"),
+        ("GPU KV cache size (null block included)", f"{v.kv_cache_tokens} tokens"),
         ("GPU blocks", str(v.num_gpu_blocks)),
         ("maximum concurrency", f"{v.max_concurrency:.2f}x"),
     ):
