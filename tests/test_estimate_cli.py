@@ -167,12 +167,12 @@ COMMON_MODELS = {"meta-llama/Llama-3.1-8B-Instruct": 131072, "Qwen/Qwen2.5-7B-In
 @pytest.mark.parametrize("model", sorted(COMMON_MODELS))
 def test_an_8b_in_bf16_at_8k_is_admitted_on_a_24gb_gpu_with_the_kv_grant_shown(capsys, gpu, model):
     """Plain vLLM serves these at its default --gpu-memory-utilization 0.9; so does vllmfit's default
-    (the counted policy: budget = int(0.9 x T)), and with no KV request the KV cache is the room left
-    on the empty GPU in whole blocks, at least one request of 8192 tokens."""
+    (the counted policy: budget = ceil(0.9 x T) + one CUDA context, 0.55 GiB), and with no KV request
+    the KV cache is the room left on the empty GPU in whole blocks, at least one request of 8192 tokens."""
     code, out, _ = run(capsys, "estimate", "--model", model, "--gpu", gpu, "--max-model-len", "8192", "-o", "json")
     d = json.loads(out)
     T, per_token = COMMON_GPUS[gpu], COMMON_MODELS[model]
-    budget = int(0.9 * T)
+    budget = math.ceil(0.9 * T) + int(0.55 * (1 << 30))
     block = 16 * per_token
     assert code == 0 and d["fits"]
     assert d["per_gpu"]["capacity_bytes"] == T and d["per_gpu"]["budget_bytes"] == budget
@@ -183,22 +183,34 @@ def test_an_8b_in_bf16_at_8k_is_admitted_on_a_24gb_gpu_with_the_kv_grant_shown(c
     granted = d["kv_cache"]["granted_tokens"]
     assert granted == kv // per_token - 16 >= 8192  # vLLM 0.33 holds the null block back
     code, out, _ = run(capsys, "estimate", "--model", model, "--gpu", gpu, "--max-model-len", "8192")
-    assert code == 0 and f"KV cache: {d['kv_cache_tokens']} tokens" in out
+    assert code == 0 and f"KV cache: {granted} tokens" in out  # the grant, which --kv-cache-tokens gives back
 
 
-def test_vllms_own_utilization_on_an_l4_gets_a_checked_fix(capsys, monkeypatch):
-    """--gpu-memory-utilization 0.9 books the CUDA context outside R: 0.55 GiB + ceil(0.9 T) > int(0.9 T).
-    The fixes are each checked by running them."""
+def test_vllms_own_utilization_alone_on_an_l4_is_admitted(capsys):
+    """Issue 31: --gpu-memory-utilization 0.9 uses ceil(0.9 T) + its CUDA context outside R, exactly the
+    counted budget."""
+    argv = ["estimate", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "NVIDIA-L4", "--max-model-len", "8192",
+            "--gpu-memory-utilization", "0.9", "-o", "json"]
+    code, out, _ = run(capsys, *argv)
+    d = json.loads(out)
+    T = COMMON_GPUS["NVIDIA-L4"]
+    assert code == 0 and d["fits"]
+    assert d["per_gpu"]["total_bytes"] == d["per_gpu"]["budget_bytes"] == math.ceil(0.9 * T) + int(0.55 * (1 << 30))
+
+
+def test_a_utilization_above_vllms_default_on_an_l4_gets_a_checked_fix(capsys, monkeypatch):
+    """--gpu-memory-utilization 0.92 books 0.55 GiB + ceil(0.92 T) > ceil(0.9 T) + 0.55 GiB. The fixes
+    are each checked by running them."""
     monkeypatch.setenv("COLUMNS", "200")  # one fix per line
     argv = ["estimate", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "NVIDIA-L4", "--max-model-len", "8192",
-            "--gpu-memory-utilization", "0.9"]
+            "--gpu-memory-utilization", "0.92"]
     code, out, _ = run(capsys, *argv)
     assert code == 1
     fixes = [f.strip() for f in out.split("fits with (each checked):\n", 1)[1].splitlines() if f.startswith("  --")]
-    assert fixes[0].startswith("--gpu-memory-utilization 0.8") and fixes[1].startswith("--budget-utilization 0.93 ")
+    assert fixes[0].startswith("--gpu-memory-utilization 0.9") and fixes[1].startswith("--budget-utilization 0.92 ")
     for fix in fixes:
         flags = fix.split(" (")[0].split()
-        args = [a for a in argv if a not in ("--gpu-memory-utilization", "0.9")] if flags[0] == "--gpu-memory-utilization" \
+        args = [a for a in argv if a not in ("--gpu-memory-utilization", "0.92")] if flags[0] == "--gpu-memory-utilization" \
             else argv
         code, out, _ = run(capsys, *args, *flags, "-o", "json")
         assert code == 0 and json.loads(out)["fits"], fix
@@ -211,7 +223,8 @@ def test_a_spec_only_adr_0002_refuses_is_offered_the_counted_policy(capsys, monk
     code, out, _ = run(capsys, *argv)
     assert code == 1
     fixes = [f.strip() for f in out.split("fits with (each checked):\n", 1)[1].splitlines() if f.startswith("  --")]
-    assert fixes[0].startswith("--budget-policy counted (0.9 x capacity; now 0.9 x capacity - 2.0 GiB (adr-0002)")
+    assert fixes[0].startswith("--budget-policy counted (ceil(0.9 x capacity) + 0.55 GiB CUDA context; "
+                               "now 0.9 x capacity - 2.0 GiB (adr-0002)")
     assert fixes.index(fixes[0]) < fixes.index("--quantization fp8")  # the policy before quantization
     code, out, _ = run(capsys, *argv[:-2], "--budget-policy", "counted", "-o", "json")
     assert code == 0 and json.loads(out)["fits"]

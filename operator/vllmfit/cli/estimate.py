@@ -36,6 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--gpu-memory-gib", type=float, metavar="X", help="any GPU with X GiB visible to CUDA")
     p.add_argument("--tp", type=int, default=1, help="tensor parallel size")
     p.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
+    p.add_argument("--gpus-per-node", type=int, default=defaults.GPUS_PER_NODE, metavar="N",
+                   help="GPUs of this type one node has (default %(default)s); a deployment is placed within one "
+                        "node (multi-node placement is not supported yet), so tp x pp must be at most N, as in plan")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     p.add_argument("--quantization", default=None,
                    choices=["fp8", "int8", "w8a8", "awq", "gptq", "w4a16", "mxfp4", "compressed-tensors", "bitsandbytes"])
@@ -114,7 +117,7 @@ def budget_from_args(args: argparse.Namespace) -> memory.BudgetPolicy:
     except ValueError as e:
         raise UserError(str(e)) from None
     chosen = named or args.budget_utilization is not None or args.budget_reserve is not None
-    policy = memory.BudgetPolicy(u, reserve, "CLI" if chosen else "default")
+    policy = base.with_utilization(u, reserve, "CLI" if chosen else "default")
     bad = policy.error()
     if bad:
         raise UserError(bad.replace("budget utilization", "--budget-utilization").replace("budget reserve", "--budget-reserve"))
@@ -229,6 +232,7 @@ def settings_from_args(args: argparse.Namespace) -> memory.Settings:
               "max_num_batched_tokens": limits.MAX_BATCHED_TOKENS}
     for name, limit in bounds.items():
         _positive(name.replace("_", "-"), getattr(args, name), limit)
+    _positive("gpus-per-node", getattr(args, "gpus_per_node", None), limits.MAX_TP * limits.MAX_PP)
     kv_bounds = {"kv_cache_tokens": limits.MAX_KV_TOKENS, "kv_concurrency": limits.MAX_NUM_SEQS,
                  "typical_length": limits.MAX_CONTEXT}
     for name, limit in kv_bounds.items():
@@ -308,7 +312,8 @@ def _run_estimate(args: argparse.Namespace) -> int:
     if too_large:
         raise UserError(too_large)
     try:
-        est = memory.estimate(model, s, gpu, other_gpus=tuple(catalog.gpus().values()), policy=policy)
+        est = memory.estimate(model, s, gpu, other_gpus=tuple(catalog.gpus().values()), policy=policy,
+                              gpus_per_node=args.gpus_per_node)
     except memory.SpecError as e:
         raise UserError(str(e)) from None
     verdict = 0 if est.sizing.fits else 1
@@ -391,7 +396,7 @@ def _state_json(est: memory.Estimate) -> dict[str, Any] | None:
 def _policy_json(est: memory.Estimate) -> dict[str, Any]:
     p = est.policy if isinstance(est.policy, memory.BudgetPolicy) else memory.DEFAULT_POLICY
     return {"name": p.name, "utilization": p.utilization, "reserve_bytes": p.reserve_bytes, "source": p.source,
-            "held_back_bytes": p.held_back(est.capacity_bytes)}
+            "context_bytes": p.context_bytes, "held_back_bytes": p.held_back(est.capacity_bytes)}
 
 
 # --- listings ----------------------------------------------------------------------------------

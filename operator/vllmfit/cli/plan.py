@@ -20,6 +20,7 @@ import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from dataclasses import replace
 from typing import Any, cast
 
 from vllmfit.cli import render
@@ -160,9 +161,29 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
         plan = placement.plan(nodes.values(), [], admitted=admitted, admitted_flags=flags, policy=policy)
         plan.requests.update({r.key: r for r in requests})
         plan.decisions.update(shown)
+    _larger_nodes(plan, budget)
     plan.errors = sorted(plan.errors + errors)
     plan.warnings = sorted(set(plan.warnings) | set(notes) | set(objs.ignored))
     return plan
+
+
+def _larger_nodes(plan: placement.Plan, budget: memory.BudgetPolicy) -> None:
+    """A deployment that needs more GPUs than any node has also gets the fix `estimate` offers from
+    the catalog: a larger GPU type (a node of that many larger GPUs), with fewer pipeline stages,
+    checked by sizing (the cluster has no such node to check it on)."""
+    most = plan.ledger.most_of_one_type()
+    gpus = plan.ledger.gpu_types()
+    for key, d in plan.decisions.items():
+        req = plan.requests.get(key)
+        if d.admitted or req is None or not gpus:
+            continue
+        s = placement.settings_from_spec(req.spec)
+        if not 0 < most < s.gpus:
+            continue
+        largest = max(gpus, key=lambda g: (g.cuda_total_bytes, g.product))
+        found = [f for f in memory.one_node_fixes(req.model, s, largest, most, tuple(catalog.gpus().values()), budget)
+                 if f.startswith("a larger GPU") and f not in d.suggestions]
+        plan.decisions[key] = replace(d, suggestions=(*d.suggestions, *found))
 
 
 def _dra_nodes(objs: Objects, nodes: dict[str, placement.NodeInfo],
