@@ -194,7 +194,7 @@ def test_adr_0002_by_name_refuses_the_same_and_offers_the_counted_policy() -> No
     u = max(k / 10_000 for k in range(1, 10_000) if ctx + math.ceil(T * k / 10_000) <= BUDGET)
     assert f"gpuMemoryUtilization: {u}" in est.suggestions
     # counted admits vLLM's default (its budget counts the lone server's context), so it is offered
-    assert (f"budget policy counted (ceil(0.9 x capacity) + 0.55 GiB CUDA context; now 0.9 x capacity - 2.0 GiB "
+    assert ("budget policy counted (ceil(0.9 x capacity) + 0.55 GiB CUDA context; now 0.9 x capacity - 2.0 GiB "
             "(adr-0002): 9.9 GiB of this GPU held back)") in est.suggestions
     assert ctx + math.ceil(T * 0.9) <= memory.DEFAULT_POLICY.budget(T)
 

@@ -19,8 +19,8 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, cast
 
 from vllmfit.cli import render
