@@ -1,4 +1,6 @@
-"""The terminal: rich tables and character bars of plans and estimates, drawn from `layout`."""
+"""The terminal: rich tables and character bars of plans and estimates, drawn from `layout`. Lines
+of vLLM flags and of fixes are printed whole (`soft_wrap`): the terminal folds them on screen, and
+a copy of one is one command line, never a flag cut in two."""
 
 from __future__ import annotations
 
@@ -185,7 +187,7 @@ def print_deployment(console: Console, p: Plan, key: str, palette: dict[str, Loo
             line += f" = {sizing.granted_tokens} tokens (max concurrency {sizing.max_concurrency:.1f})"
         console.print(line, highlight=False)
     if d.flags is not None and d.admitted:
-        console.print(Text("  " + " ".join(d.flags.args()), style="cyan"))
+        console.print(Text("  " + " ".join(d.flags.args()), style="cyan"), soft_wrap=True)
     if not d.admitted:
         at = d.message.find(NODES_AVAILABLE)
         if d.reasons and at >= 0:  # the kube-scheduler's headline, then its groups
@@ -197,7 +199,7 @@ def print_deployment(console: Console, p: Plan, key: str, palette: dict[str, Loo
         if d.suggestions:
             console.print("  fits with (each checked):", highlight=False)
             for s in d.suggestions:
-                console.print(Text(f"    {s}", style="green"))
+                console.print(Text(f"    {s}", style="green"), soft_wrap=True)
     for w in d.warnings:
         console.print(Text(f"  warning: {w}", style="yellow"))
 
@@ -238,7 +240,7 @@ def print_estimate(console: Console, est: Estimate, width: int = BAR_WIDTH) -> N
         console.print(f"weights include {' and exclude '.join(parts)}", highlight=False)
     if sizing.flags is not None:
         label = "flags: " if sizing.fits else "flags (if it fit): "
-        console.print(Text(label, style="bold") + Text(" ".join(sizing.flags.args())))
+        console.print(Text(label, style="bold") + Text(" ".join(sizing.flags.args())), soft_wrap=True)
     if sizing.granted_tokens and sizing.fits:
         console.print(
             f"KV cache: {sizing.granted_tokens} tokens, max concurrency {sizing.max_concurrency:.2f} "
@@ -268,7 +270,7 @@ def print_estimate(console: Console, est: Estimate, width: int = BAR_WIDTH) -> N
     if est.suggestions:
         console.print("fits with (each checked):")
         for sug in est.suggestions:
-            console.print(Text(f"  {as_flags(sug)}", style="green"))
+            console.print(Text(f"  {as_flags(sug)}", style="green"), soft_wrap=True)
     for w in est.warnings:
         console.print(Text(f"warning: {w}", style="yellow"))
 
