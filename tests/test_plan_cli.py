@@ -54,8 +54,8 @@ def test_the_impossible_one_is_unschedulable_with_reasons(plan_json: dict) -> No
     left = min(g["headroom_bytes"] for g in plan_json["gpus"] if g["node"] == "gpu-a100-b")
     assert f"{left / GIB:.1f}" == "8.4"
     assert d["reasons"] == [
-        "1 GPU memory (needs at least 120.2 GiB on each of 4 GPUs, the best 4 have 8.4 GiB or more left each: "
-        "gpu-a100-b GPU 0,1,2,3)",
+        ("1 GPU memory (needs at least 120.2 GiB on each of 4 GPUs, the best 4 have 8.4 GiB or more left each: "
+        "gpu-a100-b GPU 0,1,2,3)"),
         "3 node(s) didn't match placement.nodeSelector",
     ]  # no budget policy line: 112 GiB short is not the policy's doing (it holds back 3.4 GiB of each GPU)
     assert d["gpus"] == [] and d["message"] == (

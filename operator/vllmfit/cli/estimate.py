@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from vllmfit.cli.inputs import read_input
-from vllmfit.cli.output import console, write_then
+from vllmfit.cli.output import console, hub_words, write_then
 from vllmfit.core import defaults, limits, memory
 from vllmfit.core.errors import UserError
 from vllmfit.core.model.config import params_from_index, parse_hf_config
@@ -198,8 +198,9 @@ def load_model_config(path: str, params: int | None = None) -> ModelArch:
         raise UserError(f"{cfg_path}: {e}") from None
 
 
-def resolve_model(name: str) -> ModelArch:
-    """The catalog first; a Hugging Face repo id ("org/name") not in it is fetched from the Hub."""
+def resolve_model(name: str, words: str = "flags") -> ModelArch:
+    """The catalog first; a Hugging Face repo id ("org/name") not in it is fetched from the Hub.
+    `words`: the Hub's errors in the words of `estimate` ("flags") or of `plan` ("spec")."""
     try:
         return catalog.model(name)
     except catalog.CatalogError as e:
@@ -212,7 +213,8 @@ def resolve_model(name: str) -> ModelArch:
         try:
             return hub.resolve_model(name)
         except Exception as hub_error:  # noqa: BLE001 - reported as one line
-            raise UserError(f"{e}; Hugging Face Hub: {str(hub_error).splitlines()[0] if str(hub_error) else hub_error!r}") from None
+            said = str(hub_error).splitlines()[0] if str(hub_error) else repr(hub_error)
+            raise UserError(f"{e}; Hugging Face Hub: {hub_words(said, words)}") from None
 
 
 def resolve_gpu(args: argparse.Namespace) -> GpuType:

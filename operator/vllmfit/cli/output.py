@@ -8,6 +8,9 @@
 - A reader that leaves early (`vllmfit plan | head`) is a normal end: nothing more is written and
   the exit code is the command's verdict (0 all fit, 1 something does not fit, 2 input errors),
   not a traceback or 141.
+- Errors in the CLI's words (`hub_words`): the Hugging Face Hub's messages are written for the
+  operator ("will retry; set spec.modelConfig"); `estimate` names its flags instead, `plan` the
+  spec's fields, and neither retries.
 """
 
 from __future__ import annotations
@@ -60,3 +63,22 @@ def write_then(verdict: int, write: Callable[[], Any]) -> int:
     except BrokenPipeError:
         silence_stdout()
     return verdict
+
+
+HUB_WORDS = {  # the Hub's messages are the operator's (it retries, it holds the token) -> the CLI's
+    "flags": (("; will retry; set spec.modelConfig to avoid the Hub", ("; work offline with --model-config PATH "
+               "(a config.json) or a catalog name (vllmfit models)")),
+              ("give the operator a token (HF_TOKEN)", "set HF_TOKEN"), ("the operator's token", "HF_TOKEN"),
+              ("check spec.model or set spec.modelConfig", "check --model or pass --model-config PATH"),
+              ("set spec.modelConfig", "pass --model-config PATH")),
+    "spec": (("; will retry; set spec.modelConfig to avoid the Hub", "; set spec.modelConfig to plan offline"),
+             ("give the operator a token (HF_TOKEN)", "set HF_TOKEN"), ("the operator's token", "HF_TOKEN")),
+}
+"""The CLI's words for the Hub's errors: `estimate` names its flags, `plan` the spec's fields; neither
+retries, and the token is the user's own HF_TOKEN."""
+
+
+def hub_words(message: str, words: str = "flags") -> str:
+    for old, new in HUB_WORDS[words]:
+        message = message.replace(old, new)
+    return message

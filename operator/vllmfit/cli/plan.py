@@ -74,7 +74,7 @@ def resolve_model(
         )
     from vllmfit.cli.estimate import resolve_model as by_name  # the catalog, then the Hugging Face Hub
 
-    return by_name(spec.model)
+    return by_name(spec.model, words="spec")
 
 
 # --- Building the plan -----------------------------------------------------------------------------
