@@ -205,10 +205,10 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--wait-s", type=float, default=600, help="the longest wait for every deployment to settle")
-    p.add_argument("--quick", action="store_true", help="2 nodes, 3 deployments, 30 s wait: does it run (tests)")
+    p.add_argument("--quick", action="store_true", help="2 nodes, 3 deployments, 15 s wait: does it run (tests)")
     a = p.parse_args()
     if a.quick:
-        a.nodes, a.deployments, a.runs, a.wait_s = 2, 3, 1, 30
+        a.nodes, a.deployments, a.runs, a.wait_s = 2, 3, 1, 15
     try:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
     except (AttributeError, OSError):
