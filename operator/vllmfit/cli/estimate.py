@@ -92,13 +92,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def add_budget_args(p: argparse.ArgumentParser) -> None:
     """The budget policy flags (also `plan`)."""
-    b = p.add_argument_group("budget policy (utilization x capacity - reserve)")
+    b = p.add_argument_group("budget policy (what vllmfit hands out of each GPU; docs/glossary.md)")
     b.add_argument("--budget-policy", choices=list(memory.POLICIES), metavar="NAME",
-                   help=f"a named policy: counted (default: {memory.DEFAULT_POLICY.formula}; the overheads are "
+                   help=f"a named policy: counted (default: {memory.DEFAULT_POLICY.formula}, what one vLLM at "
+                        f"--gpu-memory-utilization {defaults.UTILIZATION} uses on an empty GPU; the overheads are "
                         f"booked in each footprint) or adr-0002 ({memory.ADR_POLICY.formula}; the default "
                         "with --policy adr)")
     b.add_argument("--budget-utilization", type=float, metavar="U",
-                   help=f"fraction of each GPU vllmfit hands out, in [0, 1] (default {defaults.UTILIZATION})")
+                   help=f"the vLLM utilization one server may use, in [0, 1] (default {defaults.UTILIZATION})")
     b.add_argument("--budget-reserve", metavar="QTY",
                    help="bytes held back on each GPU besides (1 - U), a Kubernetes quantity "
                         f"(default 0; adr-0002: {defaults.RESERVE_BYTES // defaults.GIB}Gi)")
