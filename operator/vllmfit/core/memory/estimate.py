@@ -35,7 +35,8 @@ def estimate(model: ModelArch, s: Settings, gpu: GpuType, *, other_gpus: tuple[G
         sizing = replace(sizing, fits=False, reasons=(one_node_reason(s, gpus_per_node),))
         suggestions = tuple(one_node_fixes(model, s, gpu, gpus_per_node, other_gpus, policy))
     elif not sizing.fits:
-        sizing = replace(sizing, reasons=(*sizing.reasons, policy.describe(T)))
+        if sizing.footprint.total - budget <= policy.held_back(T):  # the policy is a cause: say which
+            sizing = replace(sizing, reasons=(*sizing.reasons, policy.describe(T)))
         found = [f.text for f in fixes(model, s, gpu, other_gpus, budget, policy)]
         other = larger_gpu(model, s, gpu, other_gpus, policy)
         if other is not None:
