@@ -199,3 +199,22 @@ spec: {model: meta-llama/Llama-3.1-8B-Instruct, maxModelLen: 8192}
     kv = d["per_gpu"]["kv_cache_bytes"]
     assert kv % (16 * 131072) == 0 and kv // 131072 - 16 >= 8192  # one null block held back (vLLM 0.33)
     assert 0 <= g["headroom_bytes"] < 16 * 131072 + math.ceil(g["capacity_bytes"] / 10_000)
+
+
+def test_vllms_own_default_utilization_alone_on_an_empty_h100_is_admitted(tmp_path: Path, capsys) -> None:
+    """Issue 31: u 0.9 books ceil(0.9 T) + its CUDA context, exactly the counted budget (it was refused:
+    71.8 GiB against 0.9 x T = 71.3 GiB)."""
+    f = tmp_path / "h100.yaml"
+    f.write_text("""apiVersion: v1
+kind: Node
+metadata: {name: h100, labels: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3, nvidia.com/gpu.count: "1"}}
+---
+apiVersion: vllmfit.dev/v1alpha1
+kind: VLLMDeployment
+metadata: {name: u9}
+spec: {model: meta-llama/Llama-3.1-8B-Instruct, gpuMemoryUtilization: 0.9, maxModelLen: 8192}
+""")
+    assert cli.main(["plan", "-f", str(f), "-o", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    [g], [d] = data["gpus"], data["deployments"]
+    assert d["phase"] == "Admitted" and g["used_bytes"] == g["budget_bytes"] == math.ceil(0.9 * 85031714816) + CTX
