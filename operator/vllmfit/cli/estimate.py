@@ -324,7 +324,8 @@ def _run_estimate(args: argparse.Namespace) -> int:
         return write_then(verdict, lambda: print(json.dumps(estimate_json(est), indent=2, sort_keys=True)))
     from vllmfit.cli import render
 
-    shown = replace(est, suggestions=tuple(cli_words(x) for x in est.suggestions))
+    shown = replace(est, suggestions=tuple(cli_words(x) for x in est.suggestions),
+                    sizing=replace(est.sizing, reasons=tuple(cli_error(r) for r in est.sizing.reasons)))
     return write_then(verdict, lambda: render.print_estimate(console(), shown))
 
 
