@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import json
 from typing import Any
 
@@ -18,7 +20,7 @@ from vllmfit.operator.state import get_store
 from vllmfit.sources import catalog
 
 GIB = 1 << 30
-BUDGET = int(0.90 * catalog.gpu(H100).cuda_total_bytes)  # the counted budget policy (the default): 0.9 x T
+BUDGET = math.ceil(0.90 * catalog.gpu(H100).cuda_total_bytes) + int(0.55 * GIB)  # counted: ceil(0.9 T) + context
 
 
 @pytest.fixture

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import asyncio
 import json
 from typing import Any
@@ -18,7 +20,7 @@ from vllmfit.sources import catalog
 
 GIB = 1 << 30
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
-BUDGET = int(0.90 * catalog.gpu(H100).cuda_total_bytes)  # the counted budget policy (the default), by hand
+BUDGET = math.ceil(0.90 * catalog.gpu(H100).cuda_total_bytes) + defaults.CUDA_CONTEXT_BYTES  # counted, by hand
 
 
 def total(status: dict[str, Any]) -> int:
