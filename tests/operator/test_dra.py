@@ -7,10 +7,9 @@ an allocation result as the scheduler would (consumedCapacity rounded up to the 
 
 from __future__ import annotations
 
-import math
-
 import copy
 import json
+import math
 import uuid as uuidlib
 from typing import Any
 

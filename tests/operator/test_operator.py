@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import asyncio
 import json
+import math
 from typing import Any
 
 import kmock
