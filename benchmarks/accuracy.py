@@ -1,4 +1,4 @@
-"""Predicted vs observed vLLM start-up memory on the real logs in shared/calibration.
+"""Predicted vs observed vLLM start-up memory on real vLLM start-up logs (tests/data/calibration).
 
 Every case goes through the same code path as `vllmfit estimate --gpu-memory-utilization U`:
 memory.estimate(...).vllm, i.e. what vLLM would log for exactly the logged settings.
@@ -25,16 +25,15 @@ import statistics
 import sys
 from pathlib import Path
 
-from vllmfit.core import memory
+from vllmfit.core import defaults, memory
 from vllmfit.core.memory import margin
 from vllmfit.core.memory.overhead import graph_bytes
 from vllmfit.sources import catalog
 
 GIB = 1 << 30
 ROOT = Path(__file__).resolve().parents[1]
-# beside the checkout (../shared), or beside its worktree folder (../../shared)
-DEFAULT_DIR = next((p for p in (ROOT.parent / "shared" / "calibration", ROOT.parent.parent / "shared" / "calibration")
-                    if p.exists()), ROOT.parent / "shared" / "calibration")
+DEFAULT_DIR = ROOT / "tests" / "data" / "calibration"
+"""The 52 public vLLM start-up records, in the repository (tests/data/calibration/README.md: sources)."""
 OVER_LIMIT_GIB = 0.5
 
 _QUANT = {"fp8": "fp8"}  # quantization applied online to an unquantized checkpoint
@@ -214,8 +213,20 @@ def main() -> int:
         "kv_tokens_median_err_pct": round(statistics.median(errs["tokens_pct"]), 2) if errs["tokens_pct"] else None,
         "kv_tokens_max_err_pct": round(max(errs["tokens_pct"]), 2) if errs["tokens_pct"] else None,
     }
+    # the counted budget counts one lone server's CUDA context outside R (defaults.COUNTED_CONTEXT_BYTES):
+    # it must be at least what a one-GPU vLLM logs as its start-up non-torch memory (its context),
+    # or the default budget would admit more than a lone vLLM at --gpu-memory-utilization u uses
+    contexts = [row["extra"]["init_non_torch_gib"] for row in rows if row["tensor_parallel_size"] *
+                row["pipeline_parallel_size"] == 1 and (row.get("extra") or {}).get("init_non_torch_gib") is not None]
+    counted = defaults.COUNTED_CONTEXT_BYTES / GIB
+    summary["budget_context_gib"] = round(counted, 3)
+    summary["logged_context_tp1_max_gib"] = max(contexts) if contexts else None
+    summary["logged_context_above_budget_context_count"] = sum(1 for c in contexts if c > counted + 0.005)
     bands = measured_bands(residuals)
     print()
+    print(f"budget context (counted): {counted:.3f} GiB; one-GPU start-up contexts logged: {len(contexts)}, "
+          f"largest {max(contexts, default=0):.2f} GiB, above the budget's: "
+          f"{summary['logged_context_above_budget_context_count']}")
     print(f"{'class':<9} {'logs':>4} {'worst over GiB':>15} {'worst under GiB':>16}  measured band (0.01 GiB)  in memory.margin")
     for cls, res in sorted(residuals.items()):
         print(f"{cls:<9} {len(res):>4} {max(res):>15.3f} {-min(res):>16.3f}  {bands[cls]!s:<24}  "
@@ -229,7 +240,7 @@ def main() -> int:
         all(margin.GRAPH_BAND_CENTI_GIB.get(c) == b for c, b in graph_bands.items())
     print()
     print("targets: weights median <= 2%, KV median <= 1.0 GiB, KV max <= 3 GiB, "
-          "KV over-predicted by > 0.5 GiB: 0 cases")
+          "KV over-predicted by > 0.5 GiB: 0 cases; logged contexts above the budget's: 0")
     print(json.dumps(summary))
     return 0
 

@@ -112,7 +112,7 @@ def budget_of(product: str) -> int:
     return memory.budget_bytes(catalog.gpu_for_label(product, None).cuda_total_bytes)
 
 
-async def one_run(n_nodes: int, n_deployments: int, seed: int) -> dict[str, Any]:
+async def one_run(n_nodes: int, n_deployments: int, seed: int, wait_s: float = 600) -> dict[str, Any]:
     import kopf
     from kubernetes_asyncio import client
 
@@ -154,7 +154,7 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int) -> dict[str, Any]
     posted_s = time.monotonic() - t0
     all_final_s = children_s = None
     items: list[dict[str, Any]] = []
-    while time.monotonic() - t0 < 600:
+    while time.monotonic() - t0 < wait_s:
         await asyncio.sleep(0.25)
         items = (await custom.list_cluster_custom_object(GROUP, VERSION, PLURAL))["items"]
         phases = [(i.get("status") or {}).get("phase") for i in items]
@@ -204,7 +204,11 @@ def main() -> None:
     p.add_argument("--deployments", type=int, default=500)
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--wait-s", type=float, default=600, help="the longest wait for every deployment to settle")
+    p.add_argument("--quick", action="store_true", help="2 nodes, 3 deployments, 15 s wait: does it run (tests)")
     a = p.parse_args()
+    if a.quick:
+        a.nodes, a.deployments, a.runs, a.wait_s = 2, 3, 1, 15
     try:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
     except (AttributeError, OSError):
@@ -216,7 +220,7 @@ def main() -> None:
     import vllmfit.operator.handlers  # noqa: F401  (registers the handlers)
 
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    runs = [asyncio.run(one_run(a.nodes, a.deployments, a.seed)) for _ in range(a.runs)]
+    runs = [asyncio.run(one_run(a.nodes, a.deployments, a.seed, a.wait_s)) for _ in range(a.runs)]
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     r0 = runs[0]
 

@@ -307,7 +307,11 @@ def main() -> None:
     ap.add_argument("--kv-nodes", type=int, default=50, help="nodes of the KV sizing comparison")
     ap.add_argument("--kv-offered", type=int, default=1500, help="deployments offered in the KV sizing comparison")
     ap.add_argument("--write-export", metavar="PATH", help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true", help="10 nodes, 20 deployments, 1 round: does it run (tests)")
     args = ap.parse_args()
+    if args.quick:
+        args.nodes, args.deployments, args.rounds, args.samples, args.denials = 10, 20, 1, 5, 2
+        args.export_nodes, args.export_deployments, args.kv_nodes, args.kv_offered = 5, 5, 2, 10
     if args.write_export:  # run as a child, so that building the export does not grow this process
         Path(args.write_export).write_text(kubectl_export(args.export_nodes, args.export_deployments),
                                            encoding="utf-8")

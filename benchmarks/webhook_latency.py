@@ -130,7 +130,10 @@ def main() -> None:
     ap.add_argument("--deployments", type=int, default=4000)
     ap.add_argument("--reviews", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="5 nodes, 10 deployments, 20 reviews, 1 round: does it run")
     a = ap.parse_args()
+    if a.quick:
+        a.nodes, a.deployments, a.reviews, a.rounds = 5, 10, 20, 1
     cores = sorted(os.sched_getaffinity(0))[:2]
     os.sched_setaffinity(0, cores)  # the client process inherits it
     logging.basicConfig(level=logging.WARNING, stream=open(os.devnull, "w"))  # noqa: SIM115 - as an operator logs

@@ -1,4 +1,4 @@
-"""Predictions against the real vLLM start-up logs in shared/calibration (52 cases)."""
+"""Predictions against the real vLLM start-up logs in tests/data/calibration (52 cases)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,8 @@ from vllmfit.core import memory
 from vllmfit.sources import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
-CAL = next((p for p in (ROOT.parent / "shared" / "calibration" / "vllm_startup_logs.jsonl",
-                        ROOT.parent.parent / "shared" / "calibration" / "vllm_startup_logs.jsonl") if p.exists()),
-           ROOT.parent / "shared" / "calibration" / "vllm_startup_logs.jsonl")  # beside the checkout or its worktree
+CAL = ROOT / "tests" / "data" / "calibration" / "vllm_startup_logs.jsonl"  # in the repository (its README: sources)
 sys.path.insert(0, str(ROOT / "benchmarks"))
-
-pytestmark = pytest.mark.skipif(not CAL.exists(), reason="shared/calibration is not beside this checkout")
 
 GIB = 1 << 30
 

@@ -73,3 +73,28 @@ def test_status_api_refusals_are_sentences(status: int, reason: str, words: str)
     msg = str(err.value)
     assert not msg.split(": ", 1)[1].startswith("("), msg
     assert words in msg and "\n" not in msg
+
+
+# --- issue 31: suggestions by prefix and memory; the CLI's own words ----------------------------------
+
+
+def test_a_gpu_prefix_suggests_every_gpu_it_starts_largest_first(capsys: pytest.CaptureFixture[str]) -> None:
+    code = entry.main(["estimate", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "NVIDIA-H100"])
+    err = capsys.readouterr().err
+    assert code == 2 and "\n" not in err.strip()
+    closest = err.split("closest: ", 1)[1].split(" (list them")[0].split(", ")
+    assert set(closest) == {"NVIDIA-H100-NVL", "NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe"}  # not an A10
+    assert closest[0] == "NVIDIA-H100-NVL"  # 94 GB before the 80 GB models
+
+
+def test_the_hubs_errors_speak_the_clis_words(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from vllmfit.sources import hub
+
+    def offline(name: str, token: str | None = None) -> None:
+        raise hub.HubError(f"cannot reach the Hugging Face Hub at https://huggingface.co for {name} (no network); "
+                           "will retry; set spec.modelConfig to avoid the Hub", transient=True)
+
+    monkeypatch.setattr(hub, "resolve_model", offline)
+    assert entry.main(["estimate", "--model", "org/not-in-the-catalog"]) == 2
+    err = capsys.readouterr().err
+    assert "will retry" not in err and "spec.modelConfig" not in err and "--model-config PATH" in err

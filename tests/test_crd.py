@@ -37,7 +37,7 @@ def test_committed_crd_is_up_to_date(directory, name):
     path = ROOT / directory / name
     assert path.is_file(), f"{path.relative_to(ROOT)} is missing: run `make crds`"
     assert path.read_text() == RENDERED[name], (
-        f"{path.relative_to(ROOT)} differs from what operator/vllmfit/core/api.py generates: run `make crds`"
+        f"{path.relative_to(ROOT)} differs from what operator/vllmfit/core/spec/api.py generates: run `make crds`"
     )
 
 

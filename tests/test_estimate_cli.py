@@ -168,7 +168,7 @@ COMMON_MODELS = {"meta-llama/Llama-3.1-8B-Instruct": 131072, "Qwen/Qwen2.5-7B-In
 @pytest.mark.parametrize("model", sorted(COMMON_MODELS))
 def test_an_8b_in_bf16_at_8k_is_admitted_on_a_24gb_gpu_with_the_kv_grant_shown(capsys, monkeypatch, gpu, model, rule):
     """Plain vLLM serves these at its default --gpu-memory-utilization 0.9; so does vllmfit's default
-    (the counted policy: budget = int(0.9 x T)). With no KV request and no maxNumSeqs the KV cache is
+    (the counted policy: budget = ceil(0.9 x T) + one CUDA context, 0.55 GiB). With no KV request and no maxNumSeqs the KV cache is
     the cluster's default grant (issue 33): `requests`, 4 requests of 8192 tokens = 32,768 tokens
     (4 x 512 blocks + the null block), clamped to the room left on the empty GPU in whole blocks;
     `room`, the room left (vLLM's default maxNumSeqs 256 x 8192 is far more). Never below one
@@ -178,7 +178,7 @@ def test_an_8b_in_bf16_at_8k_is_admitted_on_a_24gb_gpu_with_the_kv_grant_shown(c
                        "--default-kv-grant", rule)
     d = json.loads(out)
     T, per_token = COMMON_GPUS[gpu], COMMON_MODELS[model]
-    budget = int(0.9 * T)
+    budget = math.ceil(0.9 * T) + int(0.55 * (1 << 30))
     block = 16 * per_token
     assert code == 0 and d["fits"]
     assert d["per_gpu"]["capacity_bytes"] == T and d["per_gpu"]["budget_bytes"] == budget
@@ -197,16 +197,16 @@ def test_an_8b_in_bf16_at_8k_is_admitted_on_a_24gb_gpu_with_the_kv_grant_shown(c
         assert d["kv_cache"]["granted_by"].startswith("the room left, below ")
     code, out, _ = run(capsys, "estimate", "--model", model, "--gpu", gpu, "--max-model-len", "8192",
                        "--default-kv-grant", rule)
-    assert code == 0 and f"KV cache: {d['kv_cache_tokens']} tokens" in out
+    assert code == 0 and f"KV cache: {granted} tokens" in out  # the grant, which --kv-cache-tokens gives back
     assert f"KV grant: {granted:,} tokens ({d['kv_cache']['granted_by']})" in out
 
 
 def test_the_requests_grant_on_an_l4_by_hand(capsys):
     """Issue 33's L4 case, by hand. Qwen2.5-7B bf16 at 8k: 4 requests x 512 blocks + 1 null block of
-    917,504 B = 1,879,965,696 B, 32,768 tokens, well inside the 19.8 GiB budget. Llama-3.1-8B: 4 x 8k
+    917,504 B = 1,879,965,696 B, 32,768 tokens, well inside the 20.3 GiB budget. Llama-3.1-8B: 4 x 8k
     would be 2049 blocks x 2 MiB = 4.0 GiB, more than the L4 has left after 15 GiB of weights, so
-    the grant is the room left: 808 blocks, (808 - 1) x 16 = 12,912 tokens (the same room the old
-    default took), at least one request of 8192."""
+    the grant is the room left under the counted budget (ceil(0.9 T) + 0.55 GiB): 1,089 blocks,
+    (1,089 - 1) x 16 = 17,408 tokens (the same room the old default took), at least one request of 8192."""
     code, out, _ = run(capsys, "estimate", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "NVIDIA-L4",
                        "--max-model-len", "8192", "-o", "json")
     d = json.loads(out)
@@ -215,24 +215,36 @@ def test_the_requests_grant_on_an_l4_by_hand(capsys):
     code, out, _ = run(capsys, "estimate", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "NVIDIA-L4",
                        "--max-model-len", "8192", "-o", "json")
     d = json.loads(out)
-    assert code == 0 and d["per_gpu"]["kv_cache_bytes"] == 808 * 16 * 131_072 and d["kv_cache"]["granted_tokens"] == 12_912
+    assert code == 0 and d["per_gpu"]["kv_cache_bytes"] == 1089 * 16 * 131_072 and d["kv_cache"]["granted_tokens"] == 17_408
     assert d["kv_cache"]["granted_by"] == \
         "the room left, below default grant: 4 requests x maxModelLen 8192"
 
 
-def test_vllms_own_utilization_on_an_l4_gets_a_checked_fix(capsys, monkeypatch):
-    """--gpu-memory-utilization 0.9 books the CUDA context outside R: 0.55 GiB + ceil(0.9 T) > int(0.9 T).
-    The fixes are each checked by running them."""
+def test_vllms_own_utilization_alone_on_an_l4_is_admitted(capsys):
+    """Issue 31: --gpu-memory-utilization 0.9 uses ceil(0.9 T) + its CUDA context outside R, exactly the
+    counted budget."""
+    argv = ["estimate", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "NVIDIA-L4", "--max-model-len", "8192",
+            "--gpu-memory-utilization", "0.9", "-o", "json"]
+    code, out, _ = run(capsys, *argv)
+    d = json.loads(out)
+    T = COMMON_GPUS["NVIDIA-L4"]
+    assert code == 0 and d["fits"]
+    assert d["per_gpu"]["total_bytes"] == d["per_gpu"]["budget_bytes"] == math.ceil(0.9 * T) + int(0.55 * (1 << 30))
+
+
+def test_a_utilization_above_vllms_default_on_an_l4_gets_a_checked_fix(capsys, monkeypatch):
+    """--gpu-memory-utilization 0.92 books 0.55 GiB + ceil(0.92 T) > ceil(0.9 T) + 0.55 GiB. The fixes
+    are each checked by running them."""
     monkeypatch.setenv("COLUMNS", "200")  # one fix per line
     argv = ["estimate", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "NVIDIA-L4", "--max-model-len", "8192",
-            "--gpu-memory-utilization", "0.9"]
+            "--gpu-memory-utilization", "0.92"]
     code, out, _ = run(capsys, *argv)
     assert code == 1
     fixes = [f.strip() for f in out.split("fits with (each checked):\n", 1)[1].splitlines() if f.startswith("  --")]
-    assert fixes[0].startswith("--gpu-memory-utilization 0.8") and fixes[1].startswith("--budget-utilization 0.93 ")
+    assert fixes[0].startswith("--gpu-memory-utilization 0.9") and fixes[1].startswith("--budget-utilization 0.92 ")
     for fix in fixes:
         flags = fix.split(" (")[0].split()
-        args = [a for a in argv if a not in ("--gpu-memory-utilization", "0.9")] if flags[0] == "--gpu-memory-utilization" \
+        args = [a for a in argv if a not in ("--gpu-memory-utilization", "0.92")] if flags[0] == "--gpu-memory-utilization" \
             else argv
         code, out, _ = run(capsys, *args, *flags, "-o", "json")
         assert code == 0 and json.loads(out)["fits"], fix
@@ -245,7 +257,8 @@ def test_a_spec_only_adr_0002_refuses_is_offered_the_counted_policy(capsys, monk
     code, out, _ = run(capsys, *argv)
     assert code == 1
     fixes = [f.strip() for f in out.split("fits with (each checked):\n", 1)[1].splitlines() if f.startswith("  --")]
-    assert fixes[0].startswith("--budget-policy counted (0.9 x capacity; now 0.9 x capacity - 2.0 GiB (adr-0002)")
+    assert fixes[0].startswith("--budget-policy counted (ceil(0.9 x capacity) + 0.55 GiB CUDA context; "
+                               "now 0.9 x capacity - 2.0 GiB (adr-0002)")
     assert fixes.index(fixes[0]) < fixes.index("--quantization fp8")  # the policy before quantization
     code, out, _ = run(capsys, *argv[:-2], "--budget-policy", "counted", "-o", "json")
     assert code == 0 and json.loads(out)["fits"]

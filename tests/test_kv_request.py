@@ -150,27 +150,41 @@ def test_two_changes_together_when_neither_fits_alone() -> None:
 # --- the budget policy -------------------------------------------------------------------------
 
 
+CTX = int(0.55 * GIB)  # the CUDA context of one single-GPU vLLM process, outside its R
+COUNTED = "ceil(0.9 x capacity) + 0.55 GiB CUDA context (counted)"
+
+
+def test_vllms_own_default_alone_on_an_empty_gpu_is_admitted() -> None:
+    """Issue 31: `--gpu-memory-utilization 0.9` (vLLM's default) for one server on an empty H100 uses
+    R = ceil(0.9 T) plus its CUDA context outside R; the counted budget is exactly that."""
+    est = memory.estimate(LLAMA, Settings(gpu_memory_utilization=0.9), H100)
+    assert est.sizing.footprint.cuda_context == CTX == 590_558_003
+    assert est.budget_bytes == math.ceil(0.9 * T) + CTX == 77_119_101_338
+    assert est.sizing.footprint.total == est.budget_bytes  # what the lone vLLM really uses, to the byte
+    assert est.sizing.fits and est.headroom_bytes == 0
+    # a shared GPU keeps its margin: 0.1 T less one context (each colocated server books its own)
+    assert est.capacity_bytes - est.budget_bytes == T - math.ceil(0.9 * T) - CTX == 7_912_613_478
+
+
 def test_an_explicit_utilization_the_policy_refuses_gets_the_one_that_fits_and_the_policy_change() -> None:
-    s = Settings(gpu_memory_utilization=0.9)  # vLLM's own default, on an empty H100
-    est = memory.estimate(LLAMA, s, H100)  # the counted policy: 0.9 x T, nothing more held back
+    s = Settings(gpu_memory_utilization=0.92)  # above vLLM's own default, on an empty H100
+    est = memory.estimate(LLAMA, s, H100)
     ctx = est.sizing.footprint.cuda_context
-    counted = int(0.9 * T)
-    assert not est.sizing.fits  # ctx + ceil(0.9 T) = 71.8 GiB > 0.9 T = 71.3 GiB: the CUDA context is outside R
-    assert ctx + math.ceil(T * 0.9) > counted
-    assert "budget policy (default) 0.9 x capacity (counted) holds back 7.9 GiB of 79.2 GiB" in est.sizing.reasons
+    counted = math.ceil(0.9 * T) + CTX
+    assert not est.sizing.fits and ctx + math.ceil(T * 0.92) > counted
+    assert f"budget policy (default) {COUNTED} holds back 7.4 GiB of 79.2 GiB" in est.sizing.reasons
     u = max(k / 10_000 for k in range(1, 10_000) if ctx + math.ceil(T * k / 10_000) <= counted)
-    assert f"gpuMemoryUtilization: {u}" in est.suggestions
-    want = math.ceil((ctx + math.ceil(T * 0.9)) / T * 100) / 100  # 0.91
-    assert want == 0.91
-    assert f"budget policy utilization {want:g} (now 0.9 x capacity (counted): 7.9 GiB of this GPU held back)" \
-        in est.suggestions
-    assert ctx + math.ceil(T * 0.9) <= BudgetPolicy(want, 0).budget(T)  # the policy change really admits it
+    assert u == 0.9 and f"gpuMemoryUtilization: {u}" in est.suggestions
+    want = 0.92  # the smallest 2-decimal utilization whose counted budget holds ctx + ceil(0.92 T)
+    assert math.ceil(T * 0.91) + CTX < ctx + math.ceil(T * 0.92) <= math.ceil(T * want) + CTX
+    fix = f"budget policy utilization {want:g} (now {COUNTED}: 7.4 GiB of this GPU held back)"
+    assert fix in est.suggestions
+    assert ctx + math.ceil(T * 0.92) <= BudgetPolicy(want, 0).budget(T)  # the policy change really admits it
     # the fixes come in the order a user tries them: the utilization first, the policy after
-    assert est.suggestions.index(f"gpuMemoryUtilization: {u}") < est.suggestions.index(
-        f"budget policy utilization {want:g} (now 0.9 x capacity (counted): 7.9 GiB of this GPU held back)")
+    assert est.suggestions.index(f"gpuMemoryUtilization: {u}") < est.suggestions.index(fix)
 
 
-def test_adr_0002_by_name_refuses_the_same_and_offers_its_own_utilization() -> None:
+def test_adr_0002_by_name_refuses_the_same_and_offers_the_counted_policy() -> None:
     """ADR-0002's policy by name keeps its figures exactly: 0.9 x T - 2 GiB."""
     s = Settings(gpu_memory_utilization=0.9)
     est = memory.estimate(LLAMA, s, H100, policy=memory.policy_named("adr-0002"))
@@ -180,31 +194,32 @@ def test_adr_0002_by_name_refuses_the_same_and_offers_its_own_utilization() -> N
         in est.sizing.reasons
     u = max(k / 10_000 for k in range(1, 10_000) if ctx + math.ceil(T * k / 10_000) <= BUDGET)
     assert f"gpuMemoryUtilization: {u}" in est.suggestions
-    # counted (0.9 T) does not admit it either (the context is outside R), so the utilization is offered
-    want = math.ceil((ctx + math.ceil(T * 0.9) + 2 * GIB) / T * 100) / 100  # 0.94
-    assert want == 0.94
-    assert f"budget policy utilization {want:g} (now 0.9 x capacity - 2.0 GiB (adr-0002): 9.9 GiB of this GPU " \
-        "held back)" in est.suggestions
-    assert ctx + math.ceil(T * 0.9) <= BudgetPolicy(want, 2 * GIB).budget(T)
+    # counted admits vLLM's default (its budget counts the lone server's context), so it is offered
+    assert ("budget policy counted (ceil(0.9 x capacity) + 0.55 GiB CUDA context; now 0.9 x capacity - 2.0 GiB "
+            "(adr-0002): 9.9 GiB of this GPU held back)") in est.suggestions
+    assert ctx + math.ceil(T * 0.9) <= memory.DEFAULT_POLICY.budget(T)
 
 
 def test_a_spec_refused_only_by_adr_0002_gets_the_counted_policy_as_a_checked_fix() -> None:
-    """Llama-3.1-8B bf16 at 8k on an L4: 19.2 GiB > ADR-0002's 17.8 GiB budget, < counted's 19.8 GiB."""
+    """Llama-3.1-8B bf16 at 8k on an L4: 19.2 GiB > ADR-0002's 17.8 GiB budget, < counted's 20.3 GiB."""
     l4 = catalog.gpu("NVIDIA-L4")
     s = Settings(max_model_len=8192)
     adr = memory.estimate(LLAMA, s, l4, policy=memory.ADR_POLICY)
     assert not adr.sizing.fits
-    assert adr.suggestions[0] == ("budget policy counted (0.9 x capacity; now 0.9 x capacity - 2.0 GiB (adr-0002): "
-                                  "4.2 GiB of this GPU held back)")
-    assert adr.sizing.footprint.total <= memory.DEFAULT_POLICY.budget(l4.cuda_total_bytes) == int(0.9 * 23616028672)
+    assert adr.suggestions[0] == ("budget policy counted (ceil(0.9 x capacity) + 0.55 GiB CUDA context; now "
+                                  "0.9 x capacity - 2.0 GiB (adr-0002): 4.2 GiB of this GPU held back)")
+    counted = math.ceil(0.9 * 23616028672) + CTX
+    assert adr.sizing.footprint.total <= memory.DEFAULT_POLICY.budget(l4.cuda_total_bytes) == counted
     assert memory.estimate(LLAMA, s, l4).sizing.fits  # and the default admits it
 
 
 def test_a_policy_sets_the_budget_and_bad_ones_are_refused() -> None:
-    assert BudgetPolicy(0.95, GIB).budget(T) == int(0.95 * T) - GIB
-    assert BudgetPolicy().budget(T) == int(0.9 * T) == 76_528_543_334  # counted, the default
+    assert BudgetPolicy(0.95, GIB).budget(T) == math.ceil(0.95 * T) + CTX - GIB
+    assert BudgetPolicy().budget(T) == math.ceil(0.9 * T) + CTX == 77_119_101_338  # counted, the default
+    assert BudgetPolicy(1.0, 0).budget(T) == T and BudgetPolicy(0.0, 0).budget(T) == 0  # never more than the GPU
     assert memory.ADR_POLICY.budget(T) == memory.policy_named("adr-0002").budget(T) == BUDGET
     assert (BudgetPolicy().name, memory.ADR_POLICY.name, BudgetPolicy(0.95, GIB).name) == ("counted", "adr-0002", "custom")
+    assert BudgetPolicy(0.9, 0, context_bytes=0).name == "custom"
     assert memory.default_policy("adr") == memory.ADR_POLICY and memory.default_policy("vllm") == BudgetPolicy()
     assert BudgetPolicy(1.2).error() and BudgetPolicy(-0.1).error() and BudgetPolicy(float("nan")).error()
     assert "larger than the GPU" in (BudgetPolicy(0.9, 100 * GIB).error(T) or "")
@@ -231,9 +246,9 @@ def test_the_cli_policy_moves_the_budget(capsys) -> None:
     assert cli.main(["estimate", "--model", LLAMA.name, "--max-model-len", "8192", "--budget-utilization", "0.95",
                      "--budget-reserve", "1Gi", "-o", "json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["per_gpu"]["budget_bytes"] == int(0.95 * T) - GIB
+    assert d["per_gpu"]["budget_bytes"] == math.ceil(0.95 * T) + CTX - GIB
     assert d["budget_policy"] == {"name": "custom", "utilization": 0.95, "reserve_bytes": GIB, "source": "CLI",
-                                  "held_back_bytes": T - (int(0.95 * T) - GIB)}
+                                  "context_bytes": CTX, "held_back_bytes": T - (math.ceil(0.95 * T) + CTX - GIB)}
 
 
 @pytest.mark.parametrize("argv,says", [

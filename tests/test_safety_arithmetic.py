@@ -117,7 +117,7 @@ def test_budget_bytes_by_hand_and_never_negative() -> None:
 
 
 def test_a_budget_policy_hands_out_its_budget_and_holds_back_the_rest() -> None:
-    p = BudgetPolicy(0.9, 2 * GIB, "test")
+    p = BudgetPolicy(0.9, 2 * GIB, "test", context_bytes=0)  # ADR-0002's figures
     assert p.budget(H100_T) == 74381059686
     assert p.held_back(H100_T) == 85031714816 - 74381059686 == 10650655130
     assert p.error(H100_T) is None
@@ -127,6 +127,9 @@ def test_a_budget_policy_hands_out_its_budget_and_holds_back_the_rest() -> None:
     assert "outside [0, 1]" in (BudgetPolicy(-0.0001, 0, "t").error() or "")
     assert "must not be negative" in (BudgetPolicy(0.9, -1, "t").error() or "")
     assert "larger than the GPU" in (BudgetPolicy(0.9, H100_T + 1, "t").error(H100_T) or "")
+    # counted: ceil(0.9 T) + one CUDA context (0.55 GiB), what a lone vLLM at its default really uses
+    assert BudgetPolicy().budget(H100_T) == 76528543335 + 590558003 == 77119101338
+    assert BudgetPolicy().held_back(H100_T) == 85031714816 - 77119101338
 
 
 @pytest.mark.parametrize(("minor", "u", "requested"), [

@@ -70,11 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         code = int(args.func(args) or 0)
-        sys.stdout.flush()
-        return code
-    except BrokenPipeError:  # `vllmfit plan ... | head`: the reader left; say nothing
+    except BrokenPipeError:  # `vllmfit models | head`: the reader left, a normal end; say nothing
         _silence_stdout()
-        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by a closed pipe
+        return 0
     except RecursionError:
         print(f"{prog}: error: input nested too deeply", file=sys.stderr)
         return 2
@@ -84,16 +82,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # `vllmfit plan ... | head`: the verdict stands (cli.output)
+        _silence_stdout()
+    return code
 
 
 def _silence_stdout() -> None:
-    """Point stdout at /dev/null so that the interpreter's final flush does not fail again
-    (the recipe of the Python documentation, "Note on SIGPIPE")."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
+    from vllmfit.cli.output import silence_stdout
+
+    silence_stdout()
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 The rules are the ones `helm template` renders (metrics.prometheusRule.enabled=true), so what is
 tested is what ships. promtool comes from Debian's `prometheus` package (`apt-get install -y
-prometheus`; the Makefile's test target installs it when apt is there); without it the tests that
+prometheus`; `.ci/run` installs it in CI, `make test` never does); without it the tests that
 need it skip with that reason. Each alert has a case where it fires (with its labels and summary,
 written by hand here) and one where it does not.
 """
@@ -21,7 +21,7 @@ from .conftest import find, one
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian: apt-get install -y "
-                                                              "prometheus; `make test` does it where apt is there)")
+                                                              "prometheus; .ci/run installs it in CI: make promtool)")
 ALERTS = {"VllmfitGpuOverBudget", "VllmfitGpuOverBooked", "VllmfitMemoryDrift", "VllmfitDeploymentPending",
           "VllmfitDeploymentFailed", "VllmfitWebhookErrors", "VllmfitWebhookSlow", "VllmfitAgentNotReporting",
           "VllmfitReservationLost", "VllmfitOperatorNotReady"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -207,7 +208,7 @@ def test_headroom_counts_every_neighbour_on_the_gpu() -> None:
     ledger = placement.Ledger([h100_node()])
     ledger.restore("ns/a", [placement.Booking("ns/a", 0, "gpu-a", 0, fp(20))])
     ledger.restore("ns/b", [placement.Booking("ns/b", 0, "gpu-a", 0, fp(30))])
-    budget = int(0.90 * H100.cuda_total_bytes)  # the counted budget policy (the default), computed here
+    budget = math.ceil(0.90 * H100.cuda_total_bytes) + defaults.CUDA_CONTEXT_BYTES  # counted (the default), by hand
     [g] = report.gpu_headroom(ledger, "ns/a")
     assert (g.budget_bytes, g.used_bytes, g.headroom_bytes) == (budget, 50 * GIB, budget - 50 * GIB)
     assert report.headroom_text([g]) == f"{(budget - 50 * GIB) / GIB:.1f} GiB"
@@ -233,7 +234,7 @@ def test_status_of_an_admitted_deployment() -> None:
                  outcome="Admitted", placement=[replica([UUIDS[1]], (1,))], flags=FLAGS, vllm_version="0.33")
     rec.conditions = report.set_condition([], "Ready", "True", "Serving", "1/1 replica ready", "t0", 3)
     st = report.status(rec, ledger)
-    budget = int(0.90 * H100.cuda_total_bytes) - defaults.COUNTED_RESERVE_BYTES  # the counted policy: 0.9 x T
+    budget = math.ceil(0.90 * H100.cuda_total_bytes) + defaults.CUDA_CONTEXT_BYTES  # counted: ceil(0.9 T) + context
     assert st["phase"] == "Running"
     assert (st["node"], st["gpuList"], st["observedGeneration"]) == ("gpu-a", "1", 3)
     assert st["flags"]["maxModelLen"] == 32768 and st["flags"]["gpuMemoryUtilization"] == 0.4321

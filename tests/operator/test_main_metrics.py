@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import kopf
@@ -18,7 +19,7 @@ from vllmfit.operator.state import get_store
 from vllmfit.sources import catalog
 
 GIB = 1 << 30
-BUDGET = int(0.90 * catalog.gpu(H100).cuda_total_bytes)  # the counted budget policy (the default): 0.9 x T
+BUDGET = math.ceil(0.90 * catalog.gpu(H100).cuda_total_bytes) + int(0.55 * GIB)  # counted: ceil(0.9 T) + context
 
 
 @pytest.fixture

@@ -137,7 +137,7 @@ def query(base: str, promql: str) -> dict[str, Any]:
 
 @pytest.fixture
 def metrics_port(monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr(get_store().options, "budget", memory.BudgetPolicy(0.90, 2 * GIB))  # ADR-0002's figures
+    monkeypatch.setattr(get_store().options, "budget", memory.BudgetPolicy(0.90, 2 * GIB, context_bytes=0))  # ADR-0002's figures
     port = free_port()
     metrics.serve(port, addr="127.0.0.1")
     return port

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from typing import Any
 
 import kmock
@@ -18,7 +19,7 @@ from vllmfit.sources import catalog
 
 GIB = 1 << 30
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
-BUDGET = int(0.90 * catalog.gpu(H100).cuda_total_bytes)  # the counted budget policy (the default), by hand
+BUDGET = math.ceil(0.90 * catalog.gpu(H100).cuda_total_bytes) + defaults.CUDA_CONTEXT_BYTES  # counted, by hand
 
 
 def total(status: dict[str, Any]) -> int:

@@ -184,7 +184,8 @@ def test_no_kv_request_gets_at_most_its_caps_clamped_to_the_room_and_at_least_on
     assert unasked.admitted and grow.admitted
     z = unasked.replicas[0].sizing
     assert z.footprint == grow.replicas[0].sizing.footprint and z.granted_tokens == grow.replicas[0].sizing.granted_tokens
-    budget = int(0.9 * H100.cuda_total_bytes)  # counted: an empty H100
+    block = 16 * 131072  # 16 tokens x 128 KiB (Llama-3.1-8B, bf16, TP 1)
+    budget = math.ceil(0.9 * H100.cuda_total_bytes) + int(0.55 * (1 << 30))  # counted: an empty H100
     assert 0 <= budget - z.footprint.total < block + math.ceil(H100.cuda_total_bytes / 10_000)
     # whole blocks; vLLM 0.33 holds one (the null block) back from the tokens it grants
     assert z.footprint.kv_cache % block == 0 and z.granted_tokens == z.footprint.kv_cache // 131072 - 16

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -227,15 +228,14 @@ def test_unschedulable_message_groups_nodes_like_the_scheduler() -> None:
     m = re.match(
         r"0/3 nodes are available: 1 GPU memory \(NVIDIA-H100-80GB-HBM3: needs at least [\d.]+ GiB, largest budget "
         r"left [\d.]+ GiB on a GPU 0\), 2 GPU memory \(NVIDIA-A100-SXM4-40GB/NVIDIA-L4: needs at least (\d+\.\d) GiB, "
-        r"largest budget left (\d+\.\d) GiB on b GPU 0\)\. Budget policy \(default\) 0.9 x capacity \(counted\) holds "
-        r"back 4.0 GiB of each NVIDIA-A100-SXM4-40GB, 7.9 GiB of each NVIDIA-H100-80GB-HBM3, 2.2 GiB of each NVIDIA-L4\.",
+        r"largest budget left (\d+\.\d) GiB on b GPU 0\)\. Fits with: ",
         d.message,
     )
     assert m, d.message
     assert (
         m.group(2) + " GiB"
         == fit(ledger.headroom_bytes("b", 0))
-        == fit(int(0.9 * A100_40.cuda_total_bytes))
+        == fit(math.ceil(0.9 * A100_40.cuda_total_bytes) + int(0.55 * (1 << 30)))
     )
     assert ledger.headroom_bytes("b", 0) > max(ledger.headroom_bytes("c", 0), ledger.headroom_bytes("a", 0))
     assert d.suggestions, "some change fits (a shorter context at least)"

@@ -4,6 +4,8 @@ KV cache is never smaller than the request and no GPU is booked past its policy'
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from placement_fakes import A100_40, H100, LLAMA_8B, QWEN_05B, QWEN_7B, check_invariant, node, request
@@ -30,9 +32,10 @@ def test_node_pool_labels_override_the_cluster_policy() -> None:
         _gfd("c", "NVIDIA-H100-80GB-HBM3", 1, **{defaults.BUDGET_RESERVE_LABEL: "1Gi"}),
         catalog.gpu_for_label, policy=cluster)
     T = H100.cuda_total_bytes
-    assert plain.gpus[0].budget_bytes == int(0.8 * T) - 4 * GIB
-    assert pool.gpus[0].budget_bytes == int(0.95 * T) - 512 * (1 << 20)
-    assert half.gpus[0].budget_bytes == int(0.8 * T) - GIB  # the utilization still comes from the cluster
+    ctx = int(0.55 * GIB)  # counted: a lone vLLM's CUDA context, kept by every utilization and reserve
+    assert plain.gpus[0].budget_bytes == math.ceil(0.8 * T) + ctx - 4 * GIB
+    assert pool.gpus[0].budget_bytes == math.ceil(0.95 * T) + ctx - 512 * (1 << 20)
+    assert half.gpus[0].budget_bytes == math.ceil(0.8 * T) + ctx - GIB  # the utilization still comes from the cluster
     assert pool.gpus[0].policy.source == "node pool label" and pool.error is None
 
 
@@ -53,9 +56,10 @@ def test_a_refusal_names_the_policy_and_what_it_holds_back() -> None:
     tight = memory.BudgetPolicy(0.5, 8 * GIB, "cluster")
     ledger = placement.Ledger([node("n", H100, 1, policy=tight)])
     d = placement.decide(ledger, request("d", LLAMA_8B, maxModelLen=32768, kvCache={"concurrency": 8}))
-    held = H100.cuda_total_bytes - (int(0.5 * H100.cuda_total_bytes) - 8 * GIB)
-    assert f"Budget policy (cluster) 0.5 x capacity - 8.0 GiB (custom) holds back {memory.fmt_gib(held)} of each " \
-           f"NVIDIA-H100-80GB-HBM3." in d.message
+    held = H100.cuda_total_bytes - (math.ceil(0.5 * H100.cuda_total_bytes) + int(0.55 * GIB) - 8 * GIB)
+    # 19.5 GiB short, less than the 47.1 GiB the policy holds back: the policy is a cause, so it is named
+    assert f"Budget policy (cluster) ceil(0.5 x capacity) + 0.55 GiB CUDA context - 8.0 GiB (custom) holds back " \
+           f"{memory.fmt_gib(held)} of each NVIDIA-H100-80GB-HBM3." in d.message
 
 
 def test_a_kv_request_no_gpu_can_hold_is_one_line_with_the_largest_that_fits() -> None:
@@ -128,12 +132,12 @@ def test_granted_kv_is_never_below_the_request_and_no_gpu_passes_its_budget(reqs
 
 
 def test_an_explicit_utilization_the_policy_refuses_gets_checked_fixes_on_the_ledger() -> None:
-    """gpuMemoryUtilization 0.9 (vLLM's default) on an empty H100: ctx + ceil(0.9 T) > 0.9 T (counted).
-    The fix names the utilization that fits (re-placed on the ledger) and the policy that admits it."""
-    import math
-
+    """gpuMemoryUtilization 0.92 on an empty H100: ctx + ceil(0.92 T) > ceil(0.9 T) + ctx (counted; vLLM's
+    own 0.9 is admitted). The fix names the utilization that fits (re-placed on the ledger) and the
+    policy that admits it."""
     ledger = placement.Ledger([node("n", H100, 1)])
-    d = placement.decide(ledger, request("d", LLAMA_8B, maxModelLen=8192, gpuMemoryUtilization=0.9))
+    assert placement.decide(ledger, request("d", LLAMA_8B, maxModelLen=8192, gpuMemoryUtilization=0.9)).admitted
+    d = placement.decide(ledger, request("d", LLAMA_8B, maxModelLen=8192, gpuMemoryUtilization=0.92))
     assert d.phase == "Unschedulable"
     u = next(s for s in d.suggestions if s.startswith("gpuMemoryUtilization: "))
     fixed = placement.decide(ledger, request("d", LLAMA_8B, maxModelLen=8192,
@@ -143,7 +147,7 @@ def test_an_explicit_utilization_the_policy_refuses_gets_checked_fixes_on_the_le
     want = float(policy.split()[3])
     ctx = fixed.replicas[0].sizing.footprint.cuda_context
     T = H100.cuda_total_bytes
-    assert ctx + math.ceil(T * 0.9) <= memory.BudgetPolicy(want).budget(T)
-    assert want == math.ceil((ctx + math.ceil(T * 0.9)) / T * 100) / 100 == 0.91
+    assert ctx + math.ceil(T * 0.92) <= memory.BudgetPolicy(want).budget(T)
+    assert want == 0.92 and memory.BudgetPolicy(0.91).budget(T) < ctx + math.ceil(T * 0.92)
     roomier = placement.Ledger([node("n", H100, 1, policy=memory.BudgetPolicy(want, 0, "cluster"))])
-    assert placement.decide(roomier, request("d", LLAMA_8B, maxModelLen=8192, gpuMemoryUtilization=0.9)).admitted
+    assert placement.decide(roomier, request("d", LLAMA_8B, maxModelLen=8192, gpuMemoryUtilization=0.92)).admitted

@@ -18,7 +18,7 @@ from vllmfit.core.placement.ledger import Decision, ReplicaAllocation
 
 # H100: T = 85031714816 (catalog); int(0.9 x T) = int(76528543334.4) = 76528543334; minus 2 GiB
 # (2147483648) = 74381059686.
-ADR_0002 = memory.BudgetPolicy(0.90, 2 * GIB, "test")
+ADR_0002 = memory.BudgetPolicy(0.90, 2 * GIB, "test", context_bytes=0)
 BUDGET = 74381059686
 assert H100.cuda_total_bytes == 85031714816
 

@@ -50,7 +50,7 @@ def test_svg_has_a_title_with_the_summary_a_legend_whole_labels_and_the_refused(
     legend = root.find(f".//{SVG}g[@class='legend']")
     names = texts(legend)
     assert names[:6] == ["weights", "KV cache", "activation + overhead", "foreign use", "budget left", "held back"]
-    assert names[6:] == ["A", "team-a/chat", "B", "team-a/tiny", "C", "team-b/tiny"]  # letter, name
+    assert names[6:] == ["C", "team-a/chat", "T", "team-a/tiny", "t", "team-b/tiny"]  # mark (from the name), name
     swatches = [g.find(f"{SVG}rect").get("fill") for g in legend.iter(f"{SVG}g") if g.get("class") == "key"]
     assert len(set(swatches)) == 3
     # labels: whole product names, MIG profiles included (no "NVIDIA-A100-SXM4-80GB-MI" cut)
@@ -114,5 +114,5 @@ def test_colours_stay_distinct_for_any_count() -> None:
     keys = [f"ns{i % 7}/d{i:03d}" for i in range(300)]
     colours = layout.palette_colors(keys)
     assert len(set(colours.values())) == len(keys)  # 300 deployments, 300 colours
-    assert [colours[k] for k in sorted(keys)[: len(layout.PALETTE)]] == list(layout.PALETTE)  # name order
+    assert set(layout.PALETTE) <= set(colours.values())  # the palette first, each colour once
     assert layout.palette_colors(list(reversed(keys))) == colours  # deterministic, whatever the order

@@ -136,7 +136,7 @@ def test_each_plain_text_bar_names_its_deployments(width: int) -> None:
     out = console.export_text()
     looks = layout.looks(p)
     # the key: every letter with its deployment's name
-    assert dict(re.findall(r" ([A-Z]+)  ([^\s/]+/[^\s,]+)", out)) == {lk.letter: k for k, lk in looks.items()}
+    assert dict(re.findall(r" ([A-Za-z0-9]+)  ([^\s/]+/[^\s,]+)", out)) == {lk.letter: k for k, lk in looks.items()}
     labels = {k: (lk.short, lk.letter) for k, lk in looks.items()}
     lines = [ln.rstrip() for ln in out.splitlines()]
     rows = 0
@@ -180,7 +180,7 @@ def test_a_deployment_has_one_colour_in_terminal_svg_and_html() -> None:
     render.print_plan(Console(file=buf, force_terminal=True, color_system="truecolor", width=160), p)
     term: dict[str, set[str]] = {}
     for r, g, b, letter, name in re.findall(
-            r"\x1b\[1;38;2;\d+;\d+;\d+;48;2;(\d+);(\d+);(\d+)m ([A-Z]+) \x1b\[0m ([^\s,]+)", buf.getvalue()):
+            r"\x1b\[1;38;2;\d+;\d+;\d+;48;2;(\d+);(\d+);(\d+)m ([A-Za-z0-9]+) \x1b\[0m ([^\s,]+)", buf.getvalue()):
         assert looks[name].letter == letter
         term.setdefault(name, set()).add(f"#{int(r):02x}{int(g):02x}{int(b):02x}")
     assert term == {k: {c} for k, c in expected.items()}

@@ -4,6 +4,8 @@ clusters; the numbers in it are checked against the memory model and the counted
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from placement_fakes import H100, L4, LLAMA_8B, node, request
@@ -13,7 +15,6 @@ from vllmfit.core.defaults import GIB
 from vllmfit.core.placement import reasons
 from vllmfit.core.placement.inputs import settings_from_spec
 
-L4_POLICY = " Budget policy (default) 0.9 x capacity (counted) holds back 2.2 GiB of each NVIDIA-L4."
 FIXED = {"maxModelLen": 16384, "maxNumSeqs": 8, "maxNumBatchedTokens": 8192, "kvCache": {"concurrency": 8}}  # nothing to lower: "needs"
 
 
@@ -23,39 +24,42 @@ def test_twenty_nodes_two_causes_like_the_issue_says() -> None:
     ledger = placement.Ledger(nodes)
     d = placement.decide(ledger, request("d", placement={"nodeSelector": {"pool": "gpu"}}, **FIXED))
     assert d.message == (
-        "0/20 nodes are available: 12 GPU memory (needs 34.7 GiB, largest budget left 19.8 GiB on l4-00 GPU 0), "
-        "8 node(s) didn't match placement.nodeSelector. Budget policy (default) 0.9 x capacity (counted) holds "
-        "back 2.2 GiB of each NVIDIA-L4. Fits with: placement.nodeSelector: remove (fits on h100-0); "
-        "or kvCacheDtype: fp8, kvCache.concurrency: 1; or kvCacheDtype: fp8, kvCache: {tokens: 18720}; "
-        "or kvCacheDtype: fp8, maxModelLen: 2336; or quantization: fp8, kvCache.concurrency: 3; "
-        "or quantization: fp8, kvCache: {tokens: 62592}; or quantization: fp8, maxModelLen: 7824"
+        "0/20 nodes are available: 12 GPU memory (needs 34.7 GiB, largest budget left 20.3 GiB on l4-00 GPU 0), "
+        "8 node(s) didn't match placement.nodeSelector. Fits with: placement.nodeSelector: remove (fits on h100-0); "
+        "or kvCacheDtype: fp8, kvCache.concurrency: 1; or kvCacheDtype: fp8, kvCache: {tokens: 27760}; "
+        "or kvCacheDtype: fp8, maxModelLen: 3456; or quantization: fp8, kvCache.concurrency: 4; "
+        "or quantization: fp8, kvCache: {tokens: 67120}; or quantization: fp8, maxModelLen: 8384; "
+        "or kvCacheDtype: fp8, quantization: fp8"
     )
     # fewer requests of the 16384-token context first: the most that fit the largest token count
-    assert (18720 // 16384, 62592 // 16384) == (1, 3)
-    # the fixes, against ADR-0002's budget (46224 tokens, maxModelLen 5776 with fp8 weights): the 2 GiB
-    # counted gives more is 2 GiB / 131072 B per token = 16384 tokens; 62592 - 46224 = 16368 (one
-    # block of 16 less: u is rounded up); at 8 requests, 16384 / 8 = 2048 more context: 5776 + 2048 = 7824
-    assert (62592 - 46224, 7824 - 5776) == (2 * GIB // 131072 - 16, 2 * GIB // 131072 // 8)
+    assert (27760 // 16384, 67120 // 16384) == (1, 4)
+    # the fixes, against ADR-0002's budget (46224 tokens with fp8 weights): counted hands out
+    # ceil(0.9 T) + 0.55 GiB - (int(0.9 T) - 2 GiB) more, as KV tokens of 131072 B, within a block and
+    # u's rounding step
+    more = (math.ceil(0.9 * 23616028672) + int(0.55 * GIB)) - (int(0.9 * 23616028672) - 2 * GIB)
+    assert abs((67120 - 46224) * 131072 - more) < 16 * 131072 + 23616028672 // 10_000
+    # no budget policy line: 34.7 GiB needed against 20.3 GiB is far more than the 1.6 GiB the policy
+    # holds back of an L4 (issue 31: the policy is named only where it is the cause)
     assert d.reasons == (
-        "12 GPU memory (needs 34.7 GiB, largest budget left 19.8 GiB on l4-00 GPU 0)",
+        "12 GPU memory (needs 34.7 GiB, largest budget left 20.3 GiB on l4-00 GPU 0)",
         "8 node(s) didn't match placement.nodeSelector",
-        "budget policy (default) 0.9 x capacity (counted) holds back 2.2 GiB of each NVIDIA-L4",
     )
-    # the numbers: 34.7 GiB is the memory model's footprint (with the measured 1.02 GiB dense KV margin on 0.33, issue 13); 19.8 GiB is an L4's counted budget,
-    # int(0.9 x 23616028672) = 21254425804 bytes (ADR-0002's would be 2 GiB less: 19106942156, 17.8 GiB)
+    # the numbers: 34.7 GiB is the memory model's footprint (with the measured 1.02 GiB dense KV margin on
+    # 0.33, issue 13); 20.3 GiB is an L4's counted budget, ceil(0.9 x 23616028672) + 0.55 GiB = 21844983808
+    # bytes (ADR-0002's: 19106942156, 17.8 GiB)
     s = placement.settings_from_spec(request("d", **FIXED).spec)
     assert memory.fmt_gib(memory.size(LLAMA_8B, s, L4, 1 << 60).footprint.total) == "34.7 GiB"
     assert L4.cuda_total_bytes == 23616028672
-    assert int(0.9 * 23616028672) == 21254425804 and f"{21254425804 / GIB:.1f}" == "19.8"
-    assert 23616028672 - 21254425804 == 2361602868 and f"{2361602868 / GIB:.1f}" == "2.2"  # held back
+    assert math.ceil(0.9 * 23616028672) + int(0.55 * GIB) == 21844983808 and f"{21844983808 / GIB:.1f}" == "20.3"
+    assert 23616028672 - 21844983808 == 1771044864 and f"{1771044864 / GIB:.1f}" == "1.6"  # held back
 
 
 def test_the_best_candidate_is_the_node_with_the_most_room() -> None:
     foreign = {0: 10 * GIB}
     ledger = placement.Ledger([node("a", L4, 1, foreign=foreign), node("b", L4, 1), node("c", L4, 1, foreign=foreign)])
     d = placement.decide(ledger, request("d", **FIXED))
-    # b is empty: 19.8 GiB; a and c lose 10 GiB to a foreign process (9.8 GiB)
-    assert d.message.startswith("0/3 nodes are available: 3 GPU memory (needs 34.7 GiB, largest budget left 19.8 GiB on b GPU 0).")
+    # b is empty: 20.3 GiB; a and c lose 10 GiB to a foreign process (10.3 GiB)
+    assert d.message.startswith("0/3 nodes are available: 3 GPU memory (needs 34.7 GiB, largest budget left 20.3 GiB on b GPU 0).")
 
 
 def test_groups_need_enough_gpus_and_gpuless_nodes_are_counted() -> None:
@@ -64,18 +68,20 @@ def test_groups_need_enough_gpus_and_gpuless_nodes_are_counted() -> None:
                                          maxNumBatchedTokens=8192))
     assert d.message == (
         "0/3 nodes are available: 1 node(s) had no GPUs, 2 node(s) had fewer than 2 GPUs of one type (at most 1). "
-        "Budget policy (default) 0.9 x capacity (counted) holds back 7.9 GiB of each NVIDIA-H100-80GB-HBM3, "
-        "2.2 GiB of each NVIDIA-L4."
-    )
+        "Needs 2 GPUs on one node (tensorParallelSize 2 x pipelineParallelSize 1); nodes have at most 1 GPUs of one "
+        "type, and vllmfit places a deployment within one node (multi-node placement is not supported yet)."
+    )  # too few GPUs is not the budget policy's doing: no policy sentence (issue 31)
 
 
 def test_a_tensor_parallel_group_names_its_best_gpus() -> None:
     ledger = placement.Ledger([node("a", L4, 2), node("b", L4, 4, foreign={1: 2 * GIB, 3: 4 * GIB})])
     d = placement.decide(ledger, request("tp2", tensorParallelSize=2, maxModelLen=131072, maxNumSeqs=16, kvCache={"concurrency": 16},
                                          maxNumBatchedTokens=8192))
-    # a's two GPUs and b's two emptiest (0 and 2) all have the whole 19.8 GiB; a sorts first
+    # a's two GPUs and b's two emptiest (0 and 2) all have the whole 20.3 GiB; a sorts first. 142 GiB
+    # short is not the policy's doing (it holds back 1.6 GiB of an L4): no policy sentence
     assert d.message.startswith("0/2 nodes are available: 2 GPU memory (needs ")
-    assert " on each of 2 GPUs, largest budget left 19.8 GiB on a GPU 0,1)." + L4_POLICY + " Fits with: maxModelLen: " in d.message
+    assert " on each of 2 GPUs, the best 2 have 20.3 GiB or more left each: a GPU 0,1). Fits with: maxModelLen: " \
+        in d.message
 
 
 def test_node_affinity_exclusions_are_named_by_the_field_that_excludes() -> None:
@@ -84,7 +90,7 @@ def test_node_affinity_exclusions_are_named_by_the_field_that_excludes() -> None
         "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["y"]}]}]}}}}}
     d = placement.decide(ledger, request("d", podTemplate=affinity, **FIXED))
     assert d.message.startswith(
-        "0/2 nodes are available: 1 GPU memory (needs 34.7 GiB, largest budget left 19.8 GiB on b GPU 0), "
+        "0/2 nodes are available: 1 GPU memory (needs 34.7 GiB, largest budget left 20.3 GiB on b GPU 0), "
         "1 node(s) didn't match the podTemplate node affinity."
     )
 
@@ -92,7 +98,7 @@ def test_node_affinity_exclusions_are_named_by_the_field_that_excludes() -> None
 def test_a_pinned_node_keeps_its_own_line() -> None:
     ledger = placement.Ledger([node("a", L4, 1)])
     d = placement.decide(ledger, request("d", placement={"nodeName": "a", "allowReschedule": False}, **FIXED))
-    assert d.message.startswith("pinned placement does not fit: a: GPU 0 needs 34.7 GiB, 19.8 GiB of budget left")
+    assert d.message.startswith("pinned placement does not fit: a: GPU 0 needs 34.7 GiB, 20.3 GiB of budget left. Fits")
 
 
 # --- the indexed path gives exactly the node-by-node causes -----------------------------------------

@@ -11,7 +11,7 @@ from vllmfit.core import memory, placement
 from vllmfit.core.defaults import GIB
 from vllmfit.core.placement.search import _first, _pick
 
-ADR_0002 = memory.BudgetPolicy(0.90, 2 * GIB, "test")
+ADR_0002 = memory.BudgetPolicy(0.90, 2 * GIB, "test", context_bytes=0)
 BUDGET = 74381059686  # H100: int(0.9 x 85031714816) - 2 GiB
 
 # (headroom, node, GPU index), sorted, as the ledger's free index holds them

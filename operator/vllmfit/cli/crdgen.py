@@ -380,7 +380,7 @@ class _NoAliasDumper(yaml.SafeDumper):
         return True
 
 
-def to_yaml(obj: dict[str, Any], src: str = "core/api.py") -> str:
+def to_yaml(obj: dict[str, Any], src: str = "core/spec/api.py") -> str:
     body = yaml.dump(obj, Dumper=_NoAliasDumper, sort_keys=False, width=100, allow_unicode=True)
     return HEADER.format(src=src) + "---\n" + body
 

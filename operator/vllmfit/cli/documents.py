@@ -148,6 +148,10 @@ class Objects:
     ignored: list[str] = field(default_factory=list)  # objects of kinds plan does not use (a note each)
 
 
+GROUP_PREFIX = "vllmfit.dev/"
+"""apiVersion of vllmfit's own objects: any kind there but VLLMDeployment is an input error, not an
+object plan ignores."""
+
 _DOC_SPLIT = re.compile(r"^---[ \t]*(?:#.*)?$", re.MULTILINE)
 
 
@@ -230,6 +234,9 @@ def _collect(out: Objects, where: str, data: Any) -> None:
         out.slices.append(data)
     elif kind == "ResourceClaim" and str(data.get("apiVersion")) == "resource.k8s.io/v1":
         out.claims.append(data)
+    elif str(data.get("apiVersion") or "").startswith(GROUP_PREFIX):  # vllmfit's group: a misspelt kind
+        out.errors.append(f"{where}: unknown kind {kind or '(none)'!r} {name} in {data.get('apiVersion')}; "
+                          f"vllmfit.dev has one kind, {KIND}")
     elif kind and isinstance(data.get("apiVersion"), str):  # a Kubernetes object plan has no use for
         out.ignored.append(f"{where}: {kind} {name} ignored (plan reads Node, {KIND}, ConfigMap, "
                            "resource.k8s.io/v1 ResourceSlice and ResourceClaim)")

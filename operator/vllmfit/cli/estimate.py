@@ -13,6 +13,8 @@ from typing import Any
 
 from vllmfit.cli import calibration
 from vllmfit.cli.inputs import read_input
+from vllmfit.cli.output import console, hub_words, write_then
+from vllmfit.cli.policy import add_budget_args, add_kv_grant_args, budget_from_args, kv_grant_from_args
 from vllmfit.core import defaults, limits, memory
 from vllmfit.core.errors import UserError
 from vllmfit.core.model.config import params_from_index, parse_hf_config
@@ -36,6 +38,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--gpu-memory-gib", type=float, metavar="X", help="any GPU with X GiB visible to CUDA")
     p.add_argument("--tp", type=int, default=1, help="tensor parallel size")
     p.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
+    p.add_argument("--gpus-per-node", type=int, default=defaults.GPUS_PER_NODE, metavar="N",
+                   help="GPUs of this type one node has (default %(default)s); a deployment is placed within one "
+                        "node (multi-node placement is not supported yet), so tp x pp must be at most N, as in plan")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     p.add_argument("--quantization", default=None,
                    choices=["fp8", "int8", "w8a8", "awq", "gptq", "w4a16", "mxfp4", "compressed-tensors", "bitsandbytes"])
@@ -88,60 +93,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 # --- inputs ------------------------------------------------------------------------------------
-
-
-def add_budget_args(p: argparse.ArgumentParser) -> None:
-    """The budget policy flags (also `plan`)."""
-    b = p.add_argument_group("budget policy (utilization x capacity - reserve)")
-    b.add_argument("--budget-policy", choices=list(memory.POLICIES), metavar="NAME",
-                   help=f"a named policy: counted (default: {memory.DEFAULT_POLICY.formula}; the overheads are "
-                        f"booked in each footprint) or adr-0002 ({memory.ADR_POLICY.formula}; the default "
-                        "with --policy adr)")
-    b.add_argument("--budget-utilization", type=float, metavar="U",
-                   help=f"fraction of each GPU vllmfit hands out, in [0, 1] (default {defaults.UTILIZATION})")
-    b.add_argument("--budget-reserve", metavar="QTY",
-                   help="bytes held back on each GPU besides (1 - U), a Kubernetes quantity "
-                        f"(default 0; adr-0002: {defaults.RESERVE_BYTES // defaults.GIB}Gi)")
-
-
-def budget_from_args(args: argparse.Namespace) -> memory.BudgetPolicy:
-    """--budget-policy / --budget-utilization / --budget-reserve -> the policy (one-line error, exit 2,
-    when invalid). Neither set: the memory policy's default (`counted`; `adr-0002` with --policy adr)."""
-    from vllmfit.core.quantity import parse_bytes
-
-    named = getattr(args, "budget_policy", None)
-    base = memory.policy_named(named) if named else memory.default_policy(getattr(args, "policy", "vllm"))
-    u = base.utilization if args.budget_utilization is None else args.budget_utilization
-    try:
-        reserve = base.reserve_bytes if args.budget_reserve is None else parse_bytes(args.budget_reserve, "--budget-reserve")
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    chosen = named or args.budget_utilization is not None or args.budget_reserve is not None
-    policy = memory.BudgetPolicy(u, reserve, "CLI" if chosen else "default")
-    bad = policy.error()
-    if bad:
-        raise UserError(bad.replace("budget utilization", "--budget-utilization").replace("budget reserve", "--budget-reserve"))
-    return policy
-
-
-def add_kv_grant_args(p: argparse.ArgumentParser) -> None:
-    """The cluster's default KV grant (also `plan`; the operator's --default-kv-grant)."""
-    g = p.add_argument_group("default KV grant (a spec without kvCache or maxNumSeqs)")
-    g.add_argument("--default-kv-grant", choices=defaults.KV_GRANT_RULES, default=defaults.DEFAULT_KV_GRANT,
-                   help="requests: --default-kv-requests requests of the full context, clamped to the room left "
-                        "(default); room: vLLM's own, the room left, at most vLLM's default max-num-seqs x max-model-len")
-    g.add_argument("--default-kv-requests", type=int, metavar="N", default=defaults.DEFAULT_KV_GRANT_REQUESTS,
-                   help="full-length requests the requests rule grants (default %(default)s)")
-
-
-def kv_grant_from_args(args: argparse.Namespace) -> memory.KvGrant:
-    """--default-kv-grant / --default-kv-requests -> the default grant (one-line error, exit 2, when invalid)."""
-    grant = memory.KvGrant(getattr(args, "default_kv_grant", defaults.DEFAULT_KV_GRANT),
-                           getattr(args, "default_kv_requests", defaults.DEFAULT_KV_GRANT_REQUESTS))
-    bad = grant.error()
-    if bad:
-        raise UserError(bad.replace("default KV grant requests", "--default-kv-requests"))
-    return grant
 
 
 SPEC_WORDS_AS_FLAGS = (
@@ -218,8 +169,9 @@ def load_model_config(path: str, params: int | None = None) -> ModelArch:
         raise UserError(f"{cfg_path}: {e}") from None
 
 
-def resolve_model(name: str) -> ModelArch:
-    """The catalog first; a Hugging Face repo id ("org/name") not in it is fetched from the Hub."""
+def resolve_model(name: str, words: str = "flags") -> ModelArch:
+    """The catalog first; a Hugging Face repo id ("org/name") not in it is fetched from the Hub.
+    `words`: the Hub's errors in the words of `estimate` ("flags") or of `plan` ("spec")."""
     try:
         return catalog.model(name)
     except catalog.CatalogError as e:
@@ -232,7 +184,8 @@ def resolve_model(name: str) -> ModelArch:
         try:
             return hub.resolve_model(name)
         except Exception as hub_error:  # noqa: BLE001 - reported as one line
-            raise UserError(f"{e}; Hugging Face Hub: {str(hub_error).splitlines()[0] if str(hub_error) else hub_error!r}") from None
+            said = str(hub_error).splitlines()[0] if str(hub_error) else repr(hub_error)
+            raise UserError(f"{e}; Hugging Face Hub: {hub_words(said, words)}") from None
 
 
 def resolve_gpu(args: argparse.Namespace) -> GpuType:
@@ -252,6 +205,7 @@ def settings_from_args(args: argparse.Namespace) -> memory.Settings:
               "max_num_batched_tokens": limits.MAX_BATCHED_TOKENS}
     for name, limit in bounds.items():
         _positive(name.replace("_", "-"), getattr(args, name), limit)
+    _positive("gpus-per-node", getattr(args, "gpus_per_node", None), limits.MAX_TP * limits.MAX_PP)
     kv_bounds = {"kv_cache_tokens": limits.MAX_KV_TOKENS, "kv_concurrency": limits.MAX_NUM_SEQS,
                  "typical_length": limits.MAX_CONTEXT}
     for name, limit in kv_bounds.items():
@@ -333,18 +287,18 @@ def _run_estimate(args: argparse.Namespace) -> int:
     if too_large:
         raise UserError(too_large)
     try:
-        est = memory.estimate(model, s, gpu, other_gpus=tuple(catalog.gpus().values()), policy=policy)
+        est = memory.estimate(model, s, gpu, other_gpus=tuple(catalog.gpus().values()), policy=policy,
+                              gpus_per_node=args.gpus_per_node)
     except memory.SpecError as e:
         raise UserError(str(e)) from None
+    verdict = 0 if est.sizing.fits else 1
     if args.output == "json":
-        print(json.dumps(estimate_json(est), indent=2, sort_keys=True))
-    else:
-        from rich.console import Console
+        return write_then(verdict, lambda: print(json.dumps(estimate_json(est), indent=2, sort_keys=True)))
+    from vllmfit.cli import render
 
-        from vllmfit.cli import render
-
-        render.print_estimate(Console(), replace(est, suggestions=tuple(cli_words(x) for x in est.suggestions)))
-    return 0 if est.sizing.fits else 1
+    shown = replace(est, suggestions=tuple(cli_words(x) for x in est.suggestions),
+                    sizing=replace(est.sizing, reasons=tuple(cli_error(r) for r in est.sizing.reasons)))
+    return write_then(verdict, lambda: render.print_estimate(console(), shown))
 
 
 def estimate_json(est: memory.Estimate) -> dict[str, Any]:
@@ -420,7 +374,7 @@ def _state_json(est: memory.Estimate) -> dict[str, Any] | None:
 def _policy_json(est: memory.Estimate) -> dict[str, Any]:
     p = est.policy if isinstance(est.policy, memory.BudgetPolicy) else memory.DEFAULT_POLICY
     return {"name": p.name, "utilization": p.utilization, "reserve_bytes": p.reserve_bytes, "source": p.source,
-            "held_back_bytes": p.held_back(est.capacity_bytes)}
+            "context_bytes": p.context_bytes, "held_back_bytes": p.held_back(est.capacity_bytes)}
 
 
 # --- listings ----------------------------------------------------------------------------------
@@ -469,7 +423,7 @@ def _print_json(rows: list[dict[str, Any]]) -> int:
     return 0
 
 
-def _print_table(rows: list[dict[str, Any]], console: Any = None) -> int:
+def _print_table(rows: list[dict[str, Any]], out: Any = None) -> int:
     """A kubectl-style table: no borders, upper-case headers, a short default set (`-o wide` adds
     the rest). No cell is cut or wrapped: a table wider than the terminal is printed whole, one line
     a row, at its natural width (the terminal wraps the lines, as with kubectl -o wide)."""
@@ -486,13 +440,13 @@ def _print_table(rows: list[dict[str, Any]], console: Any = None) -> int:
         table.add_column(key, overflow="fold", min_width=width)
     for r in rows:
         table.add_row(*(_cell(v) for v in r.values()))
-    console = console or Console()
+    out = out or console()
     # never crop: where the natural layout is wider than the terminal, print it whole (the terminal
     # wraps the lines, as with kubectl) instead of letting rich squeeze and cut the last columns
     need = Console(width=1 << 16).measure(table).maximum
-    if need > console.width:
-        console = Console(file=console.file, width=need, color_system=console.color_system)
-    console.print(table)
+    if need > out.width:
+        out = Console(file=out.file, width=need, color_system=out.color_system)
+    out.print(table)
     return 0
 
 

@@ -3,9 +3,11 @@
 plan: every document is read on its own; a bad one (malformed YAML, an object without a kind, a
 node without GPU information, a deployment naming a missing model) becomes one line in
 Plan.errors and the rest is still planned; a Kubernetes object of a kind plan does not use (a
-PersistentVolumeClaim, a Service) is ignored with a note in Plan.warnings. Exit code: 0 when every
-deployment is admitted, 1 when any is not (as `estimate`), 2 for input that cannot be planned
-(no GPU node for the deployments). Deployments whose status says Admitted/Running
+PersistentVolumeClaim, a Service) is ignored with a note in Plan.warnings. Exit code (`exit_code`,
+as `estimate` and kubectl): 0 when every deployment is admitted, 1 when any is not, 2 when any
+input is in error (every error listed, one line each; the rest is still planned and shown) or
+nothing can be planned (no GPU node for the deployments). A reader that leaves early
+(`plan | head`) is a normal end: the exit code is still the verdict. Deployments whose status says Admitted/Running
 with status.memory keep those bookings (never moved); all others are decided in creation order.
 
 `vllmfit status` (the `status` module) draws the same pictures from the live cluster's status fields.
@@ -21,10 +23,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
-from rich.console import Console
-
 from vllmfit.cli import render
 from vllmfit.cli.documents import Objects, read_files, read_objects
+from vllmfit.cli.output import console, write_then
 from vllmfit.core import memory, placement
 from vllmfit.core.errors import UserError, one_line
 from vllmfit.core.model import config as modelconfig
@@ -73,7 +74,7 @@ def resolve_model(
         )
     from vllmfit.cli.estimate import resolve_model as by_name  # the catalog, then the Hugging Face Hub
 
-    return by_name(spec.model)
+    return by_name(spec.model, words="spec")
 
 
 # --- Building the plan -----------------------------------------------------------------------------
@@ -165,6 +166,7 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
         plan.requests.update({r.key: r for r in requests})
         plan.decisions.update(shown)
     _show_grants(plan, deployments)
+    _larger_nodes(plan, budget)
     plan.errors = sorted(plan.errors + errors)
     plan.warnings = sorted(set(plan.warnings) | set(notes) | set(objs.ignored))
     return plan
@@ -178,6 +180,25 @@ def _show_grants(plan: placement.Plan, deployments: Mapping[str, VLLMDeployment]
         if d.restored and d.replicas and kv is not None and kv.granted_by:
             z = replace(d.replicas[0].sizing, granted_tokens=kv.tokens, grant=kv.granted_by)
             plan.decisions[key] = replace(d, replicas=(replace(d.replicas[0], sizing=z), *d.replicas[1:]))
+
+
+def _larger_nodes(plan: placement.Plan, budget: memory.BudgetPolicy) -> None:
+    """A deployment that needs more GPUs than any node has also gets the fix `estimate` offers from
+    the catalog: a larger GPU type (a node of that many larger GPUs), with fewer pipeline stages,
+    checked by sizing (the cluster has no such node to check it on)."""
+    most = plan.ledger.most_of_one_type()
+    gpus = plan.ledger.gpu_types()
+    for key, d in plan.decisions.items():
+        req = plan.requests.get(key)
+        if d.admitted or req is None or not gpus:
+            continue
+        s = placement.settings_from_spec(req.spec)
+        if not 0 < most < s.gpus:
+            continue
+        largest = max(gpus, key=lambda g: (g.cuda_total_bytes, g.product))
+        found = [f for f in memory.one_node_fixes(req.model, s, largest, most, tuple(catalog.gpus().values()), budget)
+                 if f.startswith("a larger GPU") and f not in d.suggestions]
+        plan.decisions[key] = replace(d, suggestions=(*d.suggestions, *found))
 
 
 def _dra_nodes(objs: Objects, nodes: dict[str, placement.NodeInfo],
@@ -210,14 +231,25 @@ def _dra_nodes(objs: Objects, nodes: dict[str, placement.NodeInfo],
     return notes
 
 
+def exit_code(plan: placement.Plan) -> int:
+    """2 when any input is in error (a bad document, field, model, kind), else 1 when anything does
+    not fit (a deployment refused, or a replica left unplaced), else 0."""
+    if plan.errors:
+        return 2
+    return 0 if all(d.admitted for d in plan.decisions.values()) else 1
+
+
 def emit(plan: placement.Plan, output: str, out_file: str | None, title: str) -> None:
     """Write the plan as a table (rich), JSON, HTML or SVG to stdout or a file."""
     if output == "table":
         if out_file:
-            with open(out_file, "w", encoding="utf-8") as f:
-                render.print_plan(Console(file=f, width=160, color_system=None), plan)
+            try:
+                with open(out_file, "w", encoding="utf-8") as f:
+                    render.print_plan(console(f), plan)
+            except OSError as e:
+                raise UserError(f"cannot write {out_file}: {e.strerror or e}") from None
         else:
-            render.print_plan(Console(), plan)
+            render.print_plan(console(), plan)
         return
     text = {
         "json": lambda: placement.to_json(plan) + "\n",
@@ -236,7 +268,7 @@ def emit(plan: placement.Plan, output: str, out_file: str | None, title: str) ->
 def run_plan(args: argparse.Namespace) -> int:
     objs = read_objects(read_files(args.filename))
     from vllmfit.cli import calibration
-    from vllmfit.cli.estimate import budget_from_args, kv_grant_from_args
+    from vllmfit.cli.policy import budget_from_args, kv_grant_from_args
 
     learned = calibration.read(args.calibration) if args.calibration else []
     plan = build_plan(objs, policy=args.policy, budget=budget_from_args(args), kv_grant=kv_grant_from_args(args),
@@ -248,9 +280,8 @@ def run_plan(args: argparse.Namespace) -> int:
         detail = f" ({plan.errors[0]})" if plan.errors else ""
         raise UserError(f"no GPU node in the input to place {len(plan.decisions)} {KIND}(s) on{detail}; add the "
                         "cluster's nodes: -f nodes.yaml (kubectl get nodes -o yaml), e.g. -f examples/cluster.yaml")
-    emit(plan, args.output, args.out_file, "vllmfit plan: " + ", ".join(args.filename))
-    # like `estimate`: 1 when anything does not fit (a deployment refused, or a replica left unplaced)
-    return 0 if all(d.admitted for d in plan.decisions.values()) else 1
+    title = "vllmfit plan: " + ", ".join(args.filename)
+    return write_then(exit_code(plan), lambda: emit(plan, args.output, args.out_file, title))
 
 
 # --- argparse ------------------------------------------------------------------------------------
@@ -262,6 +293,10 @@ def add_parser(subparsers: Any) -> None:
         help="plan deployments onto the GPUs of a cluster file",
         description="Place every VLLMDeployment of the input onto the GPUs of its nodes and show, per GPU, "
         "what each deployment takes, which fit where with which flags, and why the others do not.",
+        epilog="Exit code: 0 every deployment fits; 1 any does not fit; 2 any input error (a bad document, "
+        "field, model or kind: each listed, one line, the rest still planned and shown). A reader that "
+        "leaves early (plan | head) is a normal end: the exit code stays the verdict. Output to a pipe "
+        "or file is never wrapped.",
     )
     p.add_argument(
         "-f",
@@ -281,7 +316,7 @@ def add_parser(subparsers: Any) -> None:
         help="memory model: vllm (what vLLM does, default) or adr (ADR-0002 formulas)",
     )
     from vllmfit.cli import calibration
-    from vllmfit.cli.estimate import add_budget_args, add_kv_grant_args
+    from vllmfit.cli.policy import add_budget_args, add_kv_grant_args
 
     add_budget_args(p)  # the cluster-wide budget policy; node labels still override it per node pool
     add_kv_grant_args(p)  # the cluster's default KV grant (the operator's --default-kv-grant)

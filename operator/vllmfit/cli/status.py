@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from vllmfit.cli.documents import Objects
+from vllmfit.cli.output import write_then
 from vllmfit.cli.plan import build_plan, emit, output_args
 from vllmfit.core.errors import UserError, one_line
 from vllmfit.core.spec.api import GROUP, KIND, PLURAL, VERSION
@@ -71,8 +72,7 @@ def run_status(args: argparse.Namespace, core: Any = None, custom: Any = None) -
     except (OpenApiException, HTTPError, OSError, ValueError) as e:  # API errors, no connection
         raise UserError(f"cannot read the cluster: {api_words(e)}") from None
     plan = build_plan(objs, decide=False)
-    emit(plan, args.output, args.out_file, "vllmfit status")
-    return 0
+    return write_then(0, lambda: emit(plan, args.output, args.out_file, "vllmfit status"))
 
 
 def add_parser(subparsers: Any) -> None:

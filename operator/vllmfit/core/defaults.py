@@ -17,10 +17,21 @@ COUNTED_RESERVE_BYTES = 0
 """The `counted` budget policy's reserve (the default policy): the overheads ADR-0002's reserve
 stood for (CUDA context, non-torch memory, CUDA graphs, a safety margin) are booked in every
 footprint of the `vllm` memory model, per process, so they are not held back a second time."""
+CUDA_CONTEXT_BYTES = int(0.55 * GIB)
+"""The CUDA context (+ cuBLAS) of one vLLM process on one GPU, resident before vLLM measures and so
+outside its requested memory R = ceil(T x u) (calibration: init snapshot 0.51 GiB on an H100).
+The `vllm` memory model books it in every single-GPU footprint (memory.overhead)."""
+COUNTED_CONTEXT_BYTES = CUDA_CONTEXT_BYTES
+"""What the `counted` budget adds to ceil(UTILIZATION x capacity): the CUDA context of one lone
+vLLM process, so that the budget is what vLLM's own default (`--gpu-memory-utilization 0.9`, one
+server, an empty GPU) really uses, R + its context outside R, and that server is admitted. Counted
+once per GPU, never per process: every colocated server books its own context in its footprint, so
+a shared GPU keeps (1 - UTILIZATION) x capacity - one context held back (7.4 GiB of an H100, 1.6 GiB
+of an L4). ADR-0002 has no such term (the `adr-0002` policy: 0). docs/memory-model.md, "Budget"."""
 BUDGET_POLICY = "counted"
-"""The default budget policy by name (`counted`: UTILIZATION x capacity - COUNTED_RESERVE_BYTES;
-`adr-0002`: UTILIZATION x capacity - RESERVE_BYTES). The `adr` memory policy, whose footprint
-models none of those overheads, defaults to `adr-0002`."""
+"""The default budget policy by name (`counted`: ceil(UTILIZATION x capacity) + COUNTED_CONTEXT_BYTES
+- COUNTED_RESERVE_BYTES; `adr-0002`: UTILIZATION x capacity - RESERVE_BYTES). The `adr` memory
+policy, whose footprint models none of those overheads, defaults to `adr-0002`."""
 REPLICATION_OVERHEAD = 0.02
 """ADR policy: replicated parameters add 2% to sharded weights."""
 BLOCK_SIZE = 16
@@ -54,6 +65,11 @@ BUDGET_UTILIZATION_LABEL = "vllmfit.dev/budget-utilization"
 BUDGET_RESERVE_LABEL = "vllmfit.dev/budget-reserve"
 """Node labels that set the budget policy of a node pool (e.g. "0.95" and "1Gi"); they override
 the cluster-wide policy (operator flags --budget-utilization / --budget-reserve)."""
+
+GPUS_PER_NODE = 8
+"""`vllmfit estimate --gpus-per-node`: the GPUs of one type a node has (an HGX/DGX board: 8). A
+deployment is placed within one node (multi-node placement is not supported yet), so `estimate`
+refuses tp x pp beyond it, as `plan` does on a cluster whose nodes have that many."""
 
 MIN_AUTO_MAX_MODEL_LEN = 2048
 """When maxModelLen is not set and the model's full context does not fit, the context is

@@ -101,10 +101,24 @@ def _lookup(table: dict[str, Any], key: str, what: str, aliases: dict[str, str])
     n = _norm(key)
     if n in aliases:
         return table[aliases[n]]
-    close = difflib.get_close_matches(n, list(aliases), n=3, cutoff=0.4)
-    names = sorted({aliases[c] for c in close})
+    names = _closest(table, n, aliases)
     hint = f"; closest: {', '.join(names)}" if names else ""
     raise CatalogError(f"unknown {what} {key!r}{hint} (list them with `vllmfit {what}s`)")
+
+
+def _closest(table: dict[str, Any], n: str, aliases: dict[str, str], most: int = 4) -> list[str]:
+    """What the user probably meant by `n` (normalized): the names it is the start of, largest
+    memory first for GPUs ('NVIDIA-H100' -> the 80 GB H100s before anything else; MIG slices only
+    when asked for), else the names closest in spelling (difflib)."""
+    started = {v for a, v in aliases.items() if a.startswith(n) and ("-mig-" in n or "-MIG-" not in v)}
+    if started:
+        def key(name: str) -> tuple[int, str]:
+            item = table[name]
+            return (-getattr(item, "memory_bytes", 0), name)
+
+        return sorted(started, key=key)[:most]
+    close = difflib.get_close_matches(n, list(aliases), n=most, cutoff=0.4)
+    return sorted({aliases[c] for c in close})
 
 
 def _aliases(table: dict[str, Any]) -> dict[str, str]:

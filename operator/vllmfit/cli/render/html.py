@@ -80,6 +80,8 @@ def plan_html(p: Plan, title: str = "vllmfit plan") -> str:
         "td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}"
         ".sw{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;border:1px solid #555}"
         ".item{white-space:nowrap;margin-right:10px}"
+        # a vLLM flag or a name is never broken (browsers break at hyphens): flags wrap between each other
+        ".flag,.name{white-space:nowrap}.flag{font-size:90%}"
         ".key{display:inline-block;min-width:1.3em;padding:0 3px;text-align:center;font:bold 12px monospace;"
         "border-radius:2px;margin-left:12px}"
         ".Admitted{color:#1b5e20}.Unschedulable{color:#b26a00}.Rejected{color:#b71c1c}"
@@ -99,18 +101,18 @@ def deployment_row_html(p: Plan, key: str, palette: dict[str, Look]) -> str:
     kv = ""
     if fp is not None and sizing is not None:
         kv = f"{gib(fp.kv_cache)} GiB" + (
-            f", {sizing.kv_cache_tokens} tokens" if sizing.kv_cache_tokens else ""
+            f", {sizing.granted_tokens} tokens" if sizing.granted_tokens else ""
         )
     notes = [f"<li>{html.escape(r)}</li>" for r in d.reasons]
     notes += [f'<li class="fix">fits with: {html.escape(s)}</li>' for s in d.suggestions]
     notes += [f'<li class="warn">{html.escape(w)}</li>' for w in d.warnings]
     look = palette.get(key)
     cells_ = [
-        (swatch(look) + " " if look else "") + html.escape(key),
-        html.escape(req.model.name if req else ""),
+        f'<span class="name">{(swatch(look) + " " if look else "") + html.escape(key)}</span>',
+        f'<span class="name">{html.escape(req.model.name if req else "")}</span>',
         f'<span class="{d.phase}">{d.phase}{" (kept)" if d.restored else ""}</span>',
         html.escape(placement_text(d)),
-        html.escape(" ".join(d.flags.args()) if d.flags else ""),
+        " ".join(f'<code class="flag">{html.escape(a)}</code>' for a in d.flags.args()) if d.flags else "",
         gib(fp.total) if fp else "",
         html.escape(kv),
         f"<ul>{''.join(notes)}</ul>" if notes else "",

@@ -10,6 +10,8 @@ overhead, then foreign use, free budget and the reserve (capacity - budget).
 from __future__ import annotations
 
 import colorsys
+import hashlib
+import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,7 +26,7 @@ PALETTE = (
     "#8833aa", "#666600", "#006655", "#aaaaff", "#44bbff", "#aa2255", "#aa3300", "#ff99ff", "#aa8822",
     "#007700", "#885500",
 )
-"""One colour per deployment, given in name order: Tableau 10 without its grey, then eleven colours
+"""One colour per deployment, picked by its name's hash (palette_colors): Tableau 10 without its grey, then eleven colours
 each chosen (on a 17-step sRGB grid, chroma 30-75, lightness 38-78) to be the farthest in CIEDE2000
 from every colour before it and from the grey, white and light grey of foreign use, free and
 reserve. Any two differ by a colour difference of at least 17 (10 is "clearly different")."""
@@ -37,6 +39,10 @@ COMPONENTS = (  # (key, label, terminal character, SVG opacity)
     ("kv_cache", "KV cache", "▓", 0.65),
     ("runtime", "activation + overhead", "▒", 0.35),
 )
+OVERHEAD_CHAR = "▚"
+"""`estimate`'s overhead, apart from its activation (▒): told apart without colour too."""
+LEARNED_CHAR = "▞"
+"""`estimate`'s learned over-run (--calibration, issue 34): its own glyph as well."""
 FOREIGN = ("grey50", "#6b6b6b", "#")
 FREE = ("grey35", "#ffffff", "·")
 RESERVE = ("grey62", "#a8a8a8", "░")
@@ -80,38 +86,65 @@ class Look:
 # --- Segments: the one place that decides what a bar shows ---------------------------------------
 
 
-def letter(i: int) -> str:
-    """0 -> 'A', 25 -> 'Z', 26 -> 'AA', 27 -> 'AB', ... (spreadsheet column names)."""
-    out = ""
-    i += 1
-    while i:
-        i, r = divmod(i - 1, 26)
-        out = chr(ord("A") + r) + out
-    return out
-
-
 def _hex(r: float, g: float, b: float) -> str:
     return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
 
 
+def name_hash(key: str) -> int:
+    """A stable number for a deployment's name (sha256: the same in every run and on every machine,
+    unlike Python's salted hash())."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+
+
+def _in_hash_order(keys: Sequence[str]) -> list[str]:
+    return sorted(set(keys), key=lambda k: (name_hash(k), k))
+
+
 def palette_colors(keys: Sequence[str]) -> dict[str, str]:
-    """Keys -> "#rrggbb", assigned in sorted order: PALETTE first, then (for more deployments than
-    it holds) hues a golden angle apart at cycling lightness; every colour differs from all others."""
+    """Keys -> "#rrggbb", from each name's hash, not its position: a deployment keeps its colour
+    when others come and go. Each takes the first free colour of PALETTE from the one its hash
+    picks on (names claim in hash order, so only a name that meets a taken colour moves on); past
+    PALETTE, hues a golden angle apart at cycling lightness. Every colour differs from all others."""
     out: dict[str, str] = {}
-    used = set(PALETTE)
-    for i, key in enumerate(sorted(set(keys))):
-        if i < len(PALETTE):
-            out[key] = PALETTE[i]
-            continue
-        j = i - len(PALETTE)
-        while True:
-            hue = (j * GOLDEN_ANGLE) % 360.0
-            color = _hex(*colorsys.hls_to_rgb(hue / 360.0, OVERFLOW_LIGHTNESS[j % len(OVERFLOW_LIGHTNESS)], 0.6))
-            if color not in used:
-                break
-            j += 7919  # a colour already given (rounding): step on to one that is not
+    used: set[str] = set()
+    extra = 0
+    for key in _in_hash_order(keys):
+        start = name_hash(key) % len(PALETTE)
+        free = [PALETTE[(start + k) % len(PALETTE)] for k in range(len(PALETTE))]
+        color = next((c for c in free if c not in used), None)
+        while color is None or color in used:  # past PALETTE (more deployments than it holds)
+            hue = (extra * GOLDEN_ANGLE) % 360.0
+            color = _hex(*colorsys.hls_to_rgb(hue / 360.0, OVERFLOW_LIGHTNESS[extra % len(OVERFLOW_LIGHTNESS)], 0.6))
+            extra += 1
         used.add(color)
         out[key] = color
+    return out
+
+
+MARKS = string.ascii_uppercase + string.ascii_lowercase + string.digits
+"""The one-character marks of deployments (a bar gives every deployment at least one character)."""
+
+
+def letters(keys: Sequence[str]) -> dict[str, str]:
+    """Keys -> a one-character mark from the name itself, not its position, so a deployment keeps
+    its mark when others come and go: the first letter of its name (without the namespace), upper
+    case ('default/llama-8b' -> 'L'); where that is taken, the same in lower case ('l'), then the
+    name's other letters and digits, then any free mark from where its hash points. Names claim in
+    hash order. Past len(MARKS) deployments, two characters."""
+    out: dict[str, str] = {}
+    taken: set[str] = set()
+    for key in _in_hash_order(keys):
+        tail = [c for c in key.rsplit("/", 1)[-1] if c.isascii() and c.isalnum()]
+        start = name_hash(key) % len(MARKS)
+        wanted = [*(c.upper() for c in tail[:1]), *(c.lower() for c in tail[:1]), *(c.upper() for c in tail[1:]),
+                  *(MARKS[(start + k) % len(MARKS)] for k in range(len(MARKS)))]
+        mark = next((c for c in wanted if c not in taken), None)
+        n = 0
+        while mark is None or mark in taken:
+            mark = MARKS[n // len(MARKS)] + MARKS[n % len(MARKS)]
+            n += 1
+        taken.add(mark)
+        out[key] = mark
     return out
 
 
@@ -131,10 +164,11 @@ def looks(p: Plan) -> dict[str, Look]:
     """Every deployment that holds GPUs -> its Look, in name order (deterministic)."""
     names = sorted(set(p.ledger.deployments()) | {k for k, d in p.decisions.items() if d.replicas})
     colors_ = palette_colors(names)
+    marks = letters(names)
     tails = [n.rsplit("/", 1)[-1] for n in names]
     return {
-        n: Look(n, letter(i), colors_[n], ink(colors_[n]), t if tails.count(t) == 1 else n)
-        for i, (n, t) in enumerate(zip(names, tails))
+        n: Look(n, marks[n], colors_[n], ink(colors_[n]), t if tails.count(t) == 1 else n)
+        for n, t in zip(names, tails)
     }
 
 
@@ -165,8 +199,8 @@ def estimate_segments(est: Estimate) -> list[Segment]:
         ("weights", fp.weights, "dodger_blue2", "#1c86ee", "█", ""),
         ("KV cache", fp.kv_cache, "green3", "#00cd00", "▓", ""),
         ("activation", fp.activation, "dark_orange", "#ff8c00", "▒", ""),
-        ("overhead", fp.overhead, "magenta", "#cd00cd", "▒", ""),
-        *([("learned over-run", fp.learned, "red3", "#cd0000", "▒", "")] if fp.learned else []),
+        ("overhead", fp.overhead, "magenta", "#cd00cd", OVERHEAD_CHAR, ""),
+        *([("learned over-run", fp.learned, "red3", "#cd0000", LEARNED_CHAR, "")] if fp.learned else []),
         ("budget left", free, *FREE, ""),
         ("held back", reserve, *RESERVE, "hatch"),
     )

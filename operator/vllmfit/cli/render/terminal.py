@@ -1,4 +1,6 @@
-"""The terminal: rich tables and character bars of plans and estimates, drawn from `layout`."""
+"""The terminal: rich tables and character bars of plans and estimates, drawn from `layout`. Lines
+of vLLM flags and of fixes are printed whole (`soft_wrap`): the terminal folds them on screen, and
+a copy of one is one command line, never a flag cut in two."""
 
 from __future__ import annotations
 
@@ -181,13 +183,13 @@ def print_deployment(console: Console, p: Plan, key: str, palette: dict[str, Loo
         sizing = d.replicas[0].sizing
         fp = sizing.footprint
         line = f"  on {placement_text(d)}: {gib(fp.total)} GiB per GPU, KV cache {gib(fp.kv_cache)} GiB"
-        if sizing.kv_cache_tokens:
-            line += f" = {sizing.kv_cache_tokens} tokens (max concurrency {sizing.max_concurrency:.1f})"
+        if sizing.granted_tokens:
+            line += f" = {sizing.granted_tokens} tokens (max concurrency {sizing.max_concurrency:.1f})"
         console.print(line, highlight=False)
         if sizing.grant:
             console.print(f"  {grant_line(sizing)}", highlight=False)
     if d.flags is not None and d.admitted:
-        console.print(Text("  " + " ".join(d.flags.args()), style="cyan"))
+        console.print(Text("  " + " ".join(d.flags.args()), style="cyan"), soft_wrap=True)
     if not d.admitted:
         at = d.message.find(NODES_AVAILABLE)
         if d.reasons and at >= 0:  # the kube-scheduler's headline, then its groups
@@ -199,7 +201,7 @@ def print_deployment(console: Console, p: Plan, key: str, palette: dict[str, Loo
         if d.suggestions:
             console.print("  fits with (each checked):", highlight=False)
             for s in d.suggestions:
-                console.print(Text(f"    {s}", style="green"))
+                console.print(Text(f"    {s}", style="green"), soft_wrap=True)
     for w in d.warnings:
         console.print(Text(f"  warning: {w}", style="yellow"))
 
@@ -240,10 +242,10 @@ def print_estimate(console: Console, est: Estimate, width: int = BAR_WIDTH) -> N
         console.print(f"weights include {' and exclude '.join(parts)}", highlight=False)
     if sizing.flags is not None:
         label = "flags: " if sizing.fits else "flags (if it fit): "
-        console.print(Text(label, style="bold") + Text(" ".join(sizing.flags.args())))
-    if sizing.kv_cache_tokens and sizing.fits:
+        console.print(Text(label, style="bold") + Text(" ".join(sizing.flags.args())), soft_wrap=True)
+    if sizing.granted_tokens and sizing.fits:
         console.print(
-            f"KV cache: {sizing.kv_cache_tokens} tokens, max concurrency {sizing.max_concurrency:.2f} "
+            f"KV cache: {sizing.granted_tokens} tokens, max concurrency {sizing.max_concurrency:.2f} "
             f"({sizing.kv_bytes_per_token} bytes per token)"
             + (f"; {sizing.concurrency_typical:.1f} requests of the typical {sizing.typical_len} tokens"
                if sizing.concurrency_typical is not None else ""),
@@ -272,7 +274,7 @@ def print_estimate(console: Console, est: Estimate, width: int = BAR_WIDTH) -> N
     if est.suggestions:
         console.print("fits with (each checked):")
         for sug in est.suggestions:
-            console.print(Text(f"  {as_flags(sug)}", style="green"))
+            console.print(Text(f"  {as_flags(sug)}", style="green"), soft_wrap=True)
     for w in est.warnings:
         console.print(Text(f"warning: {w}", style="yellow"))
 
@@ -324,7 +326,7 @@ def vllm_table(est: Estimate) -> Table:
         ("non-torch memory", f"{gib(v.non_torch_bytes)} GiB"),
         ("CUDA graphs", f"{gib(v.cuda_graph_bytes)} GiB"),
         ("available KV cache memory", f"{gib(v.kv_cache_bytes)} GiB"),
-        ("GPU KV cache size", f"{v.kv_cache_tokens} tokens"),
+        ("GPU KV cache size (null block included)", f"{v.kv_cache_tokens} tokens"),
         ("GPU blocks", str(v.num_gpu_blocks)),
         ("maximum concurrency", f"{v.max_concurrency:.2f}x"),
     ):

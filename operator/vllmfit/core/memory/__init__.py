@@ -53,6 +53,8 @@ from vllmfit.core.memory.fixes import (
     kv_request_too_large,
     larger_gpu,
     largest_kv_tokens,
+    one_node_fixes,
+    one_node_reason,
 )
 from vllmfit.core.memory.kv import KvLayout, adr_kv_bytes_per_token, kv_layout
 from vllmfit.core.memory.learned import size  # sizing.size with a learned over-run booked on top
@@ -123,6 +125,8 @@ __all__ = [
     "largest_kv_tokens",
     "lora_args",
     "lora_bytes",
+    "one_node_fixes",
+    "one_node_reason",
     "parse_version",
     "policy_named",
     "requested_bytes",

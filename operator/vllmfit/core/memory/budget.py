@@ -1,6 +1,7 @@
-"""The budget of a GPU (utilization x capacity - reserve) under a named budget policy users can
-set (`counted` by default, `adr-0002`), and vLLM's requested memory R = ceil(T x u), with the utilization that requests a given number
-of bytes."""
+"""The budget of a GPU under a named budget policy users can set (`counted` by default: what one lone
+vLLM at `--gpu-memory-utilization u` really uses, ceil(u x capacity) + its CUDA context, less a
+reserve; `adr-0002`: utilization x capacity - reserve), and vLLM's requested memory R = ceil(T x u),
+with the utilization that requests a given number of bytes."""
 
 from __future__ import annotations
 
@@ -21,21 +22,34 @@ def budget_bytes(capacity: int, utilization: float = defaults.UTILIZATION, reser
 
 @dataclass(frozen=True)
 class BudgetPolicy:
-    """The safety policy of a GPU: vllmfit hands out `utilization x capacity - reserve` of it.
+    """The safety policy of a GPU: how much of it vllmfit hands out.
 
-    Two named policies (`POLICIES`): `counted` (the default: 0.90 x capacity, no reserve; every
-    overhead ADR-0002's reserve stood for is booked in the footprint, so each byte is held back
-    once) and `adr-0002` (ADR-0002 exactly: 0.90 x capacity - 2 GiB). Either can be changed
-    cluster-wide (operator --budget-utilization / --budget-reserve, chart value `budget`), per node
-    pool (node labels vllmfit.dev/budget-utilization / vllmfit.dev/budget-reserve) or in the CLI
-    (`--budget-policy NAME`, the same two flags). `source` says which, for messages."""
+    With `context_bytes` (the default, `counted`): `ceil(utilization x capacity) + context_bytes -
+    reserve`, at most the capacity. That is what ONE vLLM server started alone with
+    `--gpu-memory-utilization utilization` really uses, its R = ceil(T x u) plus the CUDA context
+    it holds outside R, so vLLM's own default (u 0.9) on an empty GPU is admitted. The context is
+    counted once per GPU, never per process (each colocated server books its own in its
+    footprint), so a shared GPU keeps its margin: (1 - u) x capacity less one context.
+
+    Without (`adr-0002`, context_bytes 0): ADR-0002 exactly, `utilization x capacity - reserve`.
+
+    Either can be changed cluster-wide (operator --budget-utilization / --budget-reserve, chart
+    value `budget`), per node pool (node labels vllmfit.dev/budget-utilization /
+    vllmfit.dev/budget-reserve) or in the CLI (`--budget-policy NAME`, the same two flags); each
+    keeps the context term of the policy it changes. `source` says which, for messages."""
 
     utilization: float = defaults.UTILIZATION
     reserve_bytes: int = defaults.COUNTED_RESERVE_BYTES
     source: str = "default"
+    context_bytes: int = defaults.COUNTED_CONTEXT_BYTES
 
     def budget(self, capacity: int) -> int:
-        return budget_bytes(capacity, self.utilization, self.reserve_bytes)
+        if not self.context_bytes:
+            return budget_bytes(capacity, self.utilization, self.reserve_bytes)
+        if self.utilization <= 0:  # no vLLM runs at u = 0: nothing is handed out
+            return 0
+        lone = min(math.ceil(capacity * self.utilization) + self.context_bytes, capacity)
+        return max(lone - self.reserve_bytes, 0)
 
     def held_back(self, capacity: int) -> int:
         """Bytes of the GPU the policy never hands out."""
@@ -44,22 +58,26 @@ class BudgetPolicy:
     @property
     def name(self) -> str:
         """`counted`, `adr-0002`, or `custom` (other figures)."""
+        mine = (self.utilization, self.reserve_bytes, self.context_bytes)
         return next((n for n, p in POLICIES.items()
-                     if (p.utilization, p.reserve_bytes) == (self.utilization, self.reserve_bytes)), "custom")
+                     if (p.utilization, p.reserve_bytes, p.context_bytes) == mine), "custom")
 
     @property
     def formula(self) -> str:
-        """'0.9 x capacity', '0.9 x capacity - 2.0 GiB'."""
+        """'ceil(0.9 x capacity) + 0.55 GiB CUDA context', '0.9 x capacity - 2.0 GiB'."""
         minus = f" - {fmt_gib(self.reserve_bytes)}" if self.reserve_bytes else ""
-        return f"{self.utilization:g} x capacity{minus}"
+        if not self.context_bytes:
+            return f"{self.utilization:g} x capacity{minus}"
+        return f"ceil({self.utilization:g} x capacity) + {self.context_bytes / defaults.GIB:.2f} GiB CUDA context{minus}"
 
     @property
     def rule(self) -> str:
-        """'0.9 x capacity (counted)', '0.9 x capacity - 2.0 GiB (adr-0002)'."""
+        """'ceil(0.9 x capacity) + 0.55 GiB CUDA context (counted)', '0.9 x capacity - 2.0 GiB (adr-0002)'."""
         return f"{self.formula} ({self.name})"
 
     def describe(self, capacity: int) -> str:
-        """'budget policy (default) 0.9 x capacity (counted) holds back 2.2 GiB of 22.0 GiB'"""
+        """'budget policy (default) ceil(0.9 x capacity) + 0.55 GiB CUDA context (counted) holds back
+        1.6 GiB of 22.0 GiB'"""
         return (f"budget policy ({self.source}) {self.rule} holds back {fmt_gib(self.held_back(capacity))} "
                 f"of {fmt_gib(capacity)}")
 
@@ -75,10 +93,24 @@ class BudgetPolicy:
                     f"({fmt_gib(capacity)}); use less than {fmt_gib(capacity)}")
         return None
 
+    def with_utilization(self, utilization: float, reserve_bytes: int | None = None, source: str | None = None
+                         ) -> BudgetPolicy:
+        """This policy with another utilization (and reserve, source); its context term kept."""
+        return replace(self, utilization=utilization, source=self.source if source is None else source,
+                       reserve_bytes=self.reserve_bytes if reserve_bytes is None else reserve_bytes)
+
+    def utilization_for(self, capacity: int, bytes_: int) -> float:
+        """The smallest utilization (2 decimals) whose budget on `capacity` is at least `bytes_`."""
+        # from just below the float estimate upwards, so that rounding (92.00000000001) costs no step
+        k = max(math.floor((bytes_ + self.reserve_bytes - self.context_bytes) / capacity * 100) - 1, 0)
+        while k < 100 and self.with_utilization(k / 100).budget(capacity) < bytes_:
+            k += 1
+        return k / 100
+
 
 DEFAULT_POLICY = BudgetPolicy()
-"""`counted`: 0.90 x capacity (defaults.BUDGET_POLICY)."""
-ADR_POLICY = BudgetPolicy(defaults.UTILIZATION, defaults.RESERVE_BYTES)
+"""`counted`: ceil(0.90 x capacity) + one CUDA context (defaults.BUDGET_POLICY)."""
+ADR_POLICY = BudgetPolicy(defaults.UTILIZATION, defaults.RESERVE_BYTES, context_bytes=0)
 """`adr-0002`: 0.90 x capacity - 2 GiB, ADR-0002's figures exactly."""
 POLICIES: dict[str, BudgetPolicy] = {"counted": DEFAULT_POLICY, "adr-0002": ADR_POLICY}
 """The budget policies by name (`--budget-policy`)."""

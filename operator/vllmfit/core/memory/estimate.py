@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vllmfit.core.memory.budget import BudgetPolicy, default_policy
-from vllmfit.core.memory.fixes import context_note, fixes, larger_gpu
+from vllmfit.core.memory.fixes import context_note, fixes, larger_gpu, one_node_fixes, one_node_reason
 from vllmfit.core.memory.learned import size  # with a learned over-run of this configuration on top
 from vllmfit.core.memory.sizing import vllm_startup
 from vllmfit.core.memory.types import Estimate, Settings, SpecError
@@ -16,8 +16,10 @@ from vllmfit.core.model.facts import GpuType, ModelArch
 
 
 def estimate(model: ModelArch, s: Settings, gpu: GpuType, *, other_gpus: tuple[GpuType, ...] = (),
-             policy: BudgetPolicy | None = None) -> Estimate:
-    """`policy` None: the memory policy's default budget policy (`counted`; `adr-0002` for `adr`)."""
+             policy: BudgetPolicy | None = None, gpus_per_node: int | None = None) -> Estimate:
+    """`policy` None: the memory policy's default budget policy (`counted`; `adr-0002` for `adr`).
+    `gpus_per_node`: a spec needing more GPUs than that is refused as `plan` refuses it (a
+    deployment is placed within one node), with the changes that fit it in one node."""
     policy = default_policy(s.policy) if policy is None else policy
     T = gpu.cuda_total_bytes
     bad = policy.error(T)
@@ -30,8 +32,12 @@ def estimate(model: ModelArch, s: Settings, gpu: GpuType, *, other_gpus: tuple[G
     if sizing.flags and s.policy == "vllm" and model.num_layers:
         vllm = vllm_startup(model, s, gpu, sizing.flags)
     suggestions: tuple[str, ...] = ()
-    if not sizing.fits:
-        sizing = replace(sizing, reasons=(*sizing.reasons, policy.describe(T)))
+    if gpus_per_node is not None and s.gpus > gpus_per_node:
+        sizing = replace(sizing, fits=False, reasons=(one_node_reason(s, gpus_per_node),))
+        suggestions = tuple(one_node_fixes(model, s, gpu, gpus_per_node, other_gpus, policy))
+    elif not sizing.fits:
+        if sizing.footprint.total - budget <= policy.held_back(T):  # the policy is a cause: say which
+            sizing = replace(sizing, reasons=(*sizing.reasons, policy.describe(T)))
         found = [f.text for f in fixes(model, s, gpu, other_gpus, budget, policy)]
         other = larger_gpu(model, s, gpu, other_gpus, policy)
         if other is not None:

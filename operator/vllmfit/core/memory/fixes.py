@@ -6,7 +6,6 @@ alone; then (estimate) a larger GPU, of the same class and generation first."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -261,10 +260,10 @@ def _policy_fix(model: ModelArch, s: Settings, gpu: GpuType, policy: BudgetPolic
         need = size(model, s, gpu, policy.budget(T) - used).footprint.total
     except SpecError:
         return None
-    want = math.ceil((need + used + policy.reserve_bytes) / T * 100) / 100
+    want = policy.utilization_for(T, need + used)
     if want <= policy.utilization or want > MAX_SUGGESTED_UTILIZATION:
         return None
-    new = BudgetPolicy(want, policy.reserve_bytes, policy.source)
+    new = policy.with_utilization(want)
     if not _fits(model, s, gpu, new.budget(T) - used):
         return None
     return Fix(policy=new, note=(f"budget policy utilization {want:g} (now {policy.rule}: "
@@ -339,3 +338,36 @@ def kv_request_too_large(model: ModelArch, s: Settings, gpus: tuple[GpuType, ...
     size_ = r.layout.bytes_for_tokens(best[0])
     return (f"{asked} is more than any GPU can hold for {where}; the largest that fits is "
             f"kvCache.tokens {best[0]} ({fmt_gib(size_)} per GPU, on {best[1]})")
+
+
+# --- One node: vllmfit places a deployment within one node ---------------------------------------
+
+
+def one_node_reason(s: Settings, most: int) -> str:
+    """Why a spec that needs more GPUs than one node has is refused (estimate and plan say the same)."""
+    return (f"needs {s.gpus} GPUs on one node (tensorParallelSize {s.tp} x pipelineParallelSize {s.pp}); nodes have "
+            f"at most {most} GPUs of one type, and vllmfit places a deployment within one node (multi-node "
+            "placement is not supported yet)")
+
+
+def one_node_fixes(model: ModelArch, s: Settings, gpu: GpuType, most: int, other_gpus: tuple[GpuType, ...],
+                   policy: BudgetPolicy = DEFAULT_POLICY) -> list[str]:
+    """For a spec that needs more than `most` GPUs (tp x pp > most): the changes that fit it on
+    `most` GPUs of one node, each checked by sizing on empty GPUs, in the order a user tries them:
+    fewer GPUs by pipeline parallelism on this GPU, the same with fp8 weights, then a larger GPU
+    type (a larger node type) with that pipeline parallelism. Spec words ("pipelineParallelSize: 1")."""
+    if s.tp > most:
+        return []
+    pp = most // s.tp
+    fewer = replace(s, pp=pp)
+    out: list[str] = []
+    if _fits(model, fewer, gpu, policy.budget(gpu.cuda_total_bytes)):
+        out.append(f"pipelineParallelSize: {pp}")
+    fp8 = replace(fewer, quantization="fp8")
+    if (model.quant is None or model.quant.method != "fp8") and s.quantization != "fp8" and \
+            can_run(model, fp8, gpu) and _fits(model, fp8, gpu, policy.budget(gpu.cuda_total_bytes)):
+        out.append(f"quantization: fp8, pipelineParallelSize: {pp}")
+    other = larger_gpu(model, fewer, gpu, other_gpus, policy)
+    if other is not None:
+        out.append(f"a larger GPU: {other.product}, pipelineParallelSize: {pp}")
+    return out

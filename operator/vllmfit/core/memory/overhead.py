@@ -3,7 +3,7 @@ memory, CUDA graphs and the CUDA context; vLLM's batch defaults per GPU tier."""
 
 from __future__ import annotations
 
-from vllmfit.core.defaults import GIB
+from vllmfit.core.defaults import CUDA_CONTEXT_BYTES, GIB
 from vllmfit.core.memory.types import Settings
 from vllmfit.core.memory.versions import VllmVersion
 from vllmfit.core.memory.weights import activation_dtype_bytes
@@ -11,8 +11,9 @@ from vllmfit.core.model.facts import GpuType, ModelArch, ceil_div
 
 # --- Runtime memory vLLM measures (calibrated on shared/calibration, as functions of shape) ---
 
-CUDA_CONTEXT_SINGLE = int(0.55 * GIB)
-"""CUDA context + cuBLAS at start-up, one GPU (calibration: init snapshot 0.51 GiB on H100)."""
+CUDA_CONTEXT_SINGLE = CUDA_CONTEXT_BYTES
+"""CUDA context + cuBLAS at start-up, one GPU (calibration: init snapshot 0.51 GiB on H100); the
+`counted` budget counts one of these (defaults.COUNTED_CONTEXT_BYTES)."""
 CUDA_CONTEXT_MULTI = 2 * GIB
 """With TP/PP > 1, NCCL communicators and custom all-reduce buffers (calibration: 1.43-1.99 GiB)."""
 NON_TORCH_SINGLE = int(0.27 * GIB)

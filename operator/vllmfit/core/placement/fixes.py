@@ -89,6 +89,14 @@ def _suggest(ledger: Ledger, req: Request, policy: memory.Policy) -> list[str]:
                            "--budget-reserve")
             elif fits(**_spec_update(spec, fx)):
                 out.append(fx.text)
+    # 4. more GPUs than any node has: fewer by pipeline parallelism (with fp8 weights), as estimate offers
+    most = ledger.most_of_one_type()
+    if s.gpus > 1 and 0 < most < s.gpus and s.tp <= most:
+        pp = most // s.tp
+        if fits(pipeline_parallel_size=pp):
+            out.append(f"pipelineParallelSize: {pp}")
+        elif spec.quantization != "fp8" and fits(pipeline_parallel_size=pp, quantization="fp8"):
+            out.append(f"quantization: fp8, pipelineParallelSize: {pp}")
     return out
 
 

@@ -154,6 +154,10 @@ class Ledger:
     def slot(self, node: str, index: int) -> GpuSlot | None:
         return self._slots.get((node, index))
 
+    def most_of_one_type(self) -> int:
+        """The most GPUs of one type (non-MIG) any node has: the largest group one deployment can use."""
+        return max((len(ix) for types in self._by_type.values() for ix in types.values()), default=0)
+
     def gpu_types(self) -> list[GpuType]:
         return sorted(self._free, key=lambda t: t.product)
 

@@ -71,6 +71,10 @@ class NodeRead:
         return self.info is not None or self.problem is not None
 
 
+NOTHING = BudgetPolicy(0.0, 0, "invalid node label", context_bytes=0)
+"""The policy of a node whose budget labels are invalid: it hands out nothing."""
+
+
 def node_policy(
     labels: Mapping[str, str], cluster: BudgetPolicy = DEFAULT_POLICY
 ) -> tuple[BudgetPolicy, str | None]:
@@ -90,11 +94,11 @@ def node_policy(
     except ValueError as e:
         msg = str(e) if r_text is not None and "label" in str(e) else (
             f"label {defaults.BUDGET_UTILIZATION_LABEL}={u_text!r} is not a number in [0, 1]")
-        return BudgetPolicy(0.0, 0, "invalid node label"), msg
-    policy = BudgetPolicy(u, reserve, "node pool label")
+        return NOTHING, msg
+    policy = cluster.with_utilization(u, reserve, "node pool label")
     bad = policy.error()
     if bad:
-        return BudgetPolicy(0.0, 0, "invalid node label"), bad.replace(
+        return NOTHING, bad.replace(
             "(node pool label)", f"(node label {defaults.BUDGET_UTILIZATION_LABEL if 'utilization' in bad else defaults.BUDGET_RESERVE_LABEL})")
     return policy, None
 
@@ -105,7 +109,7 @@ def _with_policy(node: NodeInfo, cluster: BudgetPolicy) -> NodeInfo:
         for sl in node.gpus:
             bad = policy.error(sl.capacity_bytes)
             if bad:
-                policy, error = BudgetPolicy(0.0, 0, "invalid node label"), f"{sl.label}: {bad}"
+                policy, error = NOTHING, f"{sl.label}: {bad}"
                 break
     if policy == DEFAULT_POLICY and error is None:
         return node

@@ -20,7 +20,14 @@ from vllmfit.core.placement.inputs import (
     where,
 )
 from vllmfit.core.placement.ledger import Decision, Ledger, NodeSet, ReplicaAllocation
-from vllmfit.core.placement.reasons import NO_NODE, _node_why_not, _policy_line, _why_not
+from vllmfit.core.placement.reasons import (
+    NO_NODE,
+    _node_cause,
+    _node_why_not,
+    _policy_is_a_cause,
+    _policy_line,
+    _why_not,
+)
 from vllmfit.core.placement.search import _Candidate, _node_matches, _search, _shrinkable, schedulable
 
 
@@ -147,11 +154,12 @@ def _decide(
         head = (
             f"{len(replicas)}/{spec.replicas} replicas placed; replica {len(replicas)}: " if replicas else ""
         )
-        # the budget policy of the nodes looked at, and what it holds back: its own sentence
-        policy = [f for f in failure if f.startswith("budget policy")]
-        counts = [f for f in failure if not f.startswith("budget policy")]
+        # the budget policy where it is a cause, and the one-node limit: each its own sentence
+        policy = [f for f in failure if f.startswith(("budget policy", "needs "))]
+        counts = [f for f in failure if not f.startswith(("budget policy", "needs "))]
         if pin.node_name and not pin.allow_reschedule:
-            if pin.node_name in ledger.nodes and not ledger.nodes[pin.node_name].error:
+            if pin.node_name in ledger.nodes and not ledger.nodes[pin.node_name].error and \
+                    _policy_is_a_cause(ledger, _node_cause(ledger, req, s, pin.node_name)):
                 policy = [_policy_line(ledger, [pin.node_name])]  # in the message; reasons stay one line
             msg = f"{head}pinned placement does not fit: " + "; ".join(counts)
         else:  # kube-scheduler's FitError: "0/N nodes are available: <count> <reason>, ... ."

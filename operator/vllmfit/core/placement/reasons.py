@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from vllmfit.core import memory
 from vllmfit.core.memory import Settings, fmt_gib
 from vllmfit.core.placement import affinity
 from vllmfit.core.placement.inputs import Request, gpu_label, refusal, where
@@ -67,9 +68,21 @@ def _why_not(
         if name not in allowed and (why := refusal(ledger.nodes[name], req.spec)) is not None:
             barred[why] = barred.get(why, 0) + 1
     excluded = sum(1 for name in names if name not in allowed) - sum(barred.values()) if matching is not None else 0
-    policy = _policy_line(ledger, [name for name in names if name in allowed and not ledger.nodes[name].error])
+    policy = _policy_line(ledger, [w.node for w in whys if _policy_is_a_cause(ledger, w)])
+    most = ledger.most_of_one_type()
+    whole = [memory.one_node_reason(s, most)] if s.gpus > 1 and 0 < most < s.gpus else []
     return sorted(_grouped(whys, excluded, req, s, ledger) + [f"{n} {why}" for why, n in barred.items()]) + (
-        [policy] if policy else [])
+        [policy] if policy else []) + whole
+
+
+def _policy_is_a_cause(ledger: Ledger, w: _Why) -> bool:
+    """Whether the budget policy is why this node refuses: memory is short by no more than the
+    policy holds back of one of its GPUs (a roomier policy could admit it). Too few GPUs, a GPU
+    type the model cannot run on or an invalid policy label are not the policy's doing."""
+    if w.kind != "memory":
+        return False
+    return any(w.missing <= sl.capacity_bytes - sl.budget_bytes
+               for sl in ledger.nodes[w.node].gpus if sl.gpu.product == w.product)
 
 
 def _policy_line(ledger: Ledger, names: Iterable[str]) -> str:
@@ -122,12 +135,13 @@ def _group_text(kind: str, members: list[_Why], best: _Why, s: Settings, name_pr
     if kind == "small":
         return f"node(s) with {first.product}: {first.text}"
     least = "at least " if _shrinkable(s) else ""
-    each = f" on each of {n} GPUs" if n > 1 else ""
     on = "/".join(sorted({w.product for w in members})) + ": " if name_product else ""
-    return (
-        f"GPU memory ({on}needs {least}{fmt_gib(first.need)}{each}, largest budget left "
-        f"{fmt_gib(max(best.free, 0))} on {where(best.node, best.gpus)})"
-    )
+    if n == 1:
+        return (f"GPU memory ({on}needs {least}{fmt_gib(first.need)}, largest budget left "
+                f"{fmt_gib(max(best.free, 0))} on {where(best.node, best.gpus)})")
+    # a group is as roomy as its fullest GPU: name the best group and that figure, not a "largest"
+    return (f"GPU memory ({on}needs {least}{fmt_gib(first.need)} on each of {n} GPUs, the best {n} have "
+            f"{fmt_gib(max(best.free, 0))} or more left each: {where(best.node, best.gpus)})")
 
 
 def _selector_words(req: Request) -> str:
@@ -254,5 +268,5 @@ def _node_why_not(ledger: Ledger, req: Request, s: Settings, name: str) -> str:
         return f"{name}: {gpu_label(w.gpus[0])} needs {least}{fmt_gib(w.need)}, {fmt_gib(max(w.free, 0))} of budget left"
     return (
         f"{name}: needs {s.gpus} GPUs with {least}{fmt_gib(w.need)} of budget left, "
-        f"{where(name, w.gpus)} has {fmt_gib(max(w.free, 0))}"
+        f"{where(name, w.gpus)} has {fmt_gib(max(w.free, 0))} or more on each"
     )
