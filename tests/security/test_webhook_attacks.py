@@ -64,6 +64,6 @@ def test_each_attack_is_denied_naming_the_field(hook: Any, name: str, spec: dict
 def test_a_harmless_sidecar_is_allowed(hook: Any) -> None:
     spec = {"maxModelLen": 4096, "podTemplate": {"spec": {"containers": [
         {**SIDE, "env": [{"name": "CUDA_VISIBLE_DEVICES", "value": ""}], "resources": {"limits": {"cpu": "1"}}}],
-        "volumes": [{"name": "cache", "hostPath": {"path": "/data/hf-cache"}}]}}}
+        "volumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": "hf-cache"}}]}}}
     resp = validate(hook, spec)
     assert resp["allowed"] is True, resp

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllmfit.backends import dra, reservation
+from vllmfit.core import defaults
 from vllmfit.core.spec import api
 
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE = defaults.GPU_RESOURCE
 RUNTIME_CLASS = "nvidia"
 PIN_DEVICE_PLUGIN = "device-plugin"
 PIN_VISIBLE_DEVICES = "visible-devices"

@@ -2,8 +2,8 @@
 
 No I/O and no Kopf here; the handlers call these and send the results to the API.
 
-- `spec_problems`: what makes a spec unusable before any fit check (its name, extraArgs that
-  fight the computed flags).
+- `spec_problems`: what makes a spec unusable before any fit check: the one validator
+  (vllmfit.core.spec.validate) with the catalog's answer for the model.
 - `deployment` / `service`: the apps/v1 Deployment of one replica and the Service in front of all.
 - `status`: the whole `.status` of a VLLMDeployment from its record and the ledger.
 - `set_condition`: Kubernetes-convention conditions (lastTransitionTime moves only on change).
@@ -19,8 +19,9 @@ from vllmfit.backends import binding
 from vllmfit.backends.binding import GPU_RESOURCE
 from vllmfit.core import defaults, limits, memory
 from vllmfit.core.placement import Booking, Ledger
-from vllmfit.core.spec import api, extraargs, names
+from vllmfit.core.spec import api, extraargs, names, validate
 from vllmfit.operator import podtemplate
+from vllmfit.sources import catalog
 
 PORT = 8000
 MANAGED_BY = defaults.MANAGED_BY_LABEL
@@ -38,18 +39,8 @@ MAX_NAME = limits.MAX_DEPLOYMENT_NAME  # <name>-<replica> must stay a DNS label 
 COMPUTED_FLAGS = extraargs.REFUSED
 
 
-# The restricted Pod Security Standard (https://kubernetes.io/docs/concepts/security/pod-security-standards/):
-# a non-root user, no privilege escalation, no capabilities, the runtime's seccomp profile. vLLM needs
-# none of what this takes away (the GPUs are device files the NVIDIA runtime opens for any user;
-# NCCL uses the /dev/shm emptyDir). A podTemplate securityContext replaces these (pod or container).
-RESTRICTED_POD: dict[str, Any] = {
-    "runAsNonRoot": True,
-    "runAsUser": defaults.VLLM_RUN_AS_USER,
-    "runAsGroup": defaults.VLLM_RUN_AS_USER,
-    "fsGroup": defaults.VLLM_RUN_AS_USER,
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
-RESTRICTED_CONTAINER: dict[str, Any] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+RESTRICTED_POD = podtemplate.RESTRICTED_POD
+RESTRICTED_CONTAINER = podtemplate.RESTRICTED_CONTAINER
 # A user with no /etc/passwd entry: $HOME must be writable, and getpass.getuser() (torch's
 # compile caches) must not look the uid up.
 RESTRICTED_ENV: tuple[dict[str, str], ...] = ({"name": "HOME", "value": defaults.VLLM_HOME},
@@ -69,9 +60,20 @@ def name_problem(name: str) -> str | None:
     return names.deployment_name_problem(name)
 
 
-def spec_problems(obj: api.VLLMDeployment) -> list[str]:
-    out = [p for p in [name_problem(obj.metadata.name)] if p]
-    return out + extra_args_problems(obj.spec.extra_args) + podtemplate.problems(obj.spec)
+def in_catalog(model: str) -> bool:
+    """Whether vllmfit's catalog knows `model` (its config is then the catalog's, never the spec's)."""
+    try:
+        catalog.model(model)
+    except LookupError:
+        return False
+    return True
+
+
+def spec_problems(obj: api.VLLMDeployment, policy: validate.Policy = validate.DEFAULT_POLICY,
+                  sources: validate.Sources | None = None, *, named: bool = True) -> list[str]:
+    """The one validator (vllmfit.core.spec.validate), as the operator and the webhook call it."""
+    return validate.problems(obj, catalog_model=in_catalog(obj.spec.model), policy=policy, sources=sources,
+                             named=named)
 
 
 # --- Children ----------------------------------------------------------------------------------
@@ -171,7 +173,7 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
         resources["claims"] = [dict(c) for c in gpu.claims]
     env += gpu.env
     named = {e.get("name") for e in env}
-    env += [e for e in RESTRICTED_ENV if e["name"] not in named]
+    env += [e for e in RESTRICTED_ENV if e["name"] not in named] + [dict(e) for e in validate.FORCED_ENV]
     pod: dict[str, Any] = {"securityContext": copy.deepcopy(RESTRICTED_POD), **gpu.pod}
     probe = {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 5}
     container = {

@@ -29,12 +29,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from vllmfit.core.spec import vllmargs
+
 # Refused long options -> why (the text after "extraArgs X ").
 _SET = "is set by vllmfit; use {} instead"
 _FIXED = "is set by vllmfit; remove it"
 _MEMORY = "changes GPU memory ({}) in a way vllmfit does not model; remove it"
 _LOADS = "loads {}; use spec.model (and spec.modelConfig for a model that is not on the Hub) instead"
 _IMPORTS = "imports code into the server, where it can take GPU memory vllmfit did not book; remove it"
+_UNKNOWN = ("is not known to leave GPU memory unchanged (vllmfit refuses what it has not classified as "
+            "harmless); remove it")
 _DRAFT = "a draft model's weights, KV cache and CUDA graphs: a second model vllmfit does not size"
 
 REFUSED: dict[str, str] = {
@@ -141,38 +145,189 @@ REFUSED: dict[str, str] = {
     "--reasoning-parser-plugin": _IMPORTS,
     "--io-processor-plugin": _IMPORTS,
     "--additional-config": "passes settings to platform plugins vllmfit does not know; remove it",
+    # Issue 30: the rest of vLLM 0.11-0.33's options that change GPU memory in ways vllmfit does not model.
+    "--mm-processor-kwargs": _MEMORY.format("the multimodal encoder profile, e.g. max_pixels"),
+    "--trust-request-mm-kwargs": _MEMORY.format("the multimodal encoder profile: requests pass processor kwargs"),
+    "--media-io-kwargs": _MEMORY.format("the multimodal encoder profile: frames and pixels per item"),
+    "--video-pruning-method": _MEMORY.format("the multimodal encoder profile"),
+    "--video-pruning-rate": _MEMORY.format("the multimodal encoder profile"),
+    "--disable-chunked-mm-input": _MEMORY.format("the multimodal encoder profile"),
+    "--enable-mm-embeds": _MEMORY.format("the multimodal encoder profile"),
+    "--enable-multimodal-encoder-data-parallel": _MEMORY.format("the multimodal encoder weights"),
+    "--mm-encoder-only": _MEMORY.format("the multimodal encoder weights"),
+    "--mm-encoder-attn-backend": _MEMORY.format("the multimodal encoder's attention workspace"),
+    "--mm-encoder-attn-dtype": _MEMORY.format("the multimodal encoder's activations"),
+    "--mm-encoder-fp8-scale-path": _MEMORY.format("the multimodal encoder's weights"),
+    "--mm-encoder-fp8-scale-save-margin": _MEMORY.format("the multimodal encoder's weights"),
+    "--mm-encoder-fp8-scale-save-path": _MEMORY.format("the multimodal encoder's weights"),
+    "--mm-processor-device": _MEMORY.format("multimodal preprocessing on the GPU"),
+    "--mm-device-do-normalize": _MEMORY.format("multimodal preprocessing on the GPU"),
+    "--mm-tensor-ipc": _MEMORY.format("multimodal tensors shared through GPU memory"),
+    "--language-model-only": _MEMORY.format("the multimodal encoder weights"),
+    "--diffusion-config": _MEMORY.format("a diffusion pipeline"),
+    "--enable-eplb": _MEMORY.format("redundant experts on every rank: expert-parallel load balancing"),
+    "--num-redundant-experts": _MEMORY.format("redundant experts on every rank"),
+    "--eplb-config": _MEMORY.format("redundant experts on every rank"),
+    "--eplb-window-size": _MEMORY.format("redundant experts on every rank"),
+    "--eplb-step-interval": _MEMORY.format("redundant experts on every rank"),
+    "--eplb-log-balancedness": _MEMORY.format("redundant experts on every rank"),
+    "--expert-placement-strategy": _MEMORY.format("expert weights per GPU"),
+    "--enable-elastic-ep": _MEMORY.format("expert weights per GPU"),
+    "--elastic-ep-max-dp-size": _MEMORY.format("expert weights per GPU"),
+    "--enable-ep-weight-filter": _MEMORY.format("expert weights per GPU"),
+    "--enable-return-routed-experts": _MEMORY.format("routed-expert buffers per token"),
+    "--device-ids": _SET.format("spec.placement.gpuIndices (vllmfit's GPU binding chooses the GPUs)"),
+    "--pt-load-map-location": _MEMORY.format("where the weights are loaded (another device)"),
+    "--convert": _MEMORY.format("the runner (a pooling model sizes differently)"),
+    "--runner": _MEMORY.format("the runner (a pooling model sizes differently)"),
+    "--task": _MEMORY.format("the runner (a pooling model sizes differently)"),
+    "--pooler-config": _MEMORY.format("the pooling runner"),
+    "--override-pooler-config": _MEMORY.format("the pooling runner"),
+    "--rope-scaling": _MEMORY.format("the model's architecture and context length"),
+    "--rope-theta": _MEMORY.format("the model's architecture"),
+    "--override-attention-dtype": _MEMORY.format("the attention activations"),
+    "--kv-cache-dtype-skip-layers": _MEMORY.format("the KV cache bytes per layer"),
+    "--cp-kv-cache-interleave-size": _MEMORY.format("the KV cache layout"),
+    "--dcp-kv-cache-interleave-size": _MEMORY.format("the KV cache layout"),
+    "--dcp-comm-backend": _MEMORY.format("the KV cache layout"),
+    "--dcp-q-replicate": _MEMORY.format("the KV cache layout"),
+    "--num-lookahead-slots": _MEMORY.format(_DRAFT),
+    "--quantization-config": _SET.format("spec.quantization"),
+    "--attention-backend": _MEMORY.format("the attention workspace"),
+    "--attention-config": _MEMORY.format("the attention workspace"),
+    "--kernel-config": _MEMORY.format("kernel workspaces"),
+    "--ir-op-priority": _MEMORY.format("kernel workspaces"),
+    "--moe-backend": _MEMORY.format("kernel workspaces"),
+    "--linear-backend": _MEMORY.format("kernel workspaces"),
+    "--gdn-prefill-backend": _MEMORY.format("kernel workspaces"),
+    "--kda-decode-backend": _MEMORY.format("kernel workspaces"),
+    "--kda-prefill-backend": _MEMORY.format("kernel workspaces"),
+    "--mamba-backend": _MEMORY.format("Mamba state"),
+    "--sparse-indexer-topk-backend": _MEMORY.format("kernel workspaces"),
+    "--monokernel": _MEMORY.format("kernel workspaces"),
+    "--enable-flashinfer-autotune": _MEMORY.format("autotuning workspaces during the profile"),
+    "--enable-flash-late-interaction": _MEMORY.format("kernel workspaces"),
+    "--disable-cascade-attn": _MEMORY.format("the attention workspace"),
+    "--disable-custom-all-reduce": _MEMORY.format("all-reduce buffers"),
+    "--enable-nccl-comm-suspend": _MEMORY.format("NCCL buffers"),
+    "--enable-hc-sp": _MEMORY.format("sequence-parallel activations"),
+    "--ubatch-size": _MEMORY.format("micro-batch workspaces"),
+    "--dbo-decode-token-threshold": _MEMORY.format("micro-batch workspaces"),
+    "--dbo-prefill-token-threshold": _MEMORY.format("micro-batch workspaces"),
+    "--async-scheduling": _MEMORY.format("the scheduler's double-buffered outputs"),
+    "--max-num-active-seqs": _SET.format("spec.maxNumSeqs"),
+    "--max-num-scheduled-tokens": _SET.format("spec.maxNumBatchedTokens"),
+    "--max-long-partial-prefills": _MEMORY.format("the batch defaults"),
+    "--enable-prompt-embeds": _MEMORY.format("an inputs_embeds buffer of maxNumBatchedTokens x hidden size"),
+    "--enable-batch-sharded-sampling": _MEMORY.format("the sampler's buffers"),
+    "--use-fp64-gumbel": _MEMORY.format("the sampler's buffers"),
+    "--return-sampling-mask": _MEMORY.format("the sampler's buffers"),
+    "--watermark": _MEMORY.format("the sampler's buffers"),
+    "--watermark-config": _MEMORY.format("the sampler's buffers"),
+    "--enable-cumem-allocator": _MEMORY.format("the allocator"),
+    "--sleep-mode-backend": _MEMORY.format("the allocator"),
+    "--sleep-mode-offload-cudagraph": _MEMORY.format("the allocator"),
+    "--sleep-preserve-parameter-names": _MEMORY.format("the allocator"),
+    "--enable-lora-bias": _MEMORY.format("LoRA slot shapes (bias per slot)"),
+    "--lora-target-modules": _MEMORY.format("LoRA slot shapes"),
+    "--max-lora-cls-labels": _MEMORY.format("LoRA slot shapes"),
+    "--enable-mixed-moe-lora-format": _MEMORY.format("LoRA slot shapes"),
+    "--enable-moe-shared-loras": _MEMORY.format("LoRA slot shapes"),
+    "--enable-mamba-cache-stochastic-rounding": _MEMORY.format("Mamba state"),
+    "--enable-mamba-shared-prefix-checkpoint": _MEMORY.format("Mamba state"),
+    "--mamba-cache-mode": _MEMORY.format("Mamba state"),
+    "--mamba-cache-philox-rounds": _MEMORY.format("Mamba state"),
+    "--mamba-ssu-algorithm": _MEMORY.format("Mamba state"),
+    "--use-replayssm": _MEMORY.format("Mamba state"),
+    "--replayssm-buffer-len": _MEMORY.format("Mamba state"),
+    "--swa-bounded-replay": _MEMORY.format("sliding-window state"),
+    "--ec-transfer-config": _MEMORY.format("encoder-cache transfer buffers"),
+    "--ec-manager-config": _MEMORY.format("encoder-cache transfer buffers"),
+    "--weight-transfer-config": _MEMORY.format("weight-transfer buffers"),
+    "--profiler-config": _MEMORY.format("profiler buffers"),
+    "--engram-config": _MEMORY.format("an extra memory module"),
+    "--aux-output-config": _MEMORY.format("auxiliary output buffers"),
+    "--enable-fault-tolerance": _MEMORY.format("a multi-rank layout"),
+    "--fault-tolerance-config": _MEMORY.format("a multi-rank layout"),
+    "--enable-scale-out": _MEMORY.format("a multi-rank layout"),
+    "--master-addr": _MEMORY.format("a multi-node layout"),
+    "--master-port": _MEMORY.format("a multi-node layout"),
+    "--headless": _FIXED + " (a headless server has no API for the Service and probes)",
+    "--grpc": _FIXED + " (the Service and probes use HTTP on port 8000)",
+    "--grpc-port": _FIXED + " (the Service and probes use HTTP on port 8000)",
+    "--uds": _FIXED + " (the Service and probes use HTTP on port 8000)",
+    "--data-parallel-supervisor-port": _SET.format("spec.replicas"),
+    "--dp-supervisor-probe-failure-threshold": _SET.format("spec.replicas"),
+    "--dp-supervisor-probe-interval-s": _SET.format("spec.replicas"),
+    "--dp-supervisor-probe-timeout-s": _SET.format("spec.replicas"),
+    "--dp-sync-interval": _SET.format("spec.replicas"),
+    "--disable-nccl-for-dp-synchronization": _SET.format("spec.replicas"),
+    "--trust-remote-code": "runs the model repository's Python code in the server, where it can take GPU memory "
+                           "vllmfit did not book; remove it (vLLM implements the catalog's architectures itself)",
+    "--model-class-overrides": _IMPORTS,
+    "--log-config-file": _IMPORTS + " (a logging config names handler classes to import)",
+    "--logging-config": _IMPORTS + " (a logging config names handler classes to import)",
+    "--fingerprint-mode": _UNKNOWN,
+    "--fingerprint-value": _UNKNOWN,
+    "--jit-monitor-mode": _UNKNOWN,
+    "--jit-monitor-verbose": _UNKNOWN,
+    "--enable-trace-replay": _UNKNOWN,
+    "--enable-shm-tensor-arena": _UNKNOWN,
+    "--watchdog-config": _UNKNOWN,
 }
 
-# Single-dash aliases of vLLM 0.11-0.33 (vllm-flags.md, "Short aliases") -> their long option.
-ALIASES: dict[str, str] = {
-    "-q": "--quantization",
-    "-tp": "--tensor-parallel-size",
-    "-pp": "--pipeline-parallel-size",
-    "-dp": "--data-parallel-size",
-    "-dpl": "--data-parallel-size-local",
-    "-dcp": "--decode-context-parallel-size",
-    "-pcp": "--prefill-context-parallel-size",
-    "-ep": "--enable-expert-parallel",
-    "-cc": "--compilation-config",
-    "-O": "--optimization-level",
-    "-sc": "--speculative-config",
-    "-n": "--nnodes",
-    "-r": "--node-rank",
-    "-dpn": "--data-parallel-rank",
-    "-dpr": "--data-parallel-start-rank",
-    "-dpa": "--data-parallel-address",
-    "-dpp": "--data-parallel-rpc-port",
-    "-dpb": "--data-parallel-backend",
-    "-dph": "--data-parallel-hybrid-lb",
-    "-dpe": "--data-parallel-external-lb",
-    "-dpm": "--data-parallel-multi-port-external-lb",
-    "-asc": "--api-server-count",
-    "-ac": "--attention-config",
-    "-dc": "--diffusion-config",
-}
+# Single-dash aliases: vllmargs.ALIASES (what vLLM registers); -O is resolved by hand below.
+ALIASES: dict[str, str] = dict(vllmargs.ALIASES)
 
-# Allowed options that are prefixes of refused ones (`--reasoning-parser` of `--reasoning-parser-plugin`).
-ALLOWED_EXACT = frozenset({"--reasoning-parser"})
+# Options allowed because they cannot change GPU memory -> why (the docs' table groups them).
+_SERVER = "the HTTP server, its API and its security (CPU only)"
+_LOGS = "logging, metrics and tracing"
+_TOKENS = "tokenizer, chat templates and parsers (CPU only)"
+_HOST = "host memory or host I/O only"
+_SCHED = "scheduling order within the KV cache and batch vllmfit sized"
+ALLOWED: dict[str, str] = {
+    **dict.fromkeys((
+        "--allow-credentials", "--allowed-headers", "--allowed-methods", "--allowed-origins", "--api-key",
+        "--api-server-count", "--allowed-local-media-path", "--allowed-media-domains", "--disable-fastapi-docs",
+        "--disable-frontend-multiprocessing", "--disable-uvicorn-access-log", "--disable-access-log-for-endpoints",
+        "--enable-auto-tool-choice", "--enable-force-include-usage", "--enable-offline-docs",
+        "--enable-prompt-tokens-details", "--enable-request-id-headers", "--enable-server-load-tracking",
+        "--enable-ssl-refresh", "--enable-tokenizer-info-endpoint", "--exclude-tools-when-tool-choice-none",
+        "--h11-max-header-count", "--h11-max-incomplete-event-size", "--response-role",
+        "--return-tokens-as-token-ids", "--root-path", "--served-model-name", "--ssl-ca-certs", "--ssl-cert-reqs",
+        "--ssl-certfile", "--ssl-ciphers", "--ssl-keyfile", "--sse-keep-alive-interval", "--stream-interval",
+        "--tokens-only", "--tool-server", "--tool-strict-level", "--uvicorn-log-level", "--shutdown-timeout",
+        "--anthropic-disabled-thinking-effort", "--distributed-timeout-seconds",
+        "--cpu-distributed-timeout-seconds", "--fail-on-environ-validation", "--hf-token", "--seed",
+        "--max-logprobs", "--logprobs-mode", "--generation-config", "--override-generation-config",
+        "--structured-outputs-config", "--allow-deprecated-quantization", "--renderer-num-workers"), _SERVER),
+    **dict.fromkeys((
+        "--aggregate-engine-logging", "--collect-detailed-traces", "--cudagraph-metrics", "--custom-histogram-buckets",
+        "--disable-log-requests", "--disable-log-stats", "--enable-layerwise-nvtx-tracing", "--enable-log-deltas",
+        "--enable-log-outputs", "--enable-log-requests", "--enable-logging-iteration-details",
+        "--enable-mfu-metrics", "--enable-per-request-metrics", "--kv-cache-metrics", "--kv-cache-metrics-sample",
+        "--kv-events-config", "--log-error-stack", "--log-level", "--max-log-len", "--otlp-traces-endpoint",
+        "--per-request-spec-decode-metrics", "--show-hidden-metrics-for-version", "--ray-workers-use-nsight"), _LOGS),
+    **dict.fromkeys((
+        "--chat-template", "--chat-template-content-format", "--cohere-format", "--cohere-is-reasoning-model",
+        "--default-chat-template-kwargs", "--interleave-mm-strings", "--reasoning-config",
+        "--reasoning-effort-map", "--reasoning-parser", "--skip-tokenizer-init", "--tokenizer", "--tokenizer-mode",
+        "--tokenizer-revision", "--tool-call-parser", "--trust-request-chat-template", "--mm-hasher-algorithm"),
+        _TOKENS),
+    **dict.fromkeys((
+        "--download-dir", "--ignore-patterns", "--max-parallel-loading-workers", "--safetensors-load-strategy",
+        "--safetensors-prefetch-block-size", "--safetensors-prefetch-num-threads", "--use-tqdm-on-load",
+        "--swap-space", "--max-cpu-loras", "--mm-processor-cache-gb", "--mm-processor-cache-type",
+        "--mm-shm-cache-max-object-size-mb", "--disable-mm-preprocessor-cache", "--numa-bind", "--numa-bind-cpus",
+        "--numa-bind-nodes"), _HOST),
+    **dict.fromkeys((
+        "--enable-prefix-caching", "--prefix-caching-hash-algo", "--prefix-cache-retention-interval",
+        "--prefix-match-unit", "--long-prefill-token-threshold", "--long-prefill-token-threshold-adaptive",
+        "--scheduling-policy", "--scheduler-reserve-full-isl", "--prefill-schedule-interval",
+        "--max-num-queued-reqs", "--max-num-queued-tokens"), _SCHED),
+    "--lora-modules": "adapters loaded into the LoRA slots spec.lora sized",
+    "--default-mm-loras": "adapters loaded into the LoRA slots spec.lora sized",
+}
 
 # Options allowed with some values only -> (allowed values, why the others are refused).
 VALUE_RULES: dict[str, tuple[frozenset[str], str]] = {
@@ -188,18 +343,53 @@ VALUE_RULES: dict[str, tuple[frozenset[str], str]] = {
     # A dotted value is a class vLLM imports; ray needs a Ray cluster vllmfit does not place.
     "--distributed-executor-backend": (frozenset({"mp", "uni"}),
                                        "only mp and uni run the replica on the GPUs vllmfit booked for it"),
+    # transformers (and terratorch) run another implementation of the model than the one sized.
+    "--model-impl": (frozenset({"auto", "vllm"}), "runs another implementation of the model than the one sized; "
+                     "use auto or vllm"),
 }
 
+# The class of every option (docs/webhook.md, "Every vLLM argument"): computed by vllmfit from
+# the spec and the ledger; modelled (set from a spec field whose memory vllmfit models); allowed
+# (cannot change GPU memory, or only with the values VALUE_RULES lets through); refused.
+COMPUTED = frozenset({"--model", "--host", "--port", "--max-model-len", "--max-num-seqs", "--gpu-memory-utilization",
+                      "--kv-cache-memory-bytes", "--max-num-batched-tokens"})
+MODELLED = frozenset({"--tensor-parallel-size", "--pipeline-parallel-size", "--dtype", "--kv-cache-dtype",
+                      "--quantization", "--enforce-eager", "--enable-lora", "--max-loras", "--max-lora-rank",
+                      "--lora-dtype", "--cpu-offload-gb", "--data-parallel-size"})
+KNOWN: frozenset[str] = frozenset(vllmargs.OPTIONS) | frozenset(REFUSED) | frozenset(ALLOWED) | frozenset(VALUE_RULES)
 
-def _value_option(name: str) -> str | None:
-    """The value-checked option a long option token resolves to (exactly or as a prefix)."""
-    hits = [o for o in VALUE_RULES if o == name] or [o for o in VALUE_RULES if o.startswith(name) and len(name) > 3]
-    return hits[0] if len(hits) == 1 else None
+
+def classify(option: str) -> tuple[str, str]:
+    """(class, why) of a long option: computed, modelled, allowed, allowed-values or refused;
+    ('unclassified', '') for an option this table does not know."""
+    if option in COMPUTED:
+        return "computed", REFUSED[option]
+    if option in MODELLED:
+        return "modelled", REFUSED[option]
+    if option in REFUSED:
+        return "refused", REFUSED[option]
+    if option in VALUE_RULES:
+        allowed, _why = VALUE_RULES[option]
+        return "allowed-values", "only " + ", ".join(sorted(allowed))
+    if option in ALLOWED:
+        return "allowed", ALLOWED[option]
+    return "unclassified", ""
+
+
+def table_markdown() -> str:
+    """docs/webhook.md's table of every option of the supported vLLM versions (tests keep it in step)."""
+    rows = ["| option | vLLM | class | why |", "|---|---|---|---|"]
+    for option in sorted(KNOWN):
+        versions = vllmargs.OPTIONS.get(option, ())
+        kind, why = classify(option)
+        shown = ", ".join(v.rsplit(".", 1)[0] for v in versions) or "older"
+        rows.append(f"| `{option}` | {shown} | {kind} | {why.replace('|', '/')} |")
+    return "\n".join(rows) + "\n"
 
 
 def _spellings(option: str) -> list[str]:
-    """Every option string argparse registers for a refused option: itself, --no-X (booleans
-    use BooleanOptionalAction), and the --enable-X / --disable-X twin (0.33)."""
+    """Every option string argparse registers for an option: itself, --no-X (booleans use
+    BooleanOptionalAction), and the --enable-X / --disable-X twin (0.33)."""
     name = option[2:]
     out = [option, f"--no-{name}"]
     for a, b in (("enable-", "disable-"), ("disable-", "enable-")):
@@ -209,7 +399,15 @@ def _spellings(option: str) -> list[str]:
     return out
 
 
-_REFUSED_SPELLINGS: dict[str, str] = {s: opt for opt in REFUSED for s in _spellings(opt)}
+def _spelling_table() -> dict[str, str]:
+    out = {o: o for o in KNOWN}  # an option string that is an option of its own is itself
+    for o in sorted(KNOWN):
+        for s in _spellings(o)[1:]:
+            out.setdefault(s, o)
+    return out
+
+
+_SPELLINGS: dict[str, str] = _spelling_table()
 
 
 @dataclass(frozen=True)
@@ -220,12 +418,11 @@ class Problem:
 
 
 def _resolve_long(name: str) -> list[str]:
-    """The refused options a long option token can resolve to (argparse: exact, else prefixes)."""
-    if name in _REFUSED_SPELLINGS:
-        return [_REFUSED_SPELLINGS[name]]
-    if name in ALLOWED_EXACT:
-        return []  # argparse takes an exact match over longer options it is a prefix of
-    return sorted({opt for s, opt in _REFUSED_SPELLINGS.items() if s.startswith(name)})
+    """The options a long option token can resolve to (argparse: exact, else every option it is
+    a prefix of; vLLM errors on an ambiguous prefix)."""
+    if name in _SPELLINGS:
+        return [_SPELLINGS[name]]
+    return sorted({opt for s, opt in _SPELLINGS.items() if s.startswith(name)})
 
 
 def _resolve_short(token: str) -> list[str]:
@@ -235,14 +432,29 @@ def _resolve_short(token: str) -> list[str]:
     if name.startswith("-O"):  # -O3, -O 3, -O=3, -Odecode (vLLM rewrites them before argparse)
         return ["--optimization-level"]
     if name in ALIASES:
-        target = ALIASES[name]
-        return [target] if target in REFUSED else []
-    cands = {ALIASES[a] for a in ALIASES if a.startswith(name) or a == name[:2]}
-    return sorted(c for c in cands if c in REFUSED)
+        return [ALIASES[name]]
+    return sorted({ALIASES[a] for a in ALIASES if a.startswith(name) or a == name[:2]})
+
+
+def _verdict(arg: str, flag: str, hits: list[str]) -> list[Problem]:
+    """Problems of one option token: not an option, ambiguous, or refused (allowed: none)."""
+    if not hits:
+        return [Problem(arg, flag, f"extraArgs {flag} is not an option of `vllm serve` "
+                        f"{vllmargs.VERSIONS[0]}-{vllmargs.VERSIONS[-1]}; remove it")]
+    refused = [o for o in hits if o in REFUSED]
+    out = []
+    for opt in refused:
+        alias = "" if flag.split(".", 1)[0] == opt else f"(= {opt}) "
+        out.append(Problem(arg, opt, f"extraArgs {flag} {alias}{REFUSED[opt]}"))
+    if not refused and len(hits) > 1:
+        out.append(Problem(arg, flag, f"extraArgs {flag} is an ambiguous prefix ({', '.join(hits[:4])}"
+                           f"{', ...' if len(hits) > 4 else ''}); vLLM refuses it; spell the option out"))
+    return out
 
 
 def problems(args: Sequence[str]) -> list[Problem]:
-    """Every extraArgs entry that sets a refused option, however it is spelled."""
+    """Every extraArgs entry that is not an allowed option of `vllm serve`, however it is spelled:
+    a refused option, an allowed one with a refused value, an ambiguous prefix, or no option at all."""
     out: list[Problem] = []
     args = [str(a) for a in args]
     for n, arg in enumerate(args):
@@ -254,7 +466,8 @@ def problems(args: Sequence[str]) -> list[Problem]:
             base, _, _ = head.partition(".")  # dotted JSON keys set their base option
             base = base.replace("_", "-").lower()  # vLLM: underscores -> dashes before the first '.'
             hits = _resolve_long(base)
-            if (checked := _value_option(base)) is not None:
+            checked = hits[0] if len(hits) == 1 and hits[0] in VALUE_RULES else None
+            if checked is not None:
                 value = token.split("=", 1)[1] if "=" in token else (args[n + 1] if n + 1 < len(args) else "")
                 allowed, why = VALUE_RULES[checked]
                 if value.strip() not in allowed:
@@ -264,10 +477,7 @@ def problems(args: Sequence[str]) -> list[Problem]:
             if _is_number(token):
                 continue  # a negative number is a value
             hits = _resolve_short(token)
-        flag = token.split("=", 1)[0]
-        for opt in hits:
-            alias = "" if flag.split(".", 1)[0] == opt else f"(= {opt}) "
-            out.append(Problem(arg, opt, f"extraArgs {flag} {alias}{REFUSED[opt]}"))
+        out += _verdict(arg, token.split("=", 1)[0], hits)
     return out
 
 
