@@ -60,19 +60,10 @@ def name_problem(name: str) -> str | None:
     return names.deployment_name_problem(name)
 
 
-def in_catalog(model: str) -> bool:
-    """Whether vllmfit's catalog knows `model` (its config is then the catalog's, never the spec's)."""
-    try:
-        catalog.model(model)
-    except LookupError:
-        return False
-    return True
-
-
 def spec_problems(obj: api.VLLMDeployment, policy: validate.Policy = validate.DEFAULT_POLICY,
                   sources: validate.Sources | None = None, *, named: bool = True) -> list[str]:
     """The one validator (vllmfit.core.spec.validate), as the operator and the webhook call it."""
-    return validate.problems(obj, catalog_model=in_catalog(obj.spec.model), policy=policy, sources=sources,
+    return validate.problems(obj, catalog_model=catalog.knows(obj.spec.model), policy=policy, sources=sources,
                              named=named)
 
 
@@ -130,6 +121,11 @@ def booked_text(bookings: Iterable[Booking]) -> str:
     return ",".join(f"{b.index}={b.footprint.total}" for b in sorted(bookings, key=lambda b: b.index))
 
 
+def booked_bytes(text: str) -> list[int]:
+    """The bytes of `booked_text`, in GPU index order ("0=123,1=456" -> [123, 456])."""
+    return [int(part.split("=", 1)[1]) for part in text.split(",") if "=" in part]
+
+
 def exclusive(ledger: Ledger, key: str, node: str, gpus: Iterable[int]) -> bool:
     """Whether a replica on `gpus` of `node` may be pinned with device-plugin limits: only when
     it takes every GPU of the node and nothing else is booked there, because the device plugin,
@@ -143,7 +139,8 @@ def exclusive(ledger: Ledger, key: str, node: str, gpus: Iterable[int]) -> bool:
 def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: api.Flags, model_name: str,
                *, exclusive: bool, weights_bytes: int = 0, pins: Sequence[str] | None = None,
                gated: bool = False, claim_template: str | None = None,
-               runtime_class: str | None = binding.RUNTIME_CLASS, booked: str = "") -> dict[str, Any]:
+               runtime_class: str | None = binding.RUNTIME_CLASS, booked: str = "",
+               mps: binding.Mps | None = None) -> dict[str, Any]:
     """The Deployment running one replica, pinned to its node and GPUs, with the spec's
     podTemplate merged in (podtemplate.merge). The startup probe allows for loading
     `weights_bytes` (the replica's checkpoint) unless the template sets its timing. `booked`
@@ -152,6 +149,8 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
     exclusive: `nvidia.com/gpu` limits (the device plugin hands over the GPUs).
     shared: no GPU limits; NVIDIA_VISIBLE_DEVICES names the GPUs and the nvidia runtime class
     makes the NVIDIA container runtime inject exactly those (docs/operator.md, "GPU pinning").
+    `mps`: the optional MPS binding; a shared replica then gets CUDA_MPS_PINNED_DEVICE_MEM_LIMIT from
+    `booked` (binding.Mps).
     """
     spec = obj.spec
     name = obj.metadata.name
@@ -166,7 +165,7 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
     for part in resources.values():
         part.pop(GPU_RESOURCE, None)
     gpu = binding.bind(replica, n_gpus, exclusive=exclusive, pins=pins, gated=gated, claim_template=claim_template,
-                       runtime_class=runtime_class)
+                       runtime_class=runtime_class, mps=mps, booked=booked_bytes(booked))
     if gpu.limits:
         resources.setdefault("limits", {}).update(gpu.limits)
     if gpu.claims:
@@ -187,7 +186,7 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
         "startupProbe": podtemplate.startup_probe(weights_bytes, probe),
         "readinessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
         "livenessProbe": {**probe, "periodSeconds": 20, "failureThreshold": 3},
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *gpu.mounts],
         "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
     }
     pod.update({
@@ -195,7 +194,7 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
             {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [replica.node]}]}]}}},
         "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
         "containers": [container],
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],  # NCCL / TP workers use /dev/shm
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, *gpu.volumes],  # NCCL / TP workers use /dev/shm
     })
     pod_meta: dict[str, Any] = {"labels": pod_labels, "annotations": {ANNOTATION_PLACEMENT: where, **gpu.annotations}}
     if booked:

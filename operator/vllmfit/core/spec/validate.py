@@ -56,6 +56,10 @@ DEFAULT_POLICY = Policy()
 
 CONTAINER = "vllm"
 SHM_VOLUME = "dshm"
+MPS_PIPE_VOLUME = "nvidia-mps-pipe"
+MPS_LOG_VOLUME = "nvidia-mps-log"
+RESERVED_VOLUMES = (SHM_VOLUME, MPS_PIPE_VOLUME, MPS_LOG_VOLUME)
+"""Volume names vllmfit's generated pods use (/dev/shm, the optional MPS binding's directories)."""
 PREFIX = "podTemplate.spec"
 
 # --- What vllmfit owns ---------------------------------------------------------------------------
@@ -317,6 +321,8 @@ def volume_problems(v: Any, i: int, policy: Policy) -> list[str]:
     where = f"{PREFIX}.volumes[{name}]"
     if name == SHM_VOLUME:
         return [f"{where}: the name {SHM_VOLUME} is vllmfit's /dev/shm volume; use another name"]
+    if name in RESERVED_VOLUMES:
+        return [f"{where}: the name {name} is one of vllmfit's volumes; use another name"]
     kinds = [k for k in v if k != "name"]
     if len(kinds) != 1:
         return [f"{where} must have exactly one volume source (got {', '.join(sorted(kinds)) or 'none'})"]
