@@ -34,8 +34,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vllmfit import __version__
-from vllmfit.core.placement import Booking
 from vllmfit.core import defaults
+from vllmfit.core.placement import Booking
 from vllmfit.core.spec import api
 
 GPU_RESOURCE = defaults.GPU_RESOURCE

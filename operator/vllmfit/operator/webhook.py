@@ -247,10 +247,8 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
     # makes a DNS label, so the name is not checked)
     policy = getattr(getattr(store, "options", None), "tenancy", validate.DEFAULT_POLICY)
     named = bool((body.get("metadata") or {}).get("name"))
-    problems = builders.spec_problems(obj, policy, named=named)
-    if not problems and validate.sources_needed(obj.spec):
-        sources = await models.env_sources(getattr(store, "api", None), obj)
-        problems = builders.spec_problems(obj, policy, sources, named=named)
+    sources = await models.env_sources(getattr(store, "api", None), obj) if validate.sources_needed(obj.spec) else None
+    problems = builders.spec_problems(obj, policy, sources, named=named)
     if problems:
         raise Invalid("; ".join(problems))
     old = None

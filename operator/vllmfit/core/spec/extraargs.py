@@ -344,8 +344,8 @@ VALUE_RULES: dict[str, tuple[frozenset[str], str]] = {
     "--distributed-executor-backend": (frozenset({"mp", "uni"}),
                                        "only mp and uni run the replica on the GPUs vllmfit booked for it"),
     # transformers (and terratorch) run another implementation of the model than the one sized.
-    "--model-impl": (frozenset({"auto", "vllm"}), "runs another implementation of the model than the one sized; "
-                     "use auto or vllm"),
+    "--model-impl": (frozenset({"auto", "vllm"}), ("runs another implementation of the model than the one sized; "
+                     "use auto or vllm")),
 }
 
 # The class of every option (docs/webhook.md, "Every vLLM argument"): computed by vllmfit from

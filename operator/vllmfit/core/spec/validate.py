@@ -332,19 +332,19 @@ def volume_problems(v: Any, i: int, policy: Policy) -> list[str]:
         path = src.get("path") if isinstance(src, Mapping) else None
         if not host_path_allowed(path, policy):
             allowed = ", ".join(policy.host_paths) or "none"
-            return [f"{where}.hostPath.path {str(path)[:80]!r}: host paths reach the node (its devices, the "
+            return [(f"{where}.hostPath.path {str(path)[:80]!r}: host paths reach the node (its devices, the "
                     f"container runtime, the GPUs); only paths the admin allows may be mounted (allowed: {allowed}); "
-                    "remove it"]
+                    "remove it")]
         return []
     if kind == "csi":
         driver = src.get("driver") if isinstance(src, Mapping) else None
         if driver not in policy.csi_drivers:
-            return [f"{where}.csi.driver {str(driver)[:80]!r}: only CSI drivers the admin allows "
-                    f"({', '.join(policy.csi_drivers) or 'none'}); remove it"]
+            return [(f"{where}.csi.driver {str(driver)[:80]!r}: only CSI drivers the admin allows "
+                    f"({', '.join(policy.csi_drivers) or 'none'}); remove it")]
         return []
     if kind not in VOLUME_TYPES:
-        return [f"{where}.{kind}: not a volume type a podTemplate may use (allowed: {', '.join(sorted(VOLUME_TYPES))}"
-                ", and csi/hostPath where the admin allows); remove it"]
+        return [(f"{where}.{kind}: not a volume type a podTemplate may use (allowed: {', '.join(sorted(VOLUME_TYPES))}"
+                ", and csi/hostPath where the admin allows); remove it")]
     if policy.level == "restricted" and kind not in RESTRICTED_VOLUME_TYPES:
         return [f"{where}.{kind}: not a volume type of the restricted Pod Security level; remove it"]
     if kind == "emptyDir" and not (isinstance(src, Mapping) and src.get("sizeLimit")):

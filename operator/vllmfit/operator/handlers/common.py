@@ -66,9 +66,12 @@ async def checked(store: Any, body: Mapping[str, Any]) -> api.VLLMDeployment:
     """`parse` with the operator's tenancy policy and the envFrom ConfigMaps read from the cluster
     (models.env_sources). Raises Invalid."""
     policy = store.options.tenancy
-    obj = parse(body, policy, {})  # everything but envFrom, before any read
+    try:
+        obj = api.VLLMDeployment.model_validate({"metadata": body.get("metadata") or {}, "spec": body.get("spec") or {}})
+    except pydantic.ValidationError as e:
+        raise Invalid(errors.one_line(e)) from None
     needed = validate.sources_needed(obj.spec)
-    return parse(body, policy, await models.env_sources(store.api, obj)) if needed else obj
+    return parse(body, policy, await models.env_sources(store.api, obj) if needed else None)
 
 
 def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
