@@ -183,6 +183,7 @@ REFUSED: dict[str, str] = {
     "--task": _MEMORY.format("the runner (a pooling model sizes differently)"),
     "--pooler-config": _MEMORY.format("the pooling runner"),
     "--override-pooler-config": _MEMORY.format("the pooling runner"),
+    "--use-gpu-for-pooling-score": _MEMORY.format("the pooling runner"),
     "--rope-scaling": _MEMORY.format("the model's architecture and context length"),
     "--rope-theta": _MEMORY.format("the model's architecture"),
     "--override-attention-dtype": _MEMORY.format("the attention activations"),
