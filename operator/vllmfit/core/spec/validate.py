@@ -31,12 +31,24 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from vllmfit.core import defaults
 from vllmfit.core.spec import api, names
+from vllmfit.core.spec.environment import (  # noqa: F401 - re-exported: the one validator's tables
+    BINDING_ENV,
+    CDI_ANNOTATION_PREFIX,
+    DEVICE_ENV,
+    ENV_ALLOWED,
+    ENV_CODE,
+    FORCED_ENV,
+    VOID,
+    env_name_problem,
+    is_device_env,
+    is_gpu_resource,
+)
+from vllmfit.core.spec.podsecurity import APPARMOR_ANNOTATION, Level, security_context_problems
 
-Level = Literal["baseline", "restricted"]
 Sources = Mapping[tuple[str, str], frozenset[str] | None]
 """(kind, name) -> the keys of that ConfigMap (kind "ConfigMap") or Secret ("Secret") in the
 deployment's namespace; None or absent: it could not be read."""
@@ -82,7 +94,6 @@ OWNED_CONTAINER_FIELDS: dict[str, str | None] = {
     "ports": None,
 }
 APPENDED_POD_LISTS = ("tolerations", "volumes", "imagePullSecrets", "initContainers", "containers", "schedulingGates")
-BINDING_ENV = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")
 OWNED_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", defaults.MANAGED_BY_LABEL)
 
 # --- The allow-lists -----------------------------------------------------------------------------
@@ -119,95 +130,7 @@ CODE_PATHS = ("/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/opt", "/etc
 /opt/venv; /vllm-workspace), and the kernel's: no volume may be mounted at, under or over them in
 the vllm container."""
 
-# --- The vllm container's environment --------------------------------------------------------------
-
-ENV_ALLOWED = frozenset({
-    # Hugging Face: token, caches, mirrors, offline mode
-    "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_HUB_ENABLE_HF_TRANSFER",
-    "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS", "HF_ENDPOINT", "HF_HUB_ETAG_TIMEOUT",
-    "HF_HUB_DOWNLOAD_TIMEOUT", "TRANSFORMERS_OFFLINE", "TRANSFORMERS_CACHE", "HF_DATASETS_OFFLINE",
-    # egress through a proxy, private CAs
-    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "REQUESTS_CA_BUNDLE",
-    "SSL_CERT_FILE", "SSL_CERT_DIR", "CURL_CA_BUNDLE",
-    # the server's logging, API key, timeouts and usage reporting
-    "VLLM_LOGGING_LEVEL", "VLLM_LOGGING_PREFIX", "VLLM_LOG_STATS_INTERVAL", "VLLM_API_KEY", "VLLM_NO_USAGE_STATS",
-    "VLLM_DO_NOT_TRACK", "DO_NOT_TRACK", "VLLM_ENGINE_ITERATION_TIMEOUT_S", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE",
-    "VLLM_RPC_TIMEOUT", "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "VLLM_IMAGE_FETCH_TIMEOUT", "VLLM_VIDEO_FETCH_TIMEOUT",
-    "VLLM_AUDIO_FETCH_TIMEOUT", "VLLM_DEBUG_LOG_API_SERVER_RESPONSE", "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
-    # the process's home, locale and CPU threads
-    "HOME", "USER", "TMPDIR", "XDG_CACHE_HOME", "TZ", "LANG", "LC_ALL", "PYTHONUNBUFFERED", "PYTHONIOENCODING",
-    "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-    # NCCL's diagnostics and network interface (not its buffers)
-    "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_SOCKET_IFNAME",
-    # OpenTelemetry export (--otlp-traces-endpoint)
-    "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES",
-})
-ENV_ALLOWED_PREFIXES = ("OTEL_EXPORTER_OTLP_",)
-ENV_CODE = {
-    "PYTHONPATH": "adds directories Python imports from",
-    "PYTHONSTARTUP": "runs a file in interactive interpreters",
-    "PYTHONHOME": "replaces the interpreter's library",
-    "PYTHONUSERBASE": "adds a user site-packages Python imports from",
-    "PYTHONNOUSERSITE": "is set by vllmfit (no user site-packages)",
-    "PYTHONWARNINGS": "imports the modules its filters name",
-    "PYTHONINSPECT": "changes how the interpreter runs",
-    "LD_PRELOAD": "loads a shared library into every process",
-    "LD_LIBRARY_PATH": "replaces the shared libraries (CUDA, NCCL) the server loads",
-    "LD_AUDIT": "loads a shared library into every process",
-    "VLLM_PLUGINS": "loads vLLM plugins (code) into the server",
-    "VLLM_LOGGING_CONFIG_PATH": "loads a logging config that names classes to import",
-}
-FORCED_ENV: tuple[dict[str, str], ...] = ({"name": "PYTHONNOUSERSITE", "value": "1"},)
-"""Env vllmfit puts last in the vllm container: no user site-packages (usercustomize, .pth files
-under $HOME/.local) is imported, whatever the image or a volume holds there."""
-
-# --- Device access: what gives a container a GPU besides vllmfit's binding -------------------------
-
-VOID = "void"
-"""NVIDIA_VISIBLE_DEVICES value that gives a container no GPU (NVIDIA container toolkit, legacy and
-CDI modes); forced into every container but vllm's."""
-# The NVIDIA container toolkit reads these from a container's env to decide which devices and
-# control files it injects (GPUs, driver capabilities, MIG/IMEX/NVSwitch/GDS/MOFED devices).
-# NVIDIA_REQUIRE_* and NVIDIA_DISABLE_REQUIRE only constrain, and CUDA_VISIBLE_DEVICES only
-# filters what a process already sees: none gives access, so they stay allowed on sidecars.
-DEVICE_ENV = frozenset({
-    "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_CONFIG_DEVICES",
-    "NVIDIA_MIG_MONITOR_DEVICES", "NVIDIA_IMEX_CHANNELS", "NVIDIA_GDS", "NVIDIA_MOFED", "NVIDIA_NVSWITCH",
-    "NVIDIA_GDRCOPY",
-})
-# Extended resources that hand a container an accelerator (any resource of these domains).
-GPU_RESOURCE_PREFIXES = ("nvidia.com/", "amd.com/", "gpu.intel.com/", "habana.ai/", "aws.amazon.com/neuron",
-                         "google.com/tpu", "xilinx.com/", "qualcomm.com/", "huawei.com/ascend", "hami.io/")
-CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
-
-# --- The Pod Security Standards (https://kubernetes.io/docs/concepts/security/pod-security-standards/) ---
-
-BASELINE_CAPABILITIES = frozenset({"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
-                                   "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"})
-RESTRICTED_CAPABILITIES = frozenset({"NET_BIND_SERVICE"})
-SELINUX_TYPES = frozenset({"", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"})
-SAFE_SYSCTLS = frozenset({"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.ip_unprivileged_port_start",
-                          "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
-                          "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
-                          "net.ipv4.tcp_keepalive_probes"})
-APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
-POD_SC_FIELDS = frozenset({"fsGroup", "fsGroupChangePolicy", "runAsGroup", "runAsNonRoot", "runAsUser", "seccompProfile",
-                           "appArmorProfile", "seLinuxOptions", "supplementalGroups", "supplementalGroupsPolicy",
-                           "sysctls", "windowsOptions", "seLinuxChangePolicy"})
-CONTAINER_SC_FIELDS = frozenset({"allowPrivilegeEscalation", "capabilities", "privileged", "readOnlyRootFilesystem",
-                                 "runAsGroup", "runAsNonRoot", "runAsUser", "seccompProfile", "appArmorProfile",
-                                 "seLinuxOptions", "procMount", "windowsOptions"})
-
-
 # --- Small rules -------------------------------------------------------------------------------------
-
-
-def is_gpu_resource(name: str) -> bool:
-    return any(str(name).startswith(p) for p in GPU_RESOURCE_PREFIXES)
-
-
-def is_device_env(name: Any) -> bool:
-    return isinstance(name, str) and name in DEVICE_ENV
 
 
 def normpath(path: Any) -> str | None:
@@ -227,88 +150,12 @@ def host_path_allowed(path: Any, policy: Policy) -> bool:
     return p is not None and p != "/" and any(_under(p, a) for a in (normpath(x) for x in policy.host_paths) if a)
 
 
-def env_name_problem(name: Any) -> str | None:
-    """Why the vllm container may not have env `name` (None: it may)."""
-    if not isinstance(name, str) or not name:
-        return "an env entry needs a name"
-    if name in BINDING_ENV or is_device_env(name):
-        return "is set by vllmfit's GPU binding; use spec.placement.gpuIndices to choose GPUs"
-    if name in ENV_CODE:
-        return f"{ENV_CODE[name]}: the vllm container runs only the server vllmfit sized; remove it"
-    if name in ENV_ALLOWED or name.startswith(ENV_ALLOWED_PREFIXES):
-        return None
-    return ("is not on the allow-list of the vllm container's environment (docs/webhook.md, \"What a tenant may "
-            "write\"); remove it")
-
-
 def _use(field: str, use: str | None, why: str = "vllmfit's GPU binding sets it") -> str:
     return f"{field} is set by vllmfit; use {use} instead" if use else f"{field} is set by vllmfit ({why}); remove it"
 
 
 def _name(c: Mapping[str, Any], i: int) -> str:
     return c["name"] if isinstance(c.get("name"), str) else str(i)
-
-
-# --- Security contexts ---------------------------------------------------------------------------
-
-
-def security_context_problems(sc: Any, where: str, level: Level, *, pod: bool) -> list[str]:
-    """Fields of one securityContext broader than `level` (pod: the PodSecurityContext)."""
-    if sc is None:
-        return []
-    if not isinstance(sc, Mapping):
-        return [f"{where} must be an object"]
-    out = []
-    allowed = POD_SC_FIELDS if pod else CONTAINER_SC_FIELDS
-    out += [f"{where}.{k}: not a securityContext field a podTemplate may set; remove it" for k in sorted(sc)
-            if k not in allowed]
-    if sc.get("privileged") is True:
-        out.append(f"{where}.privileged: a privileged container sees every GPU of the node; remove it")
-    if sc.get("allowPrivilegeEscalation") is True:
-        out.append(f"{where}.allowPrivilegeEscalation: true lets a process gain more privileges than its parent; "
-                   "remove it")
-    caps = sc.get("capabilities")
-    if isinstance(caps, Mapping):
-        can = RESTRICTED_CAPABILITIES if level == "restricted" else BASELINE_CAPABILITIES
-        for cap in caps.get("add") or []:
-            if cap not in can:
-                out.append(f"{where}.capabilities.add[{str(cap)[:40]}]: the {level} Pod Security level allows only "
-                           f"{', '.join(sorted(can))}; remove it")
-        drop = caps.get("drop")
-        if level == "restricted" and drop is not None and "ALL" not in (drop or []):
-            out.append(f"{where}.capabilities.drop must include ALL (the restricted Pod Security level)")
-    elif caps is not None:
-        out.append(f"{where}.capabilities must be an object")
-    for key in ("seccompProfile", "appArmorProfile"):
-        prof = sc.get(key)
-        kind = prof.get("type") if isinstance(prof, Mapping) else None
-        if kind == "Unconfined":
-            out.append(f"{where}.{key}.type: Unconfined turns the kernel's confinement off; use RuntimeDefault")
-        elif key == "seccompProfile" and level == "restricted" and prof is not None \
-                and kind not in ("RuntimeDefault", "Localhost"):
-            out.append(f"{where}.seccompProfile.type must be RuntimeDefault or Localhost (the restricted level)")
-    se = sc.get("seLinuxOptions")
-    if isinstance(se, Mapping):
-        if se.get("type", "") not in SELINUX_TYPES:
-            out.append(f"{where}.seLinuxOptions.type {str(se.get('type'))[:40]!r}: the {level} Pod Security level "
-                       f"allows only {', '.join(sorted(t for t in SELINUX_TYPES if t))}")
-        out += [f"{where}.seLinuxOptions.{k}: custom SELinux users and roles are not allowed; remove it"
-                for k in ("user", "role") if se.get(k)]
-    if sc.get("procMount") not in (None, "Default"):
-        out.append(f"{where}.procMount: only Default; remove it")
-    if isinstance(sc.get("windowsOptions"), Mapping) and sc["windowsOptions"].get("hostProcess") is True:
-        out.append(f"{where}.windowsOptions.hostProcess: host processes are not allowed; remove it")
-    for sysctl in sc.get("sysctls") or [] if pod else []:
-        name = sysctl.get("name") if isinstance(sysctl, Mapping) else sysctl
-        if name not in SAFE_SYSCTLS:
-            out.append(f"{where}.sysctls[{str(name)[:60]}]: not one of the safe sysctls Pod Security allows; "
-                       "remove it")
-    if level == "restricted":
-        if sc.get("runAsNonRoot") is False:
-            out.append(f"{where}.runAsNonRoot: false; the restricted Pod Security level needs a non-root user")
-        if sc.get("runAsUser") == 0:
-            out.append(f"{where}.runAsUser: 0 is root; the restricted Pod Security level needs a non-root user")
-    return out
 
 
 # --- Volumes ---------------------------------------------------------------------------------------
