@@ -174,3 +174,26 @@ async def test_one_table_through_plan_the_webhook_and_the_operator(
                 assert field in message and "\n" not in message, (name, p, message)
         if field is not None and not field.startswith("extraArgs"):  # extraArgs: refused by the spec's parser,
             assert len(set(got.values())) == 1, (name, got)  # whose wording each shell frames (issue 29's parser)
+
+
+async def test_the_running_operator_refuses_and_reads_the_config_maps(cluster: Cluster, operator: Any) -> None:
+    # the real operator on KMock (webhook off): a hostile spec is Rejected with the validator's line and
+    # gets no Deployment; an envFrom ConfigMap is read through the operator's own API client
+    from opkit import DEPLOYMENTS, node, vd
+
+    await cluster.create(node("gpu-a", gpus=1))
+    for name, data in (("gpu-env", {"CUDA_VISIBLE_DEVICES": "0"}), ("log-env", {"VLLM_LOGGING_LEVEL": "DEBUG"})):
+        await cluster.core.create_namespaced_config_map("default", {
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data})
+    await cluster.create(vd("run", MODEL, maxModelLen=4096, **host("/run")))
+    await cluster.create(vd("gpuenv", MODEL, maxModelLen=4096, **vllm(envFrom=[{"configMapRef": {"name": "gpu-env"}}])))
+    await cluster.create(vd("logs", MODEL, maxModelLen=4096, **vllm(envFrom=[{"configMapRef": {"name": "log-env"}}])))
+    for name, field in (("run", "podTemplate.spec.volumes[h].hostPath.path '/run'"),
+                        ("gpuenv", "podTemplate.spec.containers[vllm].envFrom[configMapRef gpu-env] CUDA_VISIBLE_DEVICES")):
+        st = await cluster.phase(name, "Rejected")
+        admitted = next(c for c in st["conditions"] if c["type"] == "Admitted")
+        assert (admitted["status"], admitted["reason"]) == ("False", "InvalidSpec")
+        assert admitted["message"].startswith(field), admitted["message"]
+        assert cluster.get(DEPLOYMENTS, f"{name}-0") is None
+    await cluster.phase("logs", "Admitted")
+    await cluster.until(lambda: cluster.get(DEPLOYMENTS, "logs-0"), what="logs-0 written")

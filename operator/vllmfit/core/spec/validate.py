@@ -56,7 +56,7 @@ deployment's namespace; None or absent: it could not be read."""
 
 @dataclass(frozen=True)
 class Policy:
-    """What the cluster's admin lets a podTemplate reach (chart values `podTemplatePolicy.*`, operator
+    """What the cluster's admin lets a podTemplate reach (chart values `tenants.*`, operator
     flags --pod-security-level, --allow-host-path, --allow-csi-driver)."""
 
     level: Level = "restricted"
