@@ -2,7 +2,7 @@
 malformed template stops anything but its own spec.
 
 Each escape of item 2 is refused, naming the field, by the rule the webhook and the operator
-share (builders.spec_problems -> podtemplate.device_access_problems), and every container but
+share (builders.spec_problems -> vllmfit.core.spec.validate), and every container but
 vllm's is given NVIDIA_VISIBLE_DEVICES=void whatever its image or envFrom says. Written first and
 run on the old code: every escape but the `nvidia.com/gpu` sidecar passed, sidecars kept their
 env, `affinity: "x"` was accepted by the spec types and raised AttributeError in the merge."""
