@@ -334,7 +334,7 @@ COMPUTED = frozenset({"--model", "--host", "--port", "--max-model-len", "--max-n
                       "--kv-cache-memory-bytes", "--max-num-batched-tokens"})
 MODELLED = frozenset({"--tensor-parallel-size", "--pipeline-parallel-size", "--dtype", "--kv-cache-dtype",
                       "--quantization", "--enforce-eager", "--enable-lora", "--max-loras", "--max-lora-rank",
-                      "--lora-dtype", "--cpu-offload-gb", "--data-parallel-size"})
+                      "--lora-dtype", "--cpu-offload-gb"})
 KNOWN: frozenset[str] = frozenset(vllmargs.OPTIONS) | frozenset(REFUSED) | frozenset(ALLOWED) | frozenset(VALUE_RULES)
 
 
