@@ -42,6 +42,7 @@ EXPECTED_OPERATOR_ARGS = [
     "--budget-reserve=0",
     "--default-kv-grant=requests",  # the default KV grant of a spec without kvCache or maxNumSeqs (issue 33)
     "--default-kv-requests=4",
+    "--pod-security-level=restricted",  # what a podTemplate may reach (values: tenants; issue 30), MPS off
     "--reservation-image=ghcr.io/vllmfit/vllmfit:0.1.0",
     "--reservation-priority-class=vllmfit-reservation",
     "--reservation-runtime-class=nvidia",
@@ -308,6 +309,17 @@ def test_agent_may_only_read_and_patch_nodes(render):
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": AGENT, "namespace": NAMESPACE}]
     ds = one(render(), "DaemonSet", AGENT)
     assert ds["spec"]["template"]["spec"]["serviceAccountName"] == AGENT
+
+
+def test_tenants_and_mps_values_become_operator_flags(render):
+    docs = render("default", "--set", "tenants.podSecurityLevel=baseline", "--set", "tenants.allowedHostPaths={/data/models}",
+                  "--set", "tenants.allowedCSIDrivers={secrets-store.csi.k8s.io}", "--set", "mps.enabled=true")
+    dep = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == OPERATOR)
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    for flag in ("--pod-security-level=baseline", "--allow-host-path=/data/models",
+                 "--allow-csi-driver=secrets-store.csi.k8s.io", "--mps-pipe-directory=/tmp/nvidia-mps",
+                 "--mps-log-directory=/var/log/nvidia-mps"):
+        assert flag in args
 
 
 def test_operator_container_contract(render):

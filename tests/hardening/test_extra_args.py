@@ -44,7 +44,7 @@ def test_refused_in_every_spelling(args: list[str], option: str) -> None:
 
 
 @pytest.mark.parametrize("args", [
-    ["--served-model-name", "llama", "--trust-remote-code", "--max-logprobs=5", "--enable-prefix-caching"],
+    ["--served-model-name", "llama", "--max-logprobs=5", "--enable-prefix-caching"],
     ["--seed", "-1"],  # a negative number is a value, not an option
     ["--swap-space", "4"],  # host RAM only (vllm-flags.md §2: no GPU memory); modelled as 0 GPU bytes
     ["--config-format", "hf", "--tokenizer", "x", "--model-impl", "vllm"],  # exact options, not prefixes
@@ -61,8 +61,8 @@ def test_prefix_resolution_agrees_with_argparse_allow_abbrev() -> None:
     p = argparse.ArgumentParser(allow_abbrev=True, exit_on_error=False)
     for opt in extraargs.REFUSED:
         p.add_argument(opt, dest=opt.strip("-").replace("-", "_"))
-    p.add_argument("--served-model-name")
-    for opt in extraargs.ALLOWED_EXACT:  # real vLLM options that are prefixes of refused ones
+    allowed = sorted(extraargs.KNOWN - set(extraargs.REFUSED))  # every other option of vLLM 0.11-0.33
+    for opt in allowed:
         p.add_argument(opt)
     for opt in extraargs.REFUSED:
         for cut in range(3, len(opt) + 1):
@@ -71,7 +71,7 @@ def test_prefix_resolution_agrees_with_argparse_allow_abbrev() -> None:
                 _ns, extra = p.parse_known_args([prefix, "1"])
             except (argparse.ArgumentError, SystemExit):
                 continue  # ambiguous: vLLM errors out; refused here as well (checked below)
-            if extra or any(getattr(_ns, o.strip("-").replace("-", "_")) for o in extraargs.ALLOWED_EXACT):
+            if extra or any(getattr(_ns, o.strip("-").replace("-", "_")) for o in allowed):
                 continue  # not an option, or argparse took the exact allowed option
             assert extraargs.problems([prefix, "1"]), prefix
     assert extraargs.problems(["--max-num", "1"])  # ambiguous in vLLM (--max-num-seqs, --max-num-batched-...)

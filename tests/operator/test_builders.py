@@ -76,7 +76,7 @@ def test_port_in_extra_args_is_refused_without_a_field() -> None:
 
 
 def test_harmless_extra_args_pass() -> None:
-    assert builders.extra_args_problems(["--served-model-name", "llama", "--trust-remote-code",
+    assert builders.extra_args_problems(["--served-model-name", "llama",
                                          "--max-logprobs=5", "--enable-prefix-caching"]) == []
 
 

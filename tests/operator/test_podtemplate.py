@@ -141,7 +141,6 @@ def test_a_model_cache_volume_is_added_and_mounted_in_the_vllm_container() -> No
     ("imagePullSecrets", [{"name": "registry"}]),
     ("serviceAccountName", "vllm-sa"),
     ("priorityClassName", "inference-high"),
-    ("securityContext", {"runAsNonRoot": False, "fsGroup": 1000}),
     ("terminationGracePeriodSeconds", 120),
 ])
 def test_pod_fields_vllmfit_does_not_own_are_set(field: str, value: Any) -> None:
@@ -151,7 +150,8 @@ def test_pod_fields_vllmfit_does_not_own_are_set(field: str, value: Any) -> None
 def test_init_containers_are_added_and_see_no_gpu() -> None:
     init = {"name": "fetch", "image": "busybox", "command": ["true"]}
     assert pod(build({"spec": {"initContainers": [init]}}))["initContainers"] == [
-        {**init, "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]}]
+        {**init, "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+         "securityContext": builders.RESTRICTED_CONTAINER}]
 
 
 def test_labels_and_annotations_are_added_next_to_vllmfits() -> None:
@@ -165,7 +165,8 @@ def test_extra_containers_run_next_to_vllm() -> None:
     side = {"name": "metrics-proxy", "image": "proxy:1", "ports": [{"containerPort": 9090}]}
     d = build({"spec": {"containers": [side]}})
     assert [c["name"] for c in pod(d)["containers"]] == ["vllm", "metrics-proxy"]
-    assert pod(d)["containers"][1] == {**side, "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]}
+    assert pod(d)["containers"][1] == {**side, "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+                                       "securityContext": builders.RESTRICTED_CONTAINER}
 
 
 def test_vllm_container_security_context_and_pull_policy_are_set() -> None:
@@ -352,11 +353,26 @@ def test_vllm_pods_are_restricted_by_default() -> None:
         assert "privileged" not in obj.get("securityContext", {})
 
 
-def test_a_pod_template_security_context_replaces_the_default() -> None:
-    root = {"runAsUser": 0, "runAsNonRoot": False}
-    assert pod(build({"spec": {"securityContext": root}}))["securityContext"] == root
-    sc = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}}
-    assert vllm(build({"spec": {"containers": [{"name": "vllm", "securityContext": sc}]}}))["securityContext"] == sc
+def test_a_pod_template_security_context_is_merged_over_the_default() -> None:
+    # issue 30: field by field, so the restricted defaults stay where the template says nothing
+    p = pod(build({"spec": {"securityContext": {"fsGroup": 2000, "supplementalGroups": [3000]}}}))
+    assert p["securityContext"] == {**builders.RESTRICTED_POD, "fsGroup": 2000, "supplementalGroups": [3000]}
+    sc = {"capabilities": {"add": ["NET_BIND_SERVICE"]}, "readOnlyRootFilesystem": True}
+    assert vllm(build({"spec": {"containers": [{"name": "vllm", "securityContext": sc}]}}))["securityContext"] == {
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}}
+
+
+def test_root_is_allowed_only_under_the_baseline_level() -> None:
+    from vllmfit.core.spec import validate
+
+    root = obj({"spec": {"securityContext": {"runAsUser": 0, "runAsNonRoot": False}}})
+    assert [p.split(":")[0] for p in builders.spec_problems(root)] == [
+        "podTemplate.spec.securityContext.runAsNonRoot", "podTemplate.spec.securityContext.runAsUser"]
+    assert builders.spec_problems(root, validate.Policy(level="baseline")) == []
+    caps = obj({"spec": {"containers": [{"name": "vllm", "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}]}})
+    [problem] = builders.spec_problems(caps, validate.Policy(level="baseline"))
+    assert problem.startswith("podTemplate.spec.containers[vllm].securityContext.capabilities.add[IPC_LOCK]")
 
 
 def test_the_users_home_wins_over_the_default() -> None:

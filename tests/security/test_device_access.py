@@ -2,7 +2,7 @@
 malformed template stops anything but its own spec.
 
 Each escape of item 2 is refused, naming the field, by the rule the webhook and the operator
-share (builders.spec_problems -> podtemplate.device_access_problems), and every container but
+share (builders.spec_problems -> vllmfit.core.spec.validate), and every container but
 vllm's is given NVIDIA_VISIBLE_DEVICES=void whatever its image or envFrom says. Written first and
 run on the old code: every escape but the `nvidia.com/gpu` sidecar passed, sidecars kept their
 env, `affinity: "x"` was accepted by the spec types and raised AttributeError in the merge."""
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from vllmfit.backends import binding
-from vllmfit.core.spec import api
+from vllmfit.core.spec import api, validate
 from vllmfit.operator import builders, podtemplate, webhook
 
 FLAGS = api.Flags(max_model_len=8192, max_num_seqs=8, gpu_memory_utilization=0.5)
@@ -106,8 +106,13 @@ async def test_the_webhook_denies_each_escape_with_the_same_line(name: str, temp
 
 
 @pytest.mark.parametrize("path", ["/data/models", "/mnt/hf-cache", "/devices", "/opt/dev"])
-def test_host_paths_that_reach_no_device_are_allowed(path: str) -> None:
-    assert builders.spec_problems(obj({"spec": {"volumes": [{"name": "m", "hostPath": {"path": path}}]}})) == []
+def test_host_paths_are_allowed_only_where_the_admin_allows(path: str) -> None:
+    # issue 30: an allow-list; a path that reaches no device is still refused unless the admin names it
+    o = obj({"spec": {"volumes": [{"name": "m", "hostPath": {"path": path}}]}})
+    [problem] = builders.spec_problems(o)
+    assert problem.startswith("podTemplate.spec.volumes[m].hostPath.path") and "allowed: none" in problem
+    allowed = validate.Policy(host_paths=(path.rsplit("/", 1)[0] or path, path))
+    assert builders.spec_problems(o, allowed) == []
 
 
 def test_sidecars_may_keep_harmless_env_and_resources() -> None:

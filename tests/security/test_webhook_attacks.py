@@ -37,6 +37,20 @@ ATTACKS: list[tuple[str, dict[str, Any], str]] = [
     ("worker class", {"extraArgs": ["--worker-extension-cls=evil.Ext"]}, "extraArgs --worker-extension-cls"),
     ("revision", {"extraArgs": ["--revision=refs/pr/1"]}, "extraArgs --revision"),
     ("catalog modelConfig", {"modelConfig": {"model_type": "llama"}}, "spec.modelConfig: " + MODEL),
+    # issue 30: the allow-lists, over HTTPS
+    ("hostPath /run", {"podTemplate": {"spec": {"volumes": [{"name": "run", "hostPath": {"path": "/run"}}]}}},
+     "podTemplate.spec.volumes[run].hostPath.path '/run'"),
+    ("vllm postStart", {"podTemplate": {"spec": {"containers": [
+        {"name": "vllm", "lifecycle": {"postStart": {"exec": {"command": ["python3", "-c", "1"]}}}}]}}},
+     "podTemplate.spec.containers[vllm].lifecycle"),
+    ("PYTHONPATH", {"env": [{"name": "PYTHONPATH", "value": "/cfg"}]}, "spec.env PYTHONPATH"),
+    ("SYS_ADMIN", {"podTemplate": {"spec": {"containers": [
+        {"name": "vllm", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]}}},
+     "podTemplate.spec.containers[vllm].securityContext.capabilities.add[SYS_ADMIN]"),
+    ("mm processor kwargs", {"extraArgs": ["--mm-processor-kwargs={}"]}, "extraArgs --mm-processor-kwargs"),
+    ("envFrom Secret", {"podTemplate": {"spec": {"containers": [
+        {"name": "vllm", "envFrom": [{"secretRef": {"name": "s"}}]}]}}},
+     "podTemplate.spec.containers[vllm].envFrom[secretRef s]"),
 ]
 
 
@@ -64,6 +78,6 @@ def test_each_attack_is_denied_naming_the_field(hook: Any, name: str, spec: dict
 def test_a_harmless_sidecar_is_allowed(hook: Any) -> None:
     spec = {"maxModelLen": 4096, "podTemplate": {"spec": {"containers": [
         {**SIDE, "env": [{"name": "CUDA_VISIBLE_DEVICES", "value": ""}], "resources": {"limits": {"cpu": "1"}}}],
-        "volumes": [{"name": "cache", "hostPath": {"path": "/data/hf-cache"}}]}}}
+        "volumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": "hf-cache"}}]}}}
     resp = validate(hook, spec)
     assert resp["allowed"] is True, resp

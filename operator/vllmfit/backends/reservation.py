@@ -34,10 +34,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vllmfit import __version__
+from vllmfit.core import defaults
 from vllmfit.core.placement import Booking
 from vllmfit.core.spec import api
 
-GPU_RESOURCE = "nvidia.com/gpu"
+GPU_RESOURCE = defaults.GPU_RESOURCE
 MANAGED_BY = "app.kubernetes.io/managed-by"
 ROLE_LABEL = f"{api.GROUP}/role"
 ROLE = "gpu-reservation"

@@ -30,7 +30,7 @@ from vllmfit.core import memory, placement
 from vllmfit.core.errors import UserError, one_line
 from vllmfit.core.model import config as modelconfig
 from vllmfit.core.model.facts import ModelArch
-from vllmfit.core.spec import names
+from vllmfit.core.spec import validate
 from vllmfit.core.spec.api import KIND, VLLMDeployment, VLLMDeploymentSpec
 from vllmfit.sources import catalog
 
@@ -102,9 +102,10 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
         if dep.key in deployments:
             errors.append(f"{where}: duplicate of an earlier {KIND} {dep.key}; ignored")
             continue
-        bad_name = names.deployment_name_problem(dep.metadata.name)
-        if bad_name:  # the operator would reject it (its Service and Deployments need the name)
-            errors.append(f"{where}: {bad_name}")
+        problems = validate.problems(dep, catalog_model=catalog.knows(dep.spec.model),
+                                     sources=env_sources(objs, dep))
+        if problems:  # the one validator: the webhook and the operator would refuse it the same way
+            errors.append(f"{where}: {'; '.join(problems)}")
             continue
         deployments[dep.key] = dep
         places[dep.key] = where
@@ -170,6 +171,17 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
     plan.errors = sorted(plan.errors + errors)
     plan.warnings = sorted(set(plan.warnings) | set(notes) | set(objs.ignored))
     return plan
+
+
+def env_sources(objs: Objects, dep: VLLMDeployment) -> validate.Sources:
+    """The keys of the input's ConfigMaps that the vllm container's envFrom names; a Secret, or a
+    ConfigMap not in the input, is unread (refused), as it is in the operator."""
+    out: dict[tuple[str, str], frozenset[str] | None] = {}
+    for kind, name in validate.sources_needed(dep.spec):
+        cm = objs.configmaps.get((dep.metadata.namespace, name)) if kind == "ConfigMap" else None
+        data = (cm.get("data") or {}) if isinstance(cm, Mapping) else None
+        out[(kind, name)] = frozenset(data) if isinstance(data, Mapping) else None
+    return out
 
 
 def _show_grants(plan: placement.Plan, deployments: Mapping[str, VLLMDeployment]) -> None:

@@ -138,6 +138,9 @@ GFD_COUNT_LABEL = "nvidia.com/gpu.count"
 
 DEPLOYMENT_LABEL = "vllmfit.dev/deployment"
 """Label on every Deployment, pod and Service vllmfit writes: the VLLMDeployment's name."""
+GPU_RESOURCE = "nvidia.com/gpu"
+"""The NVIDIA device plugin's extended resource: exclusive replicas take whole GPUs with it, the
+reservation pods hold them with it; no other container of a generated pod may ask for it."""
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 """The Kubernetes recommended label; its value on what vllmfit writes is MANAGED_BY."""
 MANAGED_BY = "vllmfit"
@@ -201,3 +204,9 @@ sends a review on a connection the server is closing."""
 WEBHOOK_MAX_HEADERS = 32
 """Header fields per request (aiohttp's default 128, each up to 8,190 bytes): bounds what a
 half-sent request head can buffer. kube-apiserver sends under ten."""
+
+MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"
+"""Where an MPS control daemon keeps its pipes by default (CUDA_MPS_PIPE_DIRECTORY, NVIDIA's MPS
+documentation); the optional MPS binding mounts it into the vLLM pods (chart value mps.*)."""
+MPS_LOG_DIRECTORY = "/var/log/nvidia-mps"
+"""The MPS control daemon's default log directory (CUDA_MPS_LOG_DIRECTORY)."""

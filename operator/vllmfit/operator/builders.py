@@ -2,8 +2,8 @@
 
 No I/O and no Kopf here; the handlers call these and send the results to the API.
 
-- `spec_problems`: what makes a spec unusable before any fit check (its name, extraArgs that
-  fight the computed flags).
+- `spec_problems`: what makes a spec unusable before any fit check: the one validator
+  (vllmfit.core.spec.validate) with the catalog's answer for the model.
 - `deployment` / `service`: the apps/v1 Deployment of one replica and the Service in front of all.
 - `status`: the whole `.status` of a VLLMDeployment from its record and the ledger.
 - `set_condition`: Kubernetes-convention conditions (lastTransitionTime moves only on change).
@@ -19,8 +19,9 @@ from vllmfit.backends import binding
 from vllmfit.backends.binding import GPU_RESOURCE
 from vllmfit.core import defaults, limits, memory
 from vllmfit.core.placement import Booking, Ledger
-from vllmfit.core.spec import api, extraargs, names
+from vllmfit.core.spec import api, extraargs, names, validate
 from vllmfit.operator import podtemplate
+from vllmfit.sources import catalog
 
 PORT = 8000
 MANAGED_BY = defaults.MANAGED_BY_LABEL
@@ -38,18 +39,8 @@ MAX_NAME = limits.MAX_DEPLOYMENT_NAME  # <name>-<replica> must stay a DNS label 
 COMPUTED_FLAGS = extraargs.REFUSED
 
 
-# The restricted Pod Security Standard (https://kubernetes.io/docs/concepts/security/pod-security-standards/):
-# a non-root user, no privilege escalation, no capabilities, the runtime's seccomp profile. vLLM needs
-# none of what this takes away (the GPUs are device files the NVIDIA runtime opens for any user;
-# NCCL uses the /dev/shm emptyDir). A podTemplate securityContext replaces these (pod or container).
-RESTRICTED_POD: dict[str, Any] = {
-    "runAsNonRoot": True,
-    "runAsUser": defaults.VLLM_RUN_AS_USER,
-    "runAsGroup": defaults.VLLM_RUN_AS_USER,
-    "fsGroup": defaults.VLLM_RUN_AS_USER,
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
-RESTRICTED_CONTAINER: dict[str, Any] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+RESTRICTED_POD = podtemplate.RESTRICTED_POD
+RESTRICTED_CONTAINER = podtemplate.RESTRICTED_CONTAINER
 # A user with no /etc/passwd entry: $HOME must be writable, and getpass.getuser() (torch's
 # compile caches) must not look the uid up.
 RESTRICTED_ENV: tuple[dict[str, str], ...] = ({"name": "HOME", "value": defaults.VLLM_HOME},
@@ -69,9 +60,11 @@ def name_problem(name: str) -> str | None:
     return names.deployment_name_problem(name)
 
 
-def spec_problems(obj: api.VLLMDeployment) -> list[str]:
-    out = [p for p in [name_problem(obj.metadata.name)] if p]
-    return out + extra_args_problems(obj.spec.extra_args) + podtemplate.problems(obj.spec)
+def spec_problems(obj: api.VLLMDeployment, policy: validate.Policy = validate.DEFAULT_POLICY,
+                  sources: validate.Sources | None = None, *, named: bool = True) -> list[str]:
+    """The one validator (vllmfit.core.spec.validate), as the operator and the webhook call it."""
+    return validate.problems(obj, catalog_model=catalog.knows(obj.spec.model), policy=policy, sources=sources,
+                             named=named)
 
 
 # --- Children ----------------------------------------------------------------------------------
@@ -130,6 +123,11 @@ def booked_text(bookings: Iterable[Booking]) -> str:
     return ",".join(f"{b.index}={b.footprint.predicted}" for b in sorted(bookings, key=lambda b: b.index))
 
 
+def booked_bytes(text: str) -> list[int]:
+    """The bytes of `booked_text`, in GPU index order ("0=123,1=456" -> [123, 456])."""
+    return [int(part.split("=", 1)[1]) for part in text.split(",") if "=" in part]
+
+
 def exclusive(ledger: Ledger, key: str, node: str, gpus: Iterable[int]) -> bool:
     """Whether a replica on `gpus` of `node` may be pinned with device-plugin limits: only when
     it takes every GPU of the node and nothing else is booked there, because the device plugin,
@@ -143,7 +141,8 @@ def exclusive(ledger: Ledger, key: str, node: str, gpus: Iterable[int]) -> bool:
 def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: api.Flags, model_name: str,
                *, exclusive: bool, weights_bytes: int = 0, pins: Sequence[str] | None = None,
                gated: bool = False, claim_template: str | None = None,
-               runtime_class: str | None = binding.RUNTIME_CLASS, booked: str = "") -> dict[str, Any]:
+               runtime_class: str | None = binding.RUNTIME_CLASS, booked: str = "",
+               mps: binding.Mps | None = None) -> dict[str, Any]:
     """The Deployment running one replica, pinned to its node and GPUs, with the spec's
     podTemplate merged in (podtemplate.merge). The startup probe allows for loading
     `weights_bytes` (the replica's checkpoint) unless the template sets its timing. `booked`
@@ -152,6 +151,8 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
     exclusive: `nvidia.com/gpu` limits (the device plugin hands over the GPUs).
     shared: no GPU limits; NVIDIA_VISIBLE_DEVICES names the GPUs and the nvidia runtime class
     makes the NVIDIA container runtime inject exactly those (docs/operator.md, "GPU pinning").
+    `mps`: the optional MPS binding; a shared replica then gets CUDA_MPS_PINNED_DEVICE_MEM_LIMIT from
+    `booked` (binding.Mps).
     """
     spec = obj.spec
     name = obj.metadata.name
@@ -166,14 +167,14 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
     for part in resources.values():
         part.pop(GPU_RESOURCE, None)
     gpu = binding.bind(replica, n_gpus, exclusive=exclusive, pins=pins, gated=gated, claim_template=claim_template,
-                       runtime_class=runtime_class)
+                       runtime_class=runtime_class, mps=mps, booked=booked_bytes(booked))
     if gpu.limits:
         resources.setdefault("limits", {}).update(gpu.limits)
     if gpu.claims:
         resources["claims"] = [dict(c) for c in gpu.claims]
     env += gpu.env
     named = {e.get("name") for e in env}
-    env += [e for e in RESTRICTED_ENV if e["name"] not in named]
+    env += [e for e in RESTRICTED_ENV if e["name"] not in named] + [dict(e) for e in validate.FORCED_ENV]
     pod: dict[str, Any] = {"securityContext": copy.deepcopy(RESTRICTED_POD), **gpu.pod}
     probe = {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 5}
     container = {
@@ -187,7 +188,7 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
         "startupProbe": podtemplate.startup_probe(weights_bytes, probe),
         "readinessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
         "livenessProbe": {**probe, "periodSeconds": 20, "failureThreshold": 3},
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *gpu.mounts],
         "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
     }
     pod.update({
@@ -195,7 +196,7 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
             {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [replica.node]}]}]}}},
         "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
         "containers": [container],
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],  # NCCL / TP workers use /dev/shm
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, *gpu.volumes],  # NCCL / TP workers use /dev/shm
     })
     pod_meta: dict[str, Any] = {"labels": pod_labels, "annotations": {ANNOTATION_PLACEMENT: where, **gpu.annotations}}
     if booked:

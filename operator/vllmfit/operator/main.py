@@ -93,6 +93,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    default=os.environ.get("VLLMFIT_DEFAULT_KV_REQUESTS") or defaults.DEFAULT_KV_GRANT_REQUESTS,
                    help="full-length requests the requests rule grants (default: $VLLMFIT_DEFAULT_KV_REQUESTS or "
                         f"{defaults.DEFAULT_KV_GRANT_REQUESTS})")
+    g = p.add_argument_group("tenants (docs/webhook.md, \"What a tenant may write\")")
+    g.add_argument("--pod-security-level", choices=("baseline", "restricted"),
+                   default=os.environ.get("VLLMFIT_POD_SECURITY_LEVEL") or "restricted",
+                   help="the Pod Security level no podTemplate may go beyond (default: "
+                        "$VLLMFIT_POD_SECURITY_LEVEL or restricted)")
+    g.add_argument("--allow-host-path", action="append", default=[], metavar="PATH",
+                   help="a host path a podTemplate's hostPath volume may mount (it or below it; repeatable; "
+                        "default none)")
+    g.add_argument("--allow-csi-driver", action="append", default=[], metavar="DRIVER",
+                   help="a CSI driver a podTemplate's inline csi volume may use (repeatable; default none)")
+    g.add_argument("--mps-pipe-directory", default=os.environ.get("VLLMFIT_MPS_PIPE_DIRECTORY") or "", metavar="DIR",
+                   help="turn the MPS memory-limit binding on: sharing replicas get CUDA_MPS_PINNED_DEVICE_MEM_LIMIT "
+                        "for their booked bytes and mount the MPS control daemon's pipe directory DIR from the host "
+                        "(docs/placement-backends.md, \"Enforcement\"; default off)")
+    g.add_argument("--mps-log-directory", default=os.environ.get("VLLMFIT_MPS_LOG_DIRECTORY")
+                   or defaults.MPS_LOG_DIRECTORY, metavar="DIR",
+                   help="with --mps-pipe-directory: the daemon's log directory (default %(default)s)")
     p.add_argument("--verbose", action="store_true", help="log Kopf's debug messages")
     p.add_argument("--release-finalizers", action="store_true",
                    help="do not run: remove vllmfit's finalizer from every VLLMDeployment and exit, so none is "
@@ -104,6 +121,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     if hook is not None:
         hook.add_arguments(p)
     p.set_defaults(func=run)
+
+
+def tenancy(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(validate.Policy, binding.Mps or None) from the flags."""
+    from vllmfit.backends import binding
+    from vllmfit.core.spec import validate
+
+    policy = validate.Policy(level=args.pod_security_level, host_paths=tuple(args.allow_host_path),
+                             csi_drivers=tuple(args.allow_csi_driver))
+    mps = binding.Mps(args.mps_pipe_directory, args.mps_log_directory) if args.mps_pipe_directory else None
+    return policy, mps
 
 
 def _env_float(name: str, default: float) -> float:
@@ -229,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
     store.options.resync_seconds = args.resync_seconds
     store.options.placement_backend = args.placement_backend
     store.options.dra_driver, store.options.dra_device_class = args.dra_driver, args.dra_device_class
+    store.options.tenancy, store.options.mps = tenancy(args)
     store.options.reservation = rsv.Config(
         namespace=args.namespace or "default", image=args.reservation_image or rsv.Config().image,
         priority_class=args.reservation_priority_class, runtime_class=args.reservation_runtime_class,

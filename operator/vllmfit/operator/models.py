@@ -9,7 +9,7 @@ from typing import Any
 
 from vllmfit.core.model.config import parse_hf_config
 from vllmfit.core.model.facts import ModelArch, ModelConfigError
-from vllmfit.core.spec import api
+from vllmfit.core.spec import api, validate
 from vllmfit.operator.record import ModelResolutionError
 from vllmfit.sources import catalog
 
@@ -61,3 +61,22 @@ async def read_config_map(api_client: Any, namespace: str, ref: api.ConfigMapKey
     if not isinstance(config, dict):
         raise ModelResolutionError(f"spec.modelConfigRef: {where} key {ref.key!r} is not a JSON object")
     return config
+
+
+async def env_sources(api_client: Any, obj: api.VLLMDeployment) -> dict[tuple[str, str], frozenset[str] | None]:
+    """The keys of each ConfigMap the vllm container's envFrom names (vllmfit.core.spec.validate
+    checks every variable they set); None for a Secret (the operator has no right to read them),
+    and for a ConfigMap it cannot read (absent, forbidden, no API client): refused."""
+    from kubernetes_asyncio.client import ApiException, CoreV1Api
+
+    out: dict[tuple[str, str], frozenset[str] | None] = {}
+    for kind, name in validate.sources_needed(obj.spec):
+        out[(kind, name)] = None
+        if kind != "ConfigMap" or api_client is None:
+            continue
+        try:
+            cm = await CoreV1Api(api_client).read_namespaced_config_map(name, obj.metadata.namespace)
+        except ApiException:
+            continue
+        out[(kind, name)] = frozenset(cm.data or {})
+    return out

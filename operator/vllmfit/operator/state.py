@@ -23,12 +23,12 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from vllmfit.backends import dra
+from vllmfit.backends import binding, dra
 from vllmfit.backends import reservation as rsv
 from vllmfit.core import defaults, memory, placement
 from vllmfit.core.model.facts import ModelArch
 from vllmfit.core.placement import Ledger, Request
-from vllmfit.core.spec import api
+from vllmfit.core.spec import api, validate
 from vllmfit.operator import builders, draining, models, report
 from vllmfit.operator.pods import PodHealth
 from vllmfit.operator.record import Record, key_of, pruned, record_from_object
@@ -51,6 +51,8 @@ class Options:
     dra_device_class: str = field(default_factory=lambda: os.environ.get("VLLMFIT_DRA_DEVICE_CLASS") or dra.NVIDIA_DRIVER)
     budget: memory.BudgetPolicy = memory.DEFAULT_POLICY  # cluster-wide; node-pool labels override it
     kv_grant: memory.KvGrant = memory.DEFAULT_KV_GRANT  # the default KV grant (no kvCache, no maxNumSeqs)
+    tenancy: validate.Policy = validate.DEFAULT_POLICY  # what a podTemplate may reach (--pod-security-level, ...)
+    mps: binding.Mps | None = None  # the optional MPS memory-limit binding (--mps-pipe-directory)
 
 
 class Store:

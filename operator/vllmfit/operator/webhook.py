@@ -35,8 +35,8 @@ from pydantic import BaseModel, ValidationError
 from vllmfit.core import defaults, placement
 from vllmfit.core.errors import UserError
 from vllmfit.core.placement import affinity
-from vllmfit.core.spec import api
-from vllmfit.operator import bounded, builders, certs
+from vllmfit.core.spec import api, validate
+from vllmfit.operator import bounded, builders, certs, models
 from vllmfit.operator.webhookserver import MUTATE_ID, VALIDATE_ID, Server, clip
 
 logger = logging.getLogger(__name__)
@@ -243,9 +243,12 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
     if operation == "UPDATE" and (unchanged or (body.get("metadata") or {}).get("deletionTimestamp")):
         return Verdict(True)  # metadata-only updates (finalizers, labels) are never re-checked
     obj = parse(body)
-    problems = builders.spec_problems(obj)
-    if not (body.get("metadata") or {}).get("name"):  # generateName: the API server makes a DNS label
-        problems = [p for p in problems if p != builders.name_problem(obj.metadata.name)]
+    # the one validator, as the operator and `vllmfit plan` call it (generateName: the API server
+    # makes a DNS label, so the name is not checked)
+    policy = getattr(getattr(store, "options", None), "tenancy", validate.DEFAULT_POLICY)
+    named = bool((body.get("metadata") or {}).get("name"))
+    sources = await models.env_sources(getattr(store, "api", None), obj) if validate.sources_needed(obj.spec) else None
+    problems = builders.spec_problems(obj, policy, sources, named=named)
     if problems:
         raise Invalid("; ".join(problems))
     old = None

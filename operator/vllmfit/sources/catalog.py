@@ -145,6 +145,16 @@ def model(name: str) -> ModelArch:
     return _lookup(models(), name, "model", _model_aliases())
 
 
+def knows(name: str) -> bool:
+    """Whether the catalog has model `name` (its config is then what vLLM loads, never a spec's:
+    vllmfit.core.spec.validate.model_config_problem)."""
+    try:
+        model(name)
+    except LookupError:
+        return False
+    return True
+
+
 def gpu(name: str) -> GpuType:
     return _lookup(gpus(), name, "gpu", _gpu_aliases())
 

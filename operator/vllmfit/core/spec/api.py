@@ -141,7 +141,9 @@ class VLLMDeploymentSpec(_Model):
     )
     env: list[dict[str, Any]] = Field(
         default_factory=list,
-        description="Extra environment variables of the vLLM container (Kubernetes EnvVar objects).",
+        description="Extra environment variables of the vLLM container (Kubernetes EnvVar objects), from an "
+        "allow-list: Hugging Face tokens and caches, proxies and CAs, vLLM logging and timeouts, locale "
+        "(docs/webhook.md, \"What a tenant may write\").",
         json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
     )
     resources: dict[str, Any] | None = Field(
@@ -151,9 +153,10 @@ class VLLMDeploymentSpec(_Model):
     )
     extra_args: list[str] = Field(
         default_factory=list,
-        description="Extra `vllm serve` arguments. Flags vllmfit computes, and flags that change GPU memory in "
-        "ways vllmfit does not model (speculative decoding, LoRA, CPU/KV offload, CUDA-graph settings), are "
-        "refused in any spelling vLLM accepts (prefixes, --flag=value, underscores, aliases).",
+        description="Extra `vllm serve` arguments, from the options vllmfit classifies as unable to change GPU "
+        "memory (docs/webhook.md, \"Every vLLM argument\"). Flags vllmfit computes, and flags that change GPU "
+        "memory in ways vllmfit does not model (speculative decoding, LoRA, CPU/KV offload, CUDA-graph settings) "
+        "or import code, are refused in any spelling vLLM accepts (prefixes, --flag=value, underscores, aliases).",
     )
     pod_template: PodTemplate | None = Field(
         default=None,

@@ -189,11 +189,13 @@ class PodTemplate(_Model):
     """What the generated pods get on top of what vllmfit writes (docs/operator.md, "Pod template").
 
     `spec` is a v1 PodSpec fragment merged into each replica's pod: tolerations, volumes,
-    imagePullSecrets, init and extra containers are appended; serviceAccountName,
-    priorityClassName, securityContext, affinity and any other field are set; a container named
-    `vllm` is merged into vLLM's own container (volumeMounts appended; securityContext,
-    imagePullPolicy, probe timings set). Fields vllmfit owns (the vLLM arguments, the GPU
-    binding, its labels) are refused with the spec field to use instead.
+    imagePullSecrets, init and extra containers are appended; securityContext is merged over
+    vllmfit's restricted defaults; serviceAccountName, priorityClassName, affinity and the other
+    allowed fields are set; a container named `vllm` is merged into vLLM's own container
+    (volumeMounts appended; securityContext merged; imagePullPolicy, envFrom, probe timings set).
+    What a template may set is an allow-list (docs/webhook.md, "What a tenant may write"); fields
+    vllmfit owns (the vLLM arguments, the GPU binding, its labels) are refused with the spec field
+    to use instead.
     """
 
     metadata: PodTemplateMetadata | None = Field(default=None, description="Pod labels and annotations.")

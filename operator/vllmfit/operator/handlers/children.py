@@ -176,7 +176,8 @@ async def sync_children(store: Store, key: str) -> None:
                     return builders.deployment(obj, p, flags, req.model.name, exclusive=exclusive and not tmpl,
                                                weights_bytes=weights, pins=pins, gated=gated and not exclusive,
                                                claim_template=tmpl, booked=booked,
-                                               runtime_class=store.options.reservation.runtime_class)
+                                               runtime_class=store.options.reservation.runtime_class,
+                                               mps=store.options.mps)
 
                 if await apply_deployment(apps, make, ex, rec.body) and not tmpl:
                     store.whole[(key, p.replica)] = p.node

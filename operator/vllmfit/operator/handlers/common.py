@@ -14,8 +14,8 @@ import pydantic
 from kubernetes_asyncio.client import ApiException
 
 from vllmfit.core import errors
-from vllmfit.core.spec import api
-from vllmfit.operator import builders
+from vllmfit.core.spec import api, validate
+from vllmfit.operator import builders, models
 
 logger = logging.getLogger(__name__)
 
@@ -49,15 +49,29 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def parse(body: Mapping[str, Any]) -> api.VLLMDeployment:
+def parse(body: Mapping[str, Any], policy: validate.Policy = validate.DEFAULT_POLICY,
+          sources: validate.Sources | None = None) -> api.VLLMDeployment:
+    """The object, checked by the one validator (builders.spec_problems). Raises Invalid."""
     try:
         obj = api.VLLMDeployment.model_validate({"metadata": body.get("metadata") or {}, "spec": body.get("spec") or {}})
     except pydantic.ValidationError as e:
         raise Invalid(errors.one_line(e)) from None
-    problems = builders.spec_problems(obj)
+    problems = builders.spec_problems(obj, policy, sources)
     if problems:
         raise Invalid("; ".join(problems))
     return obj
+
+
+async def checked(store: Any, body: Mapping[str, Any]) -> api.VLLMDeployment:
+    """`parse` with the operator's tenancy policy and the envFrom ConfigMaps read from the cluster
+    (models.env_sources). Raises Invalid."""
+    policy = store.options.tenancy
+    try:
+        obj = api.VLLMDeployment.model_validate({"metadata": body.get("metadata") or {}, "spec": body.get("spec") or {}})
+    except pydantic.ValidationError as e:
+        raise Invalid(errors.one_line(e)) from None
+    needed = validate.sources_needed(obj.spec)
+    return parse(body, policy, await models.env_sources(store.api, obj) if needed else None)
 
 
 def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:

@@ -9,7 +9,7 @@ from vllmfit.core import defaults, memory, placement
 from vllmfit.core.placement import Decision, Request
 from vllmfit.operator import bounded, builders, draining, metrics, pods, report, webhook
 from vllmfit.operator.handlers.children import children_state
-from vllmfit.operator.handlers.common import Effects, Invalid, now, parse
+from vllmfit.operator.handlers.common import Effects, Invalid, checked, now
 from vllmfit.operator.record import ModelResolutionError, Record
 from vllmfit.operator.state import Store
 
@@ -204,7 +204,7 @@ async def resolve_requests_on(store: Store, nodes: set[str]) -> None:
         rec = store.records.get(key)
         if rec is not None and rec.request is None:
             try:
-                rec.request = await store.request_for(parse(rec.body))
+                rec.request = await store.request_for(await checked(store, rec.body))
             except (Invalid, ModelResolutionError):
                 pass
 

@@ -14,7 +14,7 @@ from kubernetes_asyncio import client
 from vllmfit.core.placement import Request
 from vllmfit.operator import bounded, builders, draining, metrics
 from vllmfit.operator.handlers.children import children_state
-from vllmfit.operator.handlers.common import Effects, Invalid, now, parse
+from vllmfit.operator.handlers.common import Effects, Invalid, checked, now
 from vllmfit.operator.handlers.decide import (
     apply_decision,
     not_admitted,
@@ -41,7 +41,7 @@ async def reconcile(body: Mapping[str, Any], *, force: bool) -> None:
     req: Request | None = None
     transient: str | None = None
     try:
-        req = await store.request_for(parse(body))
+        req = await store.request_for(await checked(store, body))
     except Invalid as e:
         problem = ("Rejected", "InvalidSpec", str(e))
     except ModelResolutionError as e:

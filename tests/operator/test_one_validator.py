@@ -1,0 +1,199 @@
+"""Issue 29 item 3 and issue 30: one validator. One table of specs goes through `vllmfit plan` (the
+CLI, from a file), the webhook's review and the operator's check of every spec it handles
+(handlers.common.checked, with the ConfigMaps read from a KMock API server), and each must get the
+same verdict: refused with one line naming the field, or allowed.
+
+On the old code `plan` admitted the first four (issue 29) and every path admitted the issue 30
+escapes (parents of the refused host paths, code in the vllm container, memory flags, device env
+through envFrom)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+from opkit import Cluster
+
+from vllmfit import main as cli
+from vllmfit.operator import webhook
+from vllmfit.operator.handlers import common
+from vllmfit.operator.state import Options
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+SIDE = {"name": "proxy", "image": "busybox:1.36"}
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1, "hidden_size": 64,
+        "num_attention_heads": 1, "num_key_value_heads": 1, "intermediate_size": 64, "vocab_size": 64}
+CONFIGMAPS = [
+    {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gpu-env", "namespace": "tenant-a"},
+     "data": {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}},
+    {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "code-env", "namespace": "tenant-a"},
+     "data": {"LD_PRELOAD": "/cfg/evil.so"}},
+    {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "log-env", "namespace": "tenant-a"},
+     "data": {"VLLM_LOGGING_LEVEL": "DEBUG", "HF_HUB_OFFLINE": "1"}},
+]
+
+
+def tpl(**pod: Any) -> dict[str, Any]:
+    return {"podTemplate": {"spec": pod}}
+
+
+def vllm(**fields: Any) -> dict[str, Any]:
+    return tpl(containers=[{"name": "vllm", **fields}])
+
+
+def host(path: str) -> dict[str, Any]:
+    return tpl(volumes=[{"name": "h", "hostPath": {"path": path}}])
+
+
+# name, spec fields, the field the one-line reason starts with (None: allowed)
+TABLE: list[tuple[str, dict[str, Any], str | None]] = [
+    # issue 29: plan admitted these four
+    ("sidecar NVIDIA_VISIBLE_DEVICES", tpl(containers=[{**SIDE, "env": [{"name": "NVIDIA_VISIBLE_DEVICES",
+                                                                        "value": "all"}]}]),
+     "podTemplate.spec.containers[proxy].env[NVIDIA_VISIBLE_DEVICES]"),
+    ("/dev hostPath", host("/dev"), "podTemplate.spec.volumes[h].hostPath.path '/dev'"),
+    ("catalog model, inline modelConfig", {"modelConfig": TINY}, "spec.modelConfig: " + MODEL),
+    ("spec.env CUDA_VISIBLE_DEVICES", {"env": [{"name": "CUDA_VISIBLE_DEVICES", "value": "0"}]},
+     "spec.env CUDA_VISIBLE_DEVICES"),
+    # issue 30 item 1: parents of the refused host paths, and every other host path
+    ("hostPath /run", host("/run"), "podTemplate.spec.volumes[h].hostPath.path '/run'"),
+    ("hostPath /var/run", host("/var/run"), "podTemplate.spec.volumes[h].hostPath.path '/var/run'"),
+    ("hostPath /var/lib", host("/var/lib"), "podTemplate.spec.volumes[h].hostPath.path '/var/lib'"),
+    ("hostPath /etc", host("/etc"), "podTemplate.spec.volumes[h].hostPath.path '/etc'"),
+    ("hostPath /usr/bin", host("/usr/bin"), "podTemplate.spec.volumes[h].hostPath.path '/usr/bin'"),
+    ("hostPath /data", host("/data"), "podTemplate.spec.volumes[h].hostPath.path '/data'"),
+    # issue 30 item 2: code in the vllm container
+    ("vllm postStart", vllm(lifecycle={"postStart": {"exec": {"command": [
+        "python3", "-c", "import torch; x = torch.empty(60 << 30, dtype=torch.uint8, device='cuda')"]}}}),
+     "podTemplate.spec.containers[vllm].lifecycle"),
+    ("spec.env PYTHONPATH", {"env": [{"name": "PYTHONPATH", "value": "/cfg"}]}, "spec.env PYTHONPATH"),
+    ("spec.env LD_PRELOAD", {"env": [{"name": "LD_PRELOAD", "value": "/cfg/x.so"}]}, "spec.env LD_PRELOAD"),
+    ("spec.env VLLM_PLUGINS", {"env": [{"name": "VLLM_PLUGINS", "value": "evil"}]}, "spec.env VLLM_PLUGINS"),
+    ("spec.env PYTHONSTARTUP", {"env": [{"name": "PYTHONSTARTUP", "value": "/cfg/s.py"}]}, "spec.env PYTHONSTARTUP"),
+    ("spec.env LD_LIBRARY_PATH", {"env": [{"name": "LD_LIBRARY_PATH", "value": "/cfg"}]},
+     "spec.env LD_LIBRARY_PATH"),
+    ("spec.env PYTORCH_CUDA_ALLOC_CONF", {"env": [{"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "x"}]},
+     "spec.env PYTORCH_CUDA_ALLOC_CONF is not on the allow-list"),
+    ("sitecustomize over site-packages", tpl(
+        volumes=[{"name": "code", "configMap": {"name": "code"}}],
+        containers=[{"name": "vllm", "volumeMounts": [{"name": "code", "subPath": "sitecustomize.py",
+                                                       "mountPath": "/usr/local/lib/python3.12/dist-packages/"
+                                                                    "sitecustomize.py"}]}]),
+     "podTemplate.spec.containers[vllm].volumeMounts[code].mountPath"),
+    ("vllm workingDir", vllm(workingDir="/cfg"), "podTemplate.spec.containers[vllm].workingDir"),
+    ("SYS_ADMIN and root", vllm(securityContext={"capabilities": {"add": ["SYS_ADMIN"]}, "runAsUser": 0}),
+     "podTemplate.spec.containers[vllm].securityContext.capabilities.add[SYS_ADMIN]"),
+    ("vllm probe exec", vllm(livenessProbe={"exec": {"command": ["python3", "-c", "1"]}}),
+     "podTemplate.spec.containers[vllm].livenessProbe.exec"),
+    ("envFrom code ConfigMap", vllm(envFrom=[{"configMapRef": {"name": "code-env"}}]),
+     "podTemplate.spec.containers[vllm].envFrom[configMapRef code-env] LD_PRELOAD"),
+    ("envFrom Secret", vllm(envFrom=[{"secretRef": {"name": "creds"}}]),
+     "podTemplate.spec.containers[vllm].envFrom[secretRef creds]"),
+    ("envFrom missing ConfigMap", vllm(envFrom=[{"configMapRef": {"name": "nope"}}]),
+     "podTemplate.spec.containers[vllm].envFrom[configMapRef nope]"),
+    # issue 30 item 3: memory flags and env
+    ("--mm-processor-kwargs", {"extraArgs": ["--mm-processor-kwargs", '{"max_pixels": 99999999}']},
+     "extraArgs --mm-processor-kwargs"),
+    ("--enable-eplb", {"extraArgs": ["--enable-eplb"]}, "extraArgs --enable-eplb"),
+    ("--num-redundant-experts", {"extraArgs": ["--num-redundant-experts=32"]}, "extraArgs --num-redundant-experts"),
+    ("envFrom CUDA_VISIBLE_DEVICES", vllm(envFrom=[{"configMapRef": {"name": "gpu-env"}}]),
+     "podTemplate.spec.containers[vllm].envFrom[configMapRef gpu-env] CUDA_VISIBLE_DEVICES"),
+    # the other allow-lists
+    ("nfs volume", tpl(volumes=[{"name": "n", "nfs": {"server": "x", "path": "/"}}]), "podTemplate.spec.volumes[n].nfs"),
+    ("unbounded emptyDir", tpl(volumes=[{"name": "s", "emptyDir": {}}]), "podTemplate.spec.volumes[s].emptyDir.sizeLimit"),
+    ("hostNetwork", tpl(hostNetwork=True), "podTemplate.spec.hostNetwork"),
+    ("Unconfined seccomp", tpl(securityContext={"seccompProfile": {"type": "Unconfined"}}),
+     "podTemplate.spec.securityContext.seccompProfile.type"),
+    ("sidecar hostPort", tpl(containers=[{**SIDE, "ports": [{"containerPort": 80, "hostPort": 80}]}]),
+     "podTemplate.spec.containers[proxy].ports[0].hostPort"),
+    ("schedulerName", tpl(schedulerName="mine"), "podTemplate.spec.schedulerName"),
+    # what a tenant legitimately writes passes everywhere
+    ("a good spec", {
+        "env": [{"name": "HF_HOME", "value": "/cache/hf"},
+                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
+        "extraArgs": ["--served-model-name", "llama", "--enable-prefix-caching"],
+        **tpl(volumes=[{"name": "cache", "persistentVolumeClaim": {"claimName": "hf"}},
+                       {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}],
+              containers=[{"name": "vllm", "volumeMounts": [{"name": "cache", "mountPath": "/cache/hf"}],
+                           "envFrom": [{"configMapRef": {"name": "log-env"}}], "startupProbe": {"periodSeconds": 30}},
+                          {**SIDE, "lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}}}])}, None),
+]
+
+
+def body(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "vllmfit.dev/v1alpha1", "kind": "VLLMDeployment",
+            "metadata": {"name": name, "namespace": "tenant-a"}, "spec": {"model": MODEL, "maxModelLen": 4096, **spec}}
+
+
+def slug(name: str) -> str:
+    return "t-" + "".join(ch if ch.isalnum() else "-" for ch in name.lower()).strip("-")[:40].strip("-")
+
+
+def plan_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-a", "labels": {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8"}}}
+    docs = [node, *CONFIGMAPS, *(body(slug(n), spec) for n, spec, _ in TABLE)]
+    f = tmp_path / "all.yaml"
+    f.write_text(yaml.safe_dump_all(docs))
+    capsys.readouterr()
+    cli.main(["plan", "-f", str(f), "-o", "json"])
+    return list(json.loads(capsys.readouterr().out)["errors"])
+
+
+async def reason(path: Any, store: Any, b: dict[str, Any]) -> str | None:
+    try:
+        v = await path(store, b)
+    except (webhook.Invalid, common.Invalid) as e:
+        return str(e)
+    assert getattr(v, "allowed", True), v
+    return None
+
+
+async def test_one_table_through_plan_the_webhook_and_the_operator(
+        cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for cm in CONFIGMAPS:
+        await cluster.core.create_namespaced_config_map("tenant-a", cm)
+    store = SimpleNamespace(options=Options(), api=cluster.api, ready=SimpleNamespace(is_set=lambda: False))
+    errors = plan_errors(tmp_path, capsys)
+    paths = {"webhook": lambda s, b: webhook.review(s, b, None, "CREATE", False), "operator": common.checked}
+    for name, spec, field in TABLE:
+        b = body(slug(name), spec)
+        where = f"VLLMDeployment tenant-a/{slug(name)} "
+        got = {p: await reason(f, store, b) for p, f in paths.items()}
+        mine = [e for e in errors if e.startswith(where)]
+        got["plan"] = mine[0].split(": ", 1)[1] if mine else None
+        for p, message in got.items():
+            if field is None:
+                assert message is None, (name, p, message)
+            else:
+                assert message is not None, (name, p, "allowed")
+                assert field in message and "\n" not in message, (name, p, message)
+        if field is not None and not field.startswith("extraArgs"):  # extraArgs: refused by the spec's parser,
+            assert len(set(got.values())) == 1, (name, got)  # whose wording each shell frames (issue 29's parser)
+
+
+async def test_the_running_operator_refuses_and_reads_the_config_maps(cluster: Cluster, operator: Any) -> None:
+    # the real operator on KMock (webhook off): a hostile spec is Rejected with the validator's line and
+    # gets no Deployment; an envFrom ConfigMap is read through the operator's own API client
+    from opkit import DEPLOYMENTS, node, vd
+
+    await cluster.create(node("gpu-a", gpus=1))
+    for name, data in (("gpu-env", {"CUDA_VISIBLE_DEVICES": "0"}), ("log-env", {"VLLM_LOGGING_LEVEL": "DEBUG"})):
+        await cluster.core.create_namespaced_config_map("default", {
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data})
+    await cluster.create(vd("run", MODEL, maxModelLen=4096, **host("/run")))
+    await cluster.create(vd("gpuenv", MODEL, maxModelLen=4096, **vllm(envFrom=[{"configMapRef": {"name": "gpu-env"}}])))
+    await cluster.create(vd("logs", MODEL, maxModelLen=4096, **vllm(envFrom=[{"configMapRef": {"name": "log-env"}}])))
+    for name, field in (("run", "podTemplate.spec.volumes[h].hostPath.path '/run'"),
+                        ("gpuenv", "podTemplate.spec.containers[vllm].envFrom[configMapRef gpu-env] CUDA_VISIBLE_DEVICES")):
+        st = await cluster.phase(name, "Rejected")
+        admitted = next(c for c in st["conditions"] if c["type"] == "Admitted")
+        assert (admitted["status"], admitted["reason"]) == ("False", "InvalidSpec")
+        assert admitted["message"].startswith(field), admitted["message"]
+        assert cluster.get(DEPLOYMENTS, f"{name}-0") is None
+    await cluster.phase("logs", "Admitted")
+    await cluster.until(lambda: cluster.get(DEPLOYMENTS, "logs-0"), what="logs-0 written")
