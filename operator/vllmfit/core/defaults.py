@@ -106,10 +106,27 @@ Triton keep under ~/.cache work without root (the image's /root is not readable 
 # within core.limits takes about 0.1 s on a 1,000-node ledger (benchmarks/webhook_latency.py).
 DECIDE_TIMEOUT_S = 10.0
 """The operator's limit for one decision (create, update, a waiting spec retried)."""
-REVIEW_DECIDE_TIMEOUT_S = 3.0
-"""The webhook's limit for one review's decision; kube-apiserver waits timeoutSeconds (chart: 10)."""
 DECIDE_WORKERS = 4
 """Threads deciding at once; one stuck past its limit holds one until it ends."""
+
+# Bounded, honest admission (issue 29). The API server waits WEBHOOK_TIMEOUT_S for a review (the
+# chart's webhook.timeoutSeconds; tests/chart checks they agree). One review - model resolution,
+# waiting for a worker and deciding, all together - gets REVIEW_BUDGET_S, well inside it; a review
+# that cannot be decided in time is refused, saying so (fail closed), unless the operator runs
+# with --webhook-fail-open. Reviews decide on the committed snapshot and take no lock, so they
+# never queue behind the operator or each other; REVIEW_WORKERS threads decide them, and one
+# namespace holds at most REVIEW_PER_NAMESPACE of them at once (one tenant cannot starve another).
+WEBHOOK_TIMEOUT_S = 5
+"""The ValidatingWebhookConfiguration's timeoutSeconds (chart value webhook.timeoutSeconds)."""
+REVIEW_BUDGET_S = 3.0
+"""Everything one review may take: resolving the model, waiting for a worker, deciding."""
+REVIEW_DECIDE_TIMEOUT_S = REVIEW_BUDGET_S
+"""The most a review's decision may take (what is left of REVIEW_BUDGET_S bounds it first)."""
+REVIEW_WORKERS = 8
+"""Threads deciding reviews (apart from the operator's DECIDE_WORKERS)."""
+REVIEW_PER_NAMESPACE = 2
+"""Reviews of one namespace deciding at once; a review past its budget keeps its place until its
+thread ends, so abandoned work counts against its own namespace."""
 
 # Admission webhook transport limits (operator/webhook.py Server). An AdmissionReview carries the
 # object (and oldObject), far below 1 MiB for a VLLMDeployment; a client that has not sent its

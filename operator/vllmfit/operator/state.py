@@ -1,8 +1,16 @@
 """The operator's memory: one Ledger, one lock, a record per VLLMDeployment, a status writer.
 
-- `Store.ledger` is the only ledger. Every decide+book and every release happens while holding
-  `Store.lock`, so two deployments created in the same instant can never both take the last room
-  on a GPU: the second one decides against a ledger that already holds the first one's bookings.
+- One decision path over snapshots (issue 29; docs/operator.md, "One writer, committed
+  snapshots"). `Store.ledger` is the writer's ledger: it changes only while `Store.lock` is held
+  (`changing()`, or `async with store.lock`), by the handler that holds it, the one writer.
+  Releasing the lock publishes `Store.committed`: a frozen snapshot (Ledger.snapshot, structural
+  sharing) of the ledger as that critical section left it, numbered by `Store.version`. Every
+  decision runs on a snapshot, never on the changing ledger (bounded.decide takes one under the
+  lock; a webhook review takes `committed` and no lock at all), and every reader outside the lock
+  reads `committed`; the status writer computes a status while holding the lock (the records and
+  the ledger together, as a critical section left them). So nothing ever reads a half-changed
+  ledger, and two deployments created in the same instant can never both take the last room on a
+  GPU: the second one decides against a ledger that already holds the first one's bookings.
 - `Store.ready` is set once `rebuild` has restored the ledger from the API at start-up (the nodes,
   and the `status.memory` of every admitted VLLMDeployment, which are its bookings).
 - A `Record` keeps what the operator knows about one VLLMDeployment; `report.status(record,
@@ -52,6 +60,21 @@ class Options:
     budget: memory.BudgetPolicy = memory.DEFAULT_POLICY  # cluster-wide; node-pool labels override it
 
 
+class _PublishingLock(asyncio.Lock):
+    """The one writer's lock: each release publishes the ledger as the critical section left it
+    (Store.publish), before anyone else can take the lock or read `Store.committed`."""
+
+    def __init__(self, publish: Any) -> None:
+        super().__init__()
+        self._publish = publish
+
+    def release(self) -> None:
+        try:
+            self._publish()
+        finally:
+            super().release()
+
+
 class Store:
     """The process-wide operator state (see the module docstring)."""
 
@@ -68,7 +91,10 @@ class Store:
     def reset(self) -> None:
         """Forget everything (a fresh start-up; tests run many operators in one process)."""
         self.ledger = Ledger()
-        self.lock = asyncio.Lock()
+        self.committed: Ledger = self.ledger.snapshot()  # what readers and reviews see
+        self.version = 0  # counts the published changes (a decision names the one it saw)
+        self._published: tuple[int, int] = (id(self.ledger), self.ledger.version)
+        self.lock = _PublishingLock(self.publish)
         self.ready = asyncio.Event()
         self.records: dict[str, Record] = {}
         self.attributions: dict[str, Any] = {}  # node -> vllmfit.core.observe.attribution.Attribution
@@ -104,12 +130,25 @@ class Store:
 
     @contextlib.asynccontextmanager
     async def changing(self) -> AsyncIterator[None]:
-        """Hold the lock to change the ledger or the records."""
+        """Hold the lock to change the ledger or the records (the release publishes them)."""
         async with self.lock:
             try:
                 yield
             finally:
                 self.changes += 1
+
+    def publish(self) -> None:
+        """Make the ledger as it is now the committed snapshot (when it changed). Called by the
+        lock's release, and after the start-up rebuild; never while a change is half done."""
+        now = (id(self.ledger), self.ledger.version)
+        if now != self._published:
+            self.committed = self.ledger.snapshot()
+            self._published = (id(self.ledger), self.ledger.version)
+            self.version += 1
+
+    def snapshot(self) -> Ledger:
+        """The committed ledger: frozen, consistent, free to read from any thread."""
+        return self.committed
 
     def backend_of(self, node: str) -> str:
         """How the GPUs of `node` are held: "device-plugin" (reservation pods, limits) or "dra"
@@ -261,6 +300,7 @@ class Store:
         covered = {(k, r): (draining.where_of(bs), builders.booked_text(bs)) for k in self.ledger.deployments()
                    for r, bs in draining.by_replica(self.ledger.bookings_of(k)).items()}
         self.drains = draining.from_pods(self.ledger, vllm_pods, covered)
+        self.publish()
         self.ready.set()
         return problems
 
@@ -447,10 +487,11 @@ class Store:
         from kubernetes_asyncio.client import CustomObjectsApi
 
         async with self.write_locks[key]:
-            rec = self.records.get(key)
-            if rec is None:
-                return
-            status = report.status(rec, self.ledger)
+            async with self.lock:  # the record and the ledger as a critical section left them
+                rec = self.records.get(key)
+                if rec is None:
+                    return
+                status = report.status(rec, self.ledger)
             if status == rec.written:
                 return
             rec.mine = True  # before the write: its echo may arrive before the answer

@@ -84,14 +84,28 @@ class OverBudget(ValueError):
 class Ledger:
     """Bookings per GPU, with indices sorted by headroom so a search never scans every GPU.
 
-    Mutable; the operator serializes access to its one instance. Indices:
+    Versioned, copy-on-write (issue 29). `version` counts the changes made to this object.
+    `snapshot()` returns a frozen view of the ledger as it is now and `fork()` a private mutable
+    copy; both share every container with this ledger (structural sharing: a few attribute
+    copies, no matter how large the cluster), and whichever of them changes a container first
+    copies it (`_own`): the accounting (headroom per GPU and its indices), the bookings of one
+    node, the node table. So a snapshot never changes after it is taken, however the ledger it
+    came from goes on, and `decide` works on a fork without touching what it was given. Lazy
+    indices (`group_index`, `matching`) are built whole, then published in one assignment, so
+    threads reading one snapshot never see one half-built. Indices:
     - per GPU type: [(headroom, node, index)] sorted, for single-GPU placements;
     - per (GPU type, n), built on first use: [(key, node)] sorted, where key is the n-th largest
       headroom among the node's (non-MIG) GPUs of that type: the largest need an n-GPU group
       there can take.
     """
 
+    _UNITS = ("nodes", "acct", "gpu", "deps")  # containers owned (copied before a change) together
+
     def __init__(self, nodes: Iterable[NodeInfo] = ()):
+        self.version = 0
+        self.frozen = False
+        self._owned: set[str] = set(self._UNITS)  # units this object may change in place
+        self._owned_nodes: set[str] | None = None  # None: every _on_gpu[node] is this object's own
         self.nodes: dict[str, NodeInfo] = {}
         self._slots: dict[GpuKey, GpuSlot] = {}
         self._on_gpu: dict[str, dict[int, dict[tuple[str, int], Booking]]] = {}  # node -> GPU -> bookings
@@ -110,14 +124,15 @@ class Ledger:
     def set_node(self, node: NodeInfo) -> list[str]:
         """Add or update a node. Returns the deployments booked there that no longer fit: on a GPU
         now over budget, or on a GPU that disappeared (pass them to `replan`)."""
+        self._changing("nodes", "acct")
         self._unindex_node(node.name)
-        self._selected.clear()
+        self._selected = {}  # a new cache (a snapshot may share the old one)
         self.nodes[node.name] = node
         types: dict[GpuType, list[int]] = {}
         for s in node.gpus:
             key = (s.node, s.index)
             self._slots[key] = s
-            self._on_gpu.setdefault(s.node, {}).setdefault(s.index, {})
+            self._gpu_book(s.node).setdefault(s.index, {})
             self._used.setdefault(key, 0)
             self._index(key)
             if not s.mig:
@@ -130,8 +145,9 @@ class Ledger:
     def remove_node(self, name: str) -> list[str]:
         """Forget a node. Returns the deployments that had bookings on it (they must move; their
         bookings stay until released or re-placed by `replan`)."""
+        self._changing("nodes", "acct")
         self._unindex_node(name)
-        self._selected.clear()
+        self._selected = {}
         self.nodes.pop(name, None)
         return self.affected(name)
 
@@ -167,13 +183,15 @@ class Ledger:
         if not selector and terms is None:
             return None
         key = (tuple(sorted((selector or {}).items())), terms)
-        if key not in self._selected:
-            self._selected[key] = self.node_set(
+        cache = self._selected  # one cache object per node state: the same answer for every sharer
+        found = cache.get(key)
+        if found is None:
+            found = cache[key] = self.node_set(
                 n
                 for n, nd in self.nodes.items()
                 if all(nd.labels.get(k) == v for k, v in key[0]) and affinity.terms_match(n, nd.labels, terms)
             )
-        return self._selected[key]
+        return found
 
     # accounting
     def used_bytes(self, node: str, index: int) -> int:
@@ -222,6 +240,7 @@ class Ledger:
         OverBudget (and changes nothing) if it no longer fits: decide again."""
         if not decision.admitted:
             return
+        self._changing()
         old = self.release(decision.key)
         new = decision.bookings()
         need: dict[GpuKey, int] = {}
@@ -235,40 +254,100 @@ class Ledger:
 
     def restore(self, key: str, bookings: Iterable[Booking]) -> None:
         """Re-add bookings read back from a VLLMDeployment's status (operator start-up), unchecked."""
+        self._changing()
         self.release(key)
         self._add(key, list(bookings))
 
     def _add(self, key: str, bookings: list[Booking]) -> None:
+        if not bookings:
+            return
+        self._changing("acct", "deps")
         for b in bookings:
             gkey = (b.node, b.index)
-            self._on_gpu.setdefault(b.node, {}).setdefault(b.index, {})[(b.deployment, b.replica)] = b
+            self._gpu_book(b.node).setdefault(b.index, {})[(b.deployment, b.replica)] = b
             self._used[gkey] = self._used.get(gkey, 0) + b.footprint.total
-        if bookings:
-            self._by_deployment.setdefault(key, []).extend(bookings)
+        self._by_deployment[key] = [*self._by_deployment.get(key, ()), *bookings]  # a new list: never changed in place
         self._reindex({(b.node, b.index) for b in bookings})
 
     def release(self, key: str) -> list[Booking]:
-        bookings = self._by_deployment.pop(key, [])
+        if key not in self._by_deployment:
+            return []
+        self._changing("acct", "deps")
+        bookings = self._by_deployment.pop(key)
         for b in bookings:
             gkey = (b.node, b.index)
-            if self._on_gpu.get(b.node, {}).get(b.index, {}).pop((b.deployment, b.replica), None) is not None:
+            if b.node in self._on_gpu and self._gpu_book(b.node).get(b.index, {}).pop(
+                    (b.deployment, b.replica), None) is not None:
                 self._used[gkey] -= b.footprint.total
         self._reindex({(b.node, b.index) for b in bookings})
         return bookings
 
-    def copy(self) -> Ledger:
-        new = Ledger()
-        new.nodes = dict(self.nodes)
-        new._slots = dict(self._slots)
-        new._on_gpu = {n: {i: dict(b) for i, b in g.items()} for n, g in self._on_gpu.items()}
-        new._used = dict(self._used)
-        new._by_deployment = {k: list(v) for k, v in self._by_deployment.items()}
-        new._head = dict(self._head)
-        new._free = {k: list(v) for k, v in self._free.items()}
-        new._by_type = {k: dict(v) for k, v in self._by_type.items()}
-        new._groups = {k: list(v) for k, v in self._groups.items()}
-        new._group_key = dict(self._group_key)
+    # versions and sharing
+    def snapshot(self) -> Ledger:
+        """This ledger as it is now, frozen: it never changes, whatever this one does next.
+        Costs a few attribute copies (the containers are shared; see the class docstring)."""
+        if self.frozen:
+            return self
+        snap = self._share()
+        snap.frozen = True
+        return snap
+
+    def fork(self) -> Ledger:
+        """A private mutable copy (structurally shared, copied where it changes): what the
+        operator's one writer builds the next version in."""
+        return self._share()
+
+    def scratch(self) -> Ledger:
+        """A mutable copy for one computation on a snapshot (`decide` on it): unlike `fork`,
+        this ledger keeps changing its own containers in place, so use it only while this
+        ledger does not change (a frozen snapshot never does) and drop it after."""
+        new = object.__new__(Ledger)
+        new.__dict__.update(self.__dict__)
+        new.frozen = False
+        new._owned, new._owned_nodes = set(), set()
         return new
+
+    def copy(self) -> Ledger:
+        """A mutable copy (a fork)."""
+        return self.fork()
+
+    def _share(self) -> Ledger:
+        new = self.scratch()
+        # this object shares its containers from now on too: it copies before it changes one
+        self._owned, self._owned_nodes = set(), set()
+        return new
+
+    def _changing(self, *units: str) -> None:
+        """Before a change: count it, and copy the shared containers of `units`."""
+        if self.frozen:
+            raise TypeError("a ledger snapshot never changes; fork() it")
+        self.version += 1
+        for unit in units:
+            if unit in self._owned:
+                continue
+            if unit == "nodes":
+                self.nodes, self._slots = dict(self.nodes), dict(self._slots)
+                self._by_type = dict(self._by_type)  # values are replaced whole, never changed in place
+            elif unit == "acct":
+                self._used, self._head = dict(self._used), dict(self._head)
+                # dict() first: one step under the GIL, while a thread may publish a lazy index
+                self._free = {t: list(v) for t, v in dict(self._free).items()}
+                self._groups = {k: list(v) for k, v in dict(self._groups).items()}
+                self._group_key = dict(self._group_key)
+            elif unit == "deps":
+                self._by_deployment = dict(self._by_deployment)  # its lists are never changed in place
+            self._owned.add(unit)
+
+    def _gpu_book(self, node: str) -> dict[int, dict[tuple[str, int], Booking]]:
+        """The bookings of one node's GPUs, this object's own (copied from a shared one first)."""
+        if self._owned_nodes is not None and node not in self._owned_nodes:
+            if "gpu" not in self._owned:
+                self._on_gpu = dict(self._on_gpu)  # its values are copied one node at a time
+                self._owned.add("gpu")
+            old = self._on_gpu.get(node)
+            self._on_gpu[node] = {i: dict(b) for i, b in old.items()} if old else {}
+            self._owned_nodes.add(node)
+        return self._on_gpu.setdefault(node, {})
 
     # indices
     def _index(self, key: GpuKey) -> None:
@@ -325,11 +404,17 @@ class Ledger:
 
     def group_index(self, t: GpuType, n: int) -> list[tuple[int, str]]:
         """[(n-th largest headroom, node)] sorted, for nodes with at least n GPUs of type t."""
-        if (t, n) not in self._groups:
-            self._groups[(t, n)] = []
-            for node in sorted(self._by_type):
-                self._set_group_key(t, n, node, self._node_group_key(node, t, n))
-        return self._groups[(t, n)]
+        found = self._groups.get((t, n))
+        if found is None:
+            # Built whole, then published in one assignment: a snapshot read by several threads
+            # never shows a half-built index; the same state gives the same index, so a snapshot
+            # and the ledgers sharing its accounting may share it too.
+            keys = {node: k for node in sorted(self._by_type) if (k := self._node_group_key(node, t, n)) is not None}
+            found = sorted((k, node) for node, k in keys.items())
+            for node, k in keys.items():
+                self._group_key[(t, n, node)] = k
+            self._groups[(t, n)] = found
+        return found
 
     def free_index(self, t: GpuType) -> list[tuple[int, str, int]]:
         """[(headroom, node, index)] sorted, for every GPU (or MIG slice) of type t."""
