@@ -318,6 +318,7 @@ def test_the_operators_store_and_default_image(tmp_path):
     state = pytest.importorskip("vllmfit.operator.state")
     store = state.Store()
     store.ledger = FakeStore(NODES).ledger
+    store.publish()  # the writer changed it: commit
     store.ready.set()
     with Harness(store, ["--default-image", "registry.local/vllm:v0.9.2"]) as h, \
             httpx.Client(base_url=h.url, verify=h.ssl_context()) as c:
