@@ -117,9 +117,19 @@ DECIDE_WORKERS = 4
 # never queue behind the operator or each other; REVIEW_WORKERS threads decide them, and one
 # namespace holds at most REVIEW_PER_NAMESPACE of them at once (one tenant cannot starve another).
 WEBHOOK_TIMEOUT_S = 5
-"""The ValidatingWebhookConfiguration's timeoutSeconds (chart value webhook.timeoutSeconds)."""
-REVIEW_BUDGET_S = 3.0
-"""Everything one review may take: resolving the model, waiting for a worker, deciding."""
+"""The ValidatingWebhookConfiguration's timeoutSeconds (chart value webhook.timeoutSeconds, passed
+to the operator as --webhook-timeout-seconds)."""
+REVIEW_BUDGET_FRACTION = 0.6
+"""A review's budget is this share of the webhook's timeout: the rest is for TLS, the network, the
+API server's own work, and a GIL shared with the operator's threads."""
+REVIEW_BUDGET_S = WEBHOOK_TIMEOUT_S * REVIEW_BUDGET_FRACTION
+"""Everything one review may take (3 s): resolving the model, waiting for a worker, deciding."""
+
+
+def review_budget_s(webhook_timeout_s: float) -> float:
+    """The budget of one review under a webhook timeout of `webhook_timeout_s` seconds."""
+    return webhook_timeout_s * REVIEW_BUDGET_FRACTION
+
 REVIEW_DECIDE_TIMEOUT_S = REVIEW_BUDGET_S
 """The most a review's decision may take (what is left of REVIEW_BUDGET_S bounds it first)."""
 REVIEW_WORKERS = 8

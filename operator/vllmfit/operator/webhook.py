@@ -328,11 +328,14 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
     fut = loop.run_in_executor(bounded.review_pool(), functools.partial(
         check, store.snapshot(), req, old=old.spec if old else None, dry_run=dry_run, old_flags=old_flags))
     fut.add_done_callback(lambda f: (adm.free(namespace), f.cancelled() or f.exception()))
+    limit = min(deadline - loop.time(), defaults.REVIEW_DECIDE_TIMEOUT_S)
     try:
-        async with asyncio.timeout_at(min(deadline, loop.time() + defaults.REVIEW_DECIDE_TIMEOUT_S)):
+        async with asyncio.timeout(limit):
             return await asyncio.shield(fut)
     except TimeoutError:
         bounded.abandoned += 1
+        if limit >= defaults.REVIEW_DECIDE_TIMEOUT_S:  # it had its whole time: the spec is too costly
+            return Verdict(False, bounded.too_costly_message(limit), code=422)
         return adm.late("deciding where it fits")
 
 
@@ -445,6 +448,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--webhook-client-name", metavar="NAME", action="append", default=[],
                    help="with --webhook-client-ca: the client certificate's CN or a DNS SAN must be one of these "
                         "(repeatable; default: any certificate the CA signed); other clients get HTTP 403")
+    g.add_argument("--webhook-timeout-seconds", type=int, default=defaults.WEBHOOK_TIMEOUT_S, metavar="S",
+                   help="the API server's timeoutSeconds for the validating webhook (chart value "
+                        f"webhook.timeoutSeconds; default {defaults.WEBHOOK_TIMEOUT_S}): a review gets "
+                        f"{defaults.REVIEW_BUDGET_FRACTION:g} of it in all")
     g.add_argument("--webhook-fail-open", action="store_true",
                    help="allow (with a warning) a spec the webhook cannot check in time, instead of "
                         "refusing it (default: refuse; chart value webhook.failOpen)")
@@ -496,6 +503,13 @@ def client_auth(args: argparse.Namespace) -> dict[str, Any]:
     return {"client_ca": ca, "client_names": names}
 
 
+def admission_of(args: argparse.Namespace) -> Admission:
+    """The review bounds of --webhook-timeout-seconds and --webhook-fail-open."""
+    timeout = getattr(args, "webhook_timeout_seconds", None) or defaults.WEBHOOK_TIMEOUT_S
+    return Admission(fail_open=bool(getattr(args, "webhook_fail_open", False)),
+                     budget_s=defaults.review_budget_s(timeout))
+
+
 def setup(settings: kopf.OperatorSettings, args: argparse.Namespace, store: Store | None = None, *,
           registry: kopf.OperatorRegistry | None = None, kube: certs.Api | None = None) -> None:
     """Register the handlers and configure settings.admission.server (nothing with --no-webhook).
@@ -503,8 +517,7 @@ def setup(settings: kopf.OperatorSettings, args: argparse.Namespace, store: Stor
     if getattr(args, "no_webhook", False):
         return
     auth = client_auth(args)
-    register(registry, store, getattr(args, "default_image", None),
-             Admission(fail_open=bool(getattr(args, "webhook_fail_open", False))))
+    register(registry, store, getattr(args, "default_image", None), admission_of(args))
 
     def tls() -> Awaitable[tuple[Path | None, Path, Path]]:
         # the operator's own client configuration when it has one (tests point it at KMock)
