@@ -130,8 +130,10 @@ def review_budget_s(webhook_timeout_s: float) -> float:
     """The budget of one review under a webhook timeout of `webhook_timeout_s` seconds."""
     return webhook_timeout_s * REVIEW_BUDGET_FRACTION
 
-REVIEW_DECIDE_TIMEOUT_S = REVIEW_BUDGET_S
-"""The most a review's decision may take (what is left of REVIEW_BUDGET_S bounds it first)."""
+REVIEW_DECIDE_TIMEOUT_S = 2.5
+"""The most a review's decision may take: a spec whose decision takes longer is refused as too
+costly (422). The rest of REVIEW_BUDGET_S is for resolving the model and waiting for a worker; a
+decision squeezed below this by that wait is refused as not checked in time (429, retry)."""
 REVIEW_WORKERS = 8
 """Threads deciding reviews (apart from the operator's DECIDE_WORKERS)."""
 REVIEW_PER_NAMESPACE = 2

@@ -334,7 +334,7 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
             return await asyncio.shield(fut)
     except TimeoutError:
         bounded.abandoned += 1
-        if limit >= defaults.REVIEW_DECIDE_TIMEOUT_S:  # it had its whole time: the spec is too costly
+        if limit >= defaults.REVIEW_DECIDE_TIMEOUT_S:  # it had its own whole time: the spec is too costly
             return Verdict(False, bounded.too_costly_message(limit), code=422)
         return adm.late("deciding where it fits")
 
