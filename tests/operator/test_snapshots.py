@@ -158,3 +158,22 @@ def test_a_snapshot_is_frozen_and_a_fork_changes_only_itself():
     d = placement.decide(snap, reqs[0])
     assert d.admitted and snap.bookings_of("default/a")
     assert {(s.node, s.index): snap.headroom_bytes(s.node, s.index) for s in snap.slots()} == seen
+
+
+async def test_the_one_writer_commits_only_what_was_decided_on_the_current_version():
+    """Store.commit / Store.apply (the writer's API, docs/operator.md): a decision taken on an
+    older snapshot is refused as Stale, and nothing changes; decided again, it commits."""
+    a = vd("a", maxModelLen=8192, kvCache={"memory": "10Gi"})
+    store = admitted_store([a])
+    b = vd("b", maxModelLen=8192, kvCache={"memory": "5Gi"})
+    req = placement.request_from_object(parse(b), catalog.model(b["spec"]["model"]))
+    snap, seen = store.snapshot(), store.version
+    d = placement.decide(snap, req)
+    assert d.admitted
+    await store.apply(lambda ledger: ledger.release("default/a"))  # someone else's change first
+    with pytest.raises(state.Stale):
+        await store.commit(d, seen)
+    assert store.snapshot().bookings_of("default/b") == []
+    seen = store.version
+    await store.commit(placement.decide(store.snapshot(), req), seen)
+    assert store.snapshot().bookings_of("default/b") and store.version == seen + 1

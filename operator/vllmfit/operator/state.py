@@ -26,10 +26,10 @@ import contextlib
 import logging
 import os
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from vllmfit.backends import dra
 from vllmfit.backends import reservation as rsv
@@ -44,6 +44,7 @@ from vllmfit.sources import catalog
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 MERGE_PATCH = "application/merge-patch+json"
 WRITERS = 16  # concurrent status writes
 
@@ -58,6 +59,10 @@ class Options:
     dra_driver: str = field(default_factory=lambda: os.environ.get("VLLMFIT_DRA_DRIVER") or dra.NVIDIA_DRIVER)
     dra_device_class: str = field(default_factory=lambda: os.environ.get("VLLMFIT_DRA_DEVICE_CLASS") or dra.NVIDIA_DRIVER)
     budget: memory.BudgetPolicy = memory.DEFAULT_POLICY  # cluster-wide; node-pool labels override it
+
+
+class Stale(Exception):
+    """A change decided on a snapshot that is no longer the committed one: decide again."""
 
 
 class _PublishingLock(asyncio.Lock):
@@ -147,8 +152,24 @@ class Store:
             self.version += 1
 
     def snapshot(self) -> Ledger:
-        """The committed ledger: frozen, consistent, free to read from any thread."""
+        """The committed ledger: frozen, consistent, free to read from any thread. Its number is
+        `self.version` read at the same moment (no await between the two reads)."""
         return self.committed
+
+    async def apply(self, change: Callable[[Ledger], T], *, based_on: int | None = None) -> T:
+        """The one writer's entry for a change decided outside the lock: take the lock; if
+        `based_on` (the `version` of the snapshot the change was decided on) is no longer the
+        committed version, raise Stale (decide again on `snapshot()`); else run `change(ledger)`
+        on the writer's ledger and publish it when the lock is released. `change` must not await
+        (it is one step) and may raise (e.g. OverBudget): then nothing is published."""
+        async with self.changing():
+            if based_on is not None and based_on != self.version:
+                raise Stale(f"decided on version {based_on}; the ledger is at version {self.version}")
+            return change(self.ledger)
+
+    async def commit(self, decision: placement.Decision, based_on: int) -> None:
+        """Book an admitted decision taken on the snapshot numbered `based_on` (apply)."""
+        await self.apply(lambda ledger: ledger.book(decision), based_on=based_on)
 
     def backend_of(self, node: str) -> str:
         """How the GPUs of `node` are held: "device-plugin" (reservation pods, limits) or "dra"
