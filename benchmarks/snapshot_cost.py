@@ -34,17 +34,28 @@ import plan_scale  # noqa: E402
 
 from vllmfit.core import placement  # noqa: E402
 from vllmfit.core.placement import Ledger  # noqa: E402
+from vllmfit.core.placement import ledger as ledger_module  # noqa: E402
+
+
+def _flat(m) -> dict:
+    """A layered map as one plain dict (C-speed: its base, then its own changes)."""
+    if not hasattr(m, "delta"):
+        return dict(m)
+    out = dict(m.base)
+    out.update(m.delta)
+    return {k: v for k, v in out.items() if v is not ledger_module._GONE} if m.delta else out
 
 
 def deep_copy(led: Ledger) -> Ledger:
-    """A full copy, container by container (what Ledger.copy cost before snapshots)."""
+    """A full copy, container by container, as Ledger.copy did before snapshots (every decision
+    of the operator and every re-placing paid it)."""
     new = Ledger()
     new.nodes = dict(led.nodes)
     new._slots = dict(led._slots)
     new._on_gpu = {n: {i: dict(b) for i, b in g.items()} for n, g in led._on_gpu.items()}
-    new._used = dict(led._used)
-    new._by_deployment = {k: list(v) for k, v in led._by_deployment.items()}
-    new._head = dict(led._head)
+    new._used = _flat(led._used)
+    new._by_deployment = {k: list(v) for k, v in _flat(led._by_deployment).items()}
+    new._head = _flat(led._head)
     new._free = {k: list(v) for k, v in led._free.items()}
     new._by_type = {k: dict(v) for k, v in led._by_type.items()}
     new._groups = {k: list(v) for k, v in led._groups.items()}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from vllmfit.core.memory import Flags, Footprint, Sizing
 from vllmfit.core.model.facts import GpuType
@@ -77,6 +78,82 @@ class NodeSet:
     types: tuple[GpuType, ...]
 
 
+_MISSING: object = object()
+_GONE: object = object()  # a key a layer removed from its base
+_COMPACT = 256  # a layer's own changes beyond this (and an eighth of its base) are merged into a new base
+
+
+class _Layer:
+    """A map that shares a base dict nobody changes and keeps its own changes apart (`delta`; a
+    removed key is _GONE there). A new layer over another copies only its changes, so a ledger
+    copies O(changes), not O(GPUs), to change what it shares; reads look in the changes, then in
+    the base. When the changes grow past an eighth of the base they are merged into a new base
+    dict (amortized O(1) per change); the old base stays as it was for whoever shares it."""
+
+    __slots__ = ("base", "delta")
+
+    def __init__(self, base: Mapping[Any, Any], delta: dict[Any, Any] | None = None) -> None:
+        self.base, self.delta = base, ({} if delta is None else delta)
+
+    @classmethod
+    def over(cls, m: Any) -> _Layer:
+        """A private layer with the content of `m` (a dict or a layer), sharing its base."""
+        return cls(m.base, dict(m.delta)) if isinstance(m, _Layer) else cls(m)
+
+    def get(self, k: Any, default: Any = None) -> Any:
+        v = self.delta.get(k, _MISSING)
+        if v is _MISSING:
+            return self.base.get(k, default)
+        return default if v is _GONE else v
+
+    def __getitem__(self, k: Any) -> Any:
+        v = self.get(k, _MISSING)
+        if v is _MISSING:
+            raise KeyError(k)
+        return v
+
+    def __contains__(self, k: Any) -> bool:
+        return self.get(k, _MISSING) is not _MISSING
+
+    def __setitem__(self, k: Any, v: Any) -> None:
+        self.delta[k] = v
+        if len(self.delta) > _COMPACT + len(self.base) // 8:
+            merged = dict(self.base)
+            for key, val in self.delta.items():
+                if val is _GONE:
+                    merged.pop(key, None)
+                else:
+                    merged[key] = val
+            self.base, self.delta = merged, {}
+
+    def pop(self, k: Any, default: Any = _MISSING) -> Any:
+        v = self.get(k, _MISSING)
+        if v is _MISSING:
+            if default is _MISSING:
+                raise KeyError(k)
+            return default
+        self[k] = _GONE
+        return v
+
+    def __iter__(self) -> Any:
+        delta = self.delta
+        for k in self.base:
+            if k not in delta:
+                yield k
+        for k, v in list(delta.items()):
+            if v is not _GONE:
+                yield k
+
+    def keys(self) -> Any:
+        return iter(self)
+
+    def items(self) -> Any:
+        return ((k, self[k]) for k in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 class OverBudget(ValueError):
     """`Ledger.book` of a decision that no longer fits (the ledger changed since `decide`)."""
 
@@ -88,8 +165,9 @@ class Ledger:
     `snapshot()` returns a frozen view of the ledger as it is now and `fork()` a private mutable
     copy; both share every container with this ledger (structural sharing: a few attribute
     copies, no matter how large the cluster), and whichever of them changes a container first
-    copies it (`_own`): the accounting (headroom per GPU and its indices), the bookings of one
-    node, the node table. So a snapshot never changes after it is taken, however the ledger it
+    copies it (`_changing`): the per-GPU and per-deployment maps are layers (`_Layer`: only their
+    changes are copied), the sorted indices are copied one GPU type (or group size) at a time,
+    the bookings one node at a time, the node table whole (it changes only with a node). So a snapshot never changes after it is taken, however the ledger it
     came from goes on, and `decide` works on a fork without touching what it was given. Lazy
     indices (`group_index`, `matching`) are built whole, then published in one assignment, so
     threads reading one snapshot never see one half-built. Indices:
@@ -99,23 +177,21 @@ class Ledger:
       there can take.
     """
 
-    _UNITS = ("nodes", "acct", "gpu", "deps")  # containers owned (copied before a change) together
-
     def __init__(self, nodes: Iterable[NodeInfo] = ()):
         self.version = 0
         self.frozen = False
-        self._owned: set[str] = set(self._UNITS)  # units this object may change in place
-        self._owned_nodes: set[str] | None = None  # None: every _on_gpu[node] is this object's own
+        self._shared = False  # its containers may be shared: copy each before changing it
+        self._owned: set[object] = set()  # while shared: the containers copied since (this object's own)
         self.nodes: dict[str, NodeInfo] = {}
         self._slots: dict[GpuKey, GpuSlot] = {}
         self._on_gpu: dict[str, dict[int, dict[tuple[str, int], Booking]]] = {}  # node -> GPU -> bookings
-        self._used: dict[GpuKey, int] = {}
-        self._by_deployment: dict[str, list[Booking]] = {}
-        self._head: dict[GpuKey, int] = {}  # headroom as currently indexed
+        self._used: Any = _Layer({})  # GpuKey -> booked bytes
+        self._by_deployment: Any = _Layer({})  # key -> its bookings (a list never changed in place)
+        self._head: Any = _Layer({})  # GpuKey -> headroom as currently indexed
         self._free: dict[GpuType, list[tuple[int, str, int]]] = {}
         self._by_type: dict[str, dict[GpuType, list[int]]] = {}  # node -> type -> indices (non-MIG)
         self._groups: dict[tuple[GpuType, int], list[tuple[int, str]]] = {}
-        self._group_key: dict[tuple[GpuType, int, str], int] = {}
+        self._group_key: dict[tuple[GpuType, int], dict[str, int]] = {}  # (type, n) -> node -> its key
         self._selected: dict[tuple[object, ...], NodeSet] = {}  # (nodeSelector, affinity) -> matches
         for n in nodes:
             self.set_node(n)
@@ -133,7 +209,8 @@ class Ledger:
             key = (s.node, s.index)
             self._slots[key] = s
             self._gpu_book(s.node).setdefault(s.index, {})
-            self._used.setdefault(key, 0)
+            if key not in self._used:
+                self._used[key] = 0
             self._index(key)
             if not s.mig:
                 types.setdefault(s.gpu, []).append(s.index)
@@ -303,8 +380,7 @@ class Ledger:
         ledger does not change (a frozen snapshot never does) and drop it after."""
         new = object.__new__(Ledger)
         new.__dict__.update(self.__dict__)
-        new.frozen = False
-        new._owned, new._owned_nodes = set(), set()
+        new.frozen, new._shared, new._owned = False, True, set()
         return new
 
     def copy(self) -> Ledger:
@@ -314,14 +390,18 @@ class Ledger:
     def _share(self) -> Ledger:
         new = self.scratch()
         # this object shares its containers from now on too: it copies before it changes one
-        self._owned, self._owned_nodes = set(), set()
+        self._shared, self._owned = True, set()
         return new
 
     def _changing(self, *units: str) -> None:
-        """Before a change: count it, and copy the shared containers of `units`."""
+        """Before a change: count it, and (when shared) copy the containers of `units`: "nodes"
+        (the node table), "acct" (the accounting maps and the outer index tables; each index list
+        is copied when it changes: _free_list, _group_list)."""
         if self.frozen:
             raise TypeError("a ledger snapshot never changes; fork() it")
         self.version += 1
+        if not self._shared:
+            return
         for unit in units:
             if unit in self._owned:
                 continue
@@ -329,24 +409,37 @@ class Ledger:
                 self.nodes, self._slots = dict(self.nodes), dict(self._slots)
                 self._by_type = dict(self._by_type)  # values are replaced whole, never changed in place
             elif unit == "acct":
-                self._used, self._head = dict(self._used), dict(self._head)
-                # dict() first: one step under the GIL, while a thread may publish a lazy index
-                self._free = {t: list(v) for t, v in dict(self._free).items()}
-                self._groups = {k: list(v) for k, v in dict(self._groups).items()}
-                self._group_key = dict(self._group_key)
+                self._used, self._head = _Layer.over(self._used), _Layer.over(self._head)
+                # dict() is one step under the GIL, while a thread may publish a lazy index there
+                self._free, self._groups, self._group_key = dict(self._free), dict(self._groups), dict(self._group_key)
             elif unit == "deps":
-                self._by_deployment = dict(self._by_deployment)  # its lists are never changed in place
+                self._by_deployment = _Layer.over(self._by_deployment)
             self._owned.add(unit)
+
+    def _free_list(self, t: GpuType) -> list[tuple[int, str, int]]:
+        """The free index of type t, this object's own (copied from a shared one first)."""
+        if self._shared and ("free", t) not in self._owned:
+            self._free[t] = list(self._free.get(t, ()))
+            self._owned.add(("free", t))
+        return self._free.setdefault(t, [])
+
+    def _group_list(self, t: GpuType, n: int) -> tuple[list[tuple[int, str]], dict[str, int]]:
+        """The group index of (t, n) and its keys per node, this object's own."""
+        if self._shared and ("groups", t, n) not in self._owned:
+            self._group_key[(t, n)] = dict(self._group_key.get((t, n), {}))
+            self._groups[(t, n)] = list(self._groups[(t, n)])
+            self._owned.add(("groups", t, n))
+        return self._groups[(t, n)], self._group_key[(t, n)]
 
     def _gpu_book(self, node: str) -> dict[int, dict[tuple[str, int], Booking]]:
         """The bookings of one node's GPUs, this object's own (copied from a shared one first)."""
-        if self._owned_nodes is not None and node not in self._owned_nodes:
+        if self._shared and ("gpu", node) not in self._owned:
             if "gpu" not in self._owned:
                 self._on_gpu = dict(self._on_gpu)  # its values are copied one node at a time
                 self._owned.add("gpu")
             old = self._on_gpu.get(node)
             self._on_gpu[node] = {i: dict(b) for i, b in old.items()} if old else {}
-            self._owned_nodes.add(node)
+            self._owned.add(("gpu", node))
         return self._on_gpu.setdefault(node, {})
 
     # indices
@@ -354,14 +447,14 @@ class Ledger:
         s = self._slots[key]
         h = self.headroom_bytes(*key)
         self._head[key] = h
-        bisect.insort(self._free.setdefault(s.gpu, []), (h, key[0], key[1]))
+        bisect.insort(self._free_list(s.gpu), (h, key[0], key[1]))
 
     def _unindex(self, key: GpuKey) -> None:
         s = self._slots.get(key)
         h = self._head.pop(key, None)
         if s is None or h is None:
             return
-        lst = self._free[s.gpu]
+        lst = self._free_list(s.gpu)
         del lst[bisect.bisect_left(lst, (h, key[0], key[1]))]
         if not lst:
             del self._free[s.gpu]
@@ -391,15 +484,14 @@ class Ledger:
         return sorted((self._head[(node, i)] for i in idx), reverse=True)[n - 1]
 
     def _set_group_key(self, t: GpuType, n: int, node: str, key: int | None) -> None:
-        old = self._group_key.pop((t, n, node), None)
-        if old == key and key is not None:
-            self._group_key[(t, n, node)] = key
+        if self._group_key[(t, n)].get(node) == key:
             return
-        lst = self._groups[(t, n)]
+        lst, keys = self._group_list(t, n)
+        old = keys.pop(node, None)
         if old is not None:
             del lst[bisect.bisect_left(lst, (old, node))]
         if key is not None:
-            self._group_key[(t, n, node)] = key
+            keys[node] = key
             bisect.insort(lst, (key, node))
 
     def group_index(self, t: GpuType, n: int) -> list[tuple[int, str]]:
@@ -409,10 +501,11 @@ class Ledger:
             # Built whole, then published in one assignment: a snapshot read by several threads
             # never shows a half-built index; the same state gives the same index, so a snapshot
             # and the ledgers sharing its accounting may share it too.
+            # A ledger that changed its accounting since it was shared has its own tables
+            # (_changing), so what it builds here is never seen by one in another state.
             keys = {node: k for node in sorted(self._by_type) if (k := self._node_group_key(node, t, n)) is not None}
             found = sorted((k, node) for node, k in keys.items())
-            for node, k in keys.items():
-                self._group_key[(t, n, node)] = k
+            self._group_key[(t, n)] = keys
             self._groups[(t, n)] = found
         return found
 
