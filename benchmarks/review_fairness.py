@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import time
 from collections import Counter
@@ -39,11 +38,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests" / "webhook"))
 
-from webhook_harness import vllmd  # noqa: E402
-from webhook_latency import WORST, build_store  # noqa: E402
+from webhook_harness import vllmd
+from webhook_latency import WORST, build_store
 
-from vllmfit.core import defaults  # noqa: E402
-from vllmfit.operator import webhook  # noqa: E402
+from vllmfit.core import defaults
+from vllmfit.operator import webhook
 
 HONEST = {"model": "meta-llama/Llama-3.1-8B-Instruct", "maxModelLen": 8192, "maxNumSeqs": 16}
 NOWHERE = {"model": "meta-llama/Llama-3.1-405B-Instruct", "maxModelLen": 8192}

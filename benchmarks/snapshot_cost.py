@@ -30,11 +30,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import plan_scale  # noqa: E402
+import plan_scale
 
-from vllmfit.core import placement  # noqa: E402
-from vllmfit.core.placement import Ledger  # noqa: E402
-from vllmfit.core.placement import ledger as ledger_module  # noqa: E402
+from vllmfit.core import placement
+from vllmfit.core.placement import Ledger
+from vllmfit.core.placement import ledger as ledger_module
 
 
 def _flat(m) -> dict:

@@ -28,9 +28,9 @@ from typing import Any
 import attrs
 import kmock
 import pytest
+from crashing import Crashing
 from kubelet import Kubelet, exists, phase, placed, placement_of
 from opkit import DEPLOYMENTS, PODS, TEST_AGENT, VD, Cluster, Operator, node, vd
-from test_crash import Crashing
 
 from vllmfit.core.spec import api
 from vllmfit.operator import builders

@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import importlib
 import threading
-from typing import Any
+from typing import Any, ClassVar
 
+import kubernetes_asyncio.client
 import pytest
 from opkit import node, vd
 
-import kubernetes_asyncio.client
 from vllmfit.core import placement
 from vllmfit.operator import state, webhook
 from vllmfit.operator.handlers.common import Effects, parse
@@ -34,7 +34,7 @@ decide_module = importlib.import_module("vllmfit.core.placement.decide")  # the 
 class StatusApi:
     """kubernetes_asyncio.client.CustomObjectsApi, recording the status patches it is sent."""
 
-    sent: list[tuple[str, dict[str, Any]]] = []
+    sent: ClassVar[list[tuple[str, dict[str, Any]]]] = []
 
     def __init__(self, api: Any = None) -> None:
         pass
