@@ -4,6 +4,7 @@ rather than overfill), with the indices the search uses (headroom per GPU group)
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -80,15 +81,16 @@ class NodeSet:
 
 _MISSING: object = object()
 _GONE: object = object()  # a key a layer removed from its base
-_COMPACT = 256  # a layer's own changes beyond this (and an eighth of its base) are merged into a new base
+_COMPACT = 64  # a layer's own changes beyond this (plus 2 x sqrt of its base) are merged into a new base
 
 
 class _Layer:
     """A map that shares a base dict nobody changes and keeps its own changes apart (`delta`; a
     removed key is _GONE there). A new layer over another copies only its changes, so a ledger
     copies O(changes), not O(GPUs), to change what it shares; reads look in the changes, then in
-    the base. When the changes grow past an eighth of the base they are merged into a new base
-    dict (amortized O(1) per change); the old base stays as it was for whoever shares it."""
+    the base. When the changes grow past 2 x sqrt(len(base)) they are merged into a new base
+    dict (amortized O(sqrt(n)) per change, a few hundred entries at 80,000 GPUs, so a copy of the
+    changes stays that small too); the old base stays as it was for whoever shares it."""
 
     __slots__ = ("base", "delta")
 
@@ -117,7 +119,7 @@ class _Layer:
 
     def __setitem__(self, k: Any, v: Any) -> None:
         self.delta[k] = v
-        if len(self.delta) > _COMPACT + len(self.base) // 8:
+        if len(self.delta) > _COMPACT + 2 * math.isqrt(len(self.base)):
             merged = dict(self.base)
             for key, val in self.delta.items():
                 if val is _GONE:
@@ -184,7 +186,7 @@ class Ledger:
         self._owned: set[object] = set()  # while shared: the containers copied since (this object's own)
         self.nodes: dict[str, NodeInfo] = {}
         self._slots: dict[GpuKey, GpuSlot] = {}
-        self._on_gpu: dict[str, dict[int, dict[tuple[str, int], Booking]]] = {}  # node -> GPU -> bookings
+        self._on_gpu: Any = _Layer({})  # node -> GPU -> bookings (each node's copied when it changes)
         self._used: Any = _Layer({})  # GpuKey -> booked bytes
         self._by_deployment: Any = _Layer({})  # key -> its bookings (a list never changed in place)
         self._head: Any = _Layer({})  # GpuKey -> headroom as currently indexed
@@ -435,12 +437,15 @@ class Ledger:
         """The bookings of one node's GPUs, this object's own (copied from a shared one first)."""
         if self._shared and ("gpu", node) not in self._owned:
             if "gpu" not in self._owned:
-                self._on_gpu = dict(self._on_gpu)  # its values are copied one node at a time
+                self._on_gpu = _Layer.over(self._on_gpu)  # its values are copied one node at a time
                 self._owned.add("gpu")
             old = self._on_gpu.get(node)
             self._on_gpu[node] = {i: dict(b) for i, b in old.items()} if old else {}
             self._owned.add(("gpu", node))
-        return self._on_gpu.setdefault(node, {})
+        book = self._on_gpu.get(node)
+        if book is None:
+            book = self._on_gpu[node] = {}
+        return book
 
     # indices
     def _index(self, key: GpuKey) -> None:
