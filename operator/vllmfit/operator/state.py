@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -51,13 +50,18 @@ WRITERS = 16  # concurrent status writes
 
 @dataclass
 class Options:
-    namespace: str | None = field(default_factory=lambda: os.environ.get("POD_NAMESPACE"))
-    default_image: str = field(default_factory=lambda: os.environ.get("VLLMFIT_DEFAULT_IMAGE") or defaults.DEFAULT_IMAGE)
-    resync_seconds: float = field(default_factory=lambda: float(os.environ.get("VLLMFIT_RESYNC_SECONDS") or 30))
-    placement_backend: str = field(default_factory=lambda: os.environ.get("VLLMFIT_PLACEMENT_BACKEND") or "auto")
+    """The operator's settings, read once: `vllmfit operator`'s flags (their defaults from the
+    environment and core.defaults) become one Options (operator.main.options_from_args). The
+    defaults here are the same named values, for tests and tools that build a Store directly;
+    nothing here reads the environment."""
+
+    namespace: str | None = None
+    default_image: str = defaults.DEFAULT_IMAGE
+    resync_seconds: float = defaults.RESYNC_SECONDS
+    placement_backend: str = "auto"
     reservation: rsv.Config = field(default_factory=rsv.Config)
-    dra_driver: str = field(default_factory=lambda: os.environ.get("VLLMFIT_DRA_DRIVER") or dra.NVIDIA_DRIVER)
-    dra_device_class: str = field(default_factory=lambda: os.environ.get("VLLMFIT_DRA_DEVICE_CLASS") or dra.NVIDIA_DRIVER)
+    dra_driver: str = dra.NVIDIA_DRIVER
+    dra_device_class: str = dra.NVIDIA_DRIVER
     budget: memory.BudgetPolicy = memory.DEFAULT_POLICY  # cluster-wide; node-pool labels override it
 
 
