@@ -53,12 +53,14 @@ async def waits_for(cluster: Cluster, name: str, pod: str) -> None:
 
 
 async def stays(cluster: Cluster, name: str, phase: str) -> None:
-    """`name` keeps `phase` while the old pod is there. No wall time: the operator is caught up
-    (every status written), then the step that would free the room runs (writes.settle_drains
-    lists the stopped replicas' pods; the old one is listed), and the phase is unchanged."""
+    """`name` keeps `phase` while the old pod is there. No wall time: once the operator holds the
+    stopped replica's memory (its drain) and is caught up (every status written), the step that
+    would free the room runs (writes.settle_drains lists the stopped replicas' pods; the old one
+    is listed), and the phase is unchanged."""
     store = get_store()
+    await cluster.until(lambda: any(d.stopped for d in store.drains.values()),
+                        what="the operator to hold the stopped replica's memory (its drain)")
     await store.flush()
-    assert any(d.stopped for d in store.drains.values()), "no stopped replica's drain holds the GPU"
     await settle_drains(store)
     await store.flush()
     assert cluster.status(name).get("phase") == phase, \
