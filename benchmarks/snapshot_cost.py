@@ -33,8 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import plan_scale
 
 from vllmfit.core import placement
-from vllmfit.core.placement import Ledger
-from vllmfit.core.placement import ledger as ledger_module
+from vllmfit.core.placement import (
+    Ledger,
+    layers,
+)
 
 
 def _flat(m) -> dict:
@@ -43,7 +45,7 @@ def _flat(m) -> dict:
         return dict(m)
     out = dict(m.base)
     out.update(m.delta)
-    return {k: v for k, v in out.items() if v is not ledger_module._GONE} if m.delta else out
+    return {k: v for k, v in out.items() if v is not layers._GONE} if m.delta else out
 
 
 def deep_copy(led: Ledger) -> Ledger:

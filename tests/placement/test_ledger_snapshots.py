@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from placement_fakes import H100, L4, LLAMA_8B, QWEN_05B, QWEN_7B, check_indices, node, request
 
 from vllmfit.core import placement
-from vllmfit.core.placement import ledger as ledger_module
+from vllmfit.core.placement import layers
 
 GIB = 1 << 30
 MODELS = (QWEN_05B, LLAMA_8B, QWEN_7B)
@@ -55,8 +55,8 @@ def step(led: placement.Ledger, rnd: random.Random, i: int) -> None:
 @given(seed=st.integers(0, 2**32 - 1), compact=st.sampled_from([2, 256]))
 def test_snapshots_stay_as_taken_and_forks_change_alone(seed: int, compact: int) -> None:
     rnd = random.Random(seed)
-    old = ledger_module._COMPACT
-    ledger_module._COMPACT = compact  # small: the layers merge their changes often
+    old = layers._COMPACT
+    layers._COMPACT = compact  # small: the layers merge their changes often
     try:
         led = placement.Ledger([node("n0", H100, 2), node("n1", H100, 4), node("n2", L4, 2)])
         taken: list[tuple[placement.Ledger, tuple]] = []
@@ -88,7 +88,7 @@ def test_snapshots_stay_as_taken_and_forks_change_alone(seed: int, compact: int)
             check_indices(fork)
         check_indices(led)
     finally:
-        ledger_module._COMPACT = old
+        layers._COMPACT = old
 
 
 def test_a_snapshot_refuses_changes() -> None:

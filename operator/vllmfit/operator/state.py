@@ -36,16 +36,15 @@ from vllmfit.core import defaults, memory, placement
 from vllmfit.core.model.facts import ModelArch
 from vllmfit.core.placement import Ledger, Request
 from vllmfit.core.spec import api
-from vllmfit.operator import builders, draining, models, report
+from vllmfit.operator import builders, draining, models
 from vllmfit.operator.pods import PodHealth
 from vllmfit.operator.record import Record, key_of, pruned, record_from_object
+from vllmfit.operator.statuswriter import StatusWriter
 from vllmfit.sources import catalog
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-MERGE_PATCH = "application/merge-patch+json"
-WRITERS = 16  # concurrent status writes
 
 
 @dataclass
@@ -84,7 +83,7 @@ class _PublishingLock(asyncio.Lock):
             super().release()
 
 
-class Store:
+class Store(StatusWriter):
     """The process-wide operator state (see the module docstring)."""
 
     ledger: Ledger
@@ -228,10 +227,6 @@ class Store:
                     ledger.set_node(info)
         finally:
             self.ledger = saved
-
-    def busy(self) -> bool:
-        """Statuses remain to be written (the API does not show the ledger yet)."""
-        return bool(self._dirty or self._busy or self.holding)
 
     # --- model resolution -------------------------------------------------------------------
 
@@ -433,114 +428,6 @@ class Store:
             if self.ledger.slot(b.node, b.index) is None or self.ledger.headroom_bytes(b.node, b.index) < 0:
                 return True
         return False
-
-    # --- status writing ------------------------------------------------------------------------
-
-    def mark(self, keys: Iterable[str]) -> None:
-        """Write the status of these deployments soon (from their record at that time)."""
-        self._dirty.update(k for k in keys if k in self.records)
-        self._wake.set()
-
-    def start(self) -> None:
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_loop(), name="vllmfit status writer")
-
-    async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self.tasks = []
-        if self._writer is not None:
-            self._writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._writer
-            self._writer = None
-
-    async def flush(self, timeout: float = 30.0) -> None:
-        """Wait until every marked status has been written (tests, benchmarks)."""
-        async with asyncio.timeout(timeout):
-            while self.busy():
-                await asyncio.sleep(0.005)
-
-    async def _write_loop(self) -> None:
-        sem = asyncio.Semaphore(WRITERS)
-
-        async def one(key: str) -> None:
-            async with sem:
-                await self._write(key)
-
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._dirty:
-                self._busy = True
-                keys, self._dirty = sorted(self._dirty), set()
-                await asyncio.gather(*(one(k) for k in keys))
-            self._busy = False
-
-    @contextlib.contextmanager
-    def hold(self, keys: Iterable[str]) -> Any:
-        """While inside, the background writer leaves these keys' statuses to the caller, which
-        writes them in the order that keeps a crash safe (handlers.finish)."""
-        keys = list(keys)
-        for k in keys:
-            self.holding[k] = self.holding.get(k, 0) + 1
-        try:
-            yield
-        finally:
-            for k in keys:
-                self.holding[k] -= 1
-                if not self.holding[k]:
-                    del self.holding[k]
-            self.mark(keys)
-
-    async def persist(self, key: str, missing_ok: bool = False) -> None:
-        """Write the status of `key` now, from its record; raises when the write fails. Booking
-        before running (and stopping before releasing) rests on this write having happened, so
-        an object that is gone (404) is a failed write, unless `missing_ok` (what is being
-        released: a deleted object books nothing)."""
-        from kubernetes_asyncio.client import ApiException
-
-        try:
-            await self._patch_status(key)
-        except ApiException as e:
-            if e.status != 404 or not missing_ok:
-                raise
-
-    async def _patch_status(self, key: str) -> None:
-        from kubernetes_asyncio.client import CustomObjectsApi
-
-        async with self.write_locks[key]:
-            async with self.lock:  # the record and the ledger as a critical section left them
-                rec = self.records.get(key)
-                if rec is None:
-                    return
-                status = report.status(rec, self.ledger)
-            if status == rec.written:
-                return
-            rec.mine = True  # before the write: its echo may arrive before the answer
-            await CustomObjectsApi(self.api).patch_namespaced_custom_object_status(
-                api.GROUP, api.VERSION, rec.namespace, api.PLURAL, rec.name, {"status": status},
-                _content_type=MERGE_PATCH)  # type: ignore[call-arg]
-            if self.records.get(key) is rec:
-                rec.written = status
-
-    async def _write(self, key: str) -> None:
-        from kubernetes_asyncio.client import ApiException
-
-        if key in self.holding:
-            return  # the handler holding it writes it, then marks it again
-        try:
-            await self._patch_status(key)
-        except ApiException as e:
-            if e.status == 404:
-                return
-            logger.warning("%s: writing status failed (%s %s); retrying", key, e.status, e.reason)
-            asyncio.get_running_loop().call_later(1.0, self.mark, [key])
-        except Exception as e:  # noqa: BLE001 - a lost connection must not kill the writer
-            logger.warning("%s: writing status failed (%s); retrying", key, e)
-            asyncio.get_running_loop().call_later(1.0, self.mark, [key])
 
 
 _store: Store | None = None

@@ -40,6 +40,7 @@ from vllmfit.core.errors import UserError
 from vllmfit.core.placement import affinity
 from vllmfit.core.spec import api
 from vllmfit.operator import bounded, builders, certs
+from vllmfit.operator.admission import Admission
 from vllmfit.operator.webhookserver import MUTATE_ID, VALIDATE_ID, Server, clip
 
 logger = logging.getLogger(__name__)
@@ -62,47 +63,6 @@ class Store(Protocol):
     async def request_for(self, obj: api.VLLMDeployment) -> placement.Request: ...
 
 
-class Admission:
-    """How reviews are bounded (state passed in, one per webhook): the time budget of one review,
-    the fail-open setting, and the per-namespace count of reviews deciding (fairness: a tenant
-    whose reviews are costly waits for its own, never for another's)."""
-
-    def __init__(self, *, fail_open: bool = False, budget_s: float = defaults.REVIEW_BUDGET_S,
-                 per_namespace: int = defaults.REVIEW_PER_NAMESPACE) -> None:
-        self.fail_open, self.budget_s, self.per_namespace = fail_open, budget_s, per_namespace
-        self._deciding: dict[str, int] = {}  # namespace -> reviews deciding (threads running)
-        self._freed: dict[str, asyncio.Event] = {}
-
-    async def slot(self, namespace: str, deadline: float) -> bool:
-        """Take one of the namespace's places before `deadline` (loop time); False if none freed."""
-        while self._deciding.get(namespace, 0) >= self.per_namespace:
-            freed = self._freed.setdefault(namespace, asyncio.Event())
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await freed.wait()
-            except TimeoutError:
-                return False
-        self._deciding[namespace] = self._deciding.get(namespace, 0) + 1
-        return True
-
-    def free(self, namespace: str) -> None:
-        n = self._deciding.get(namespace, 0) - 1
-        if n > 0:
-            self._deciding[namespace] = n
-        else:
-            self._deciding.pop(namespace, None)
-        if (freed := self._freed.pop(namespace, None)) is not None:
-            freed.set()  # every waiter looks again; one takes the place
-
-    def late(self, step: str, warnings: tuple[str, ...] = ()) -> Verdict:
-        """A review that could not be decided in time: refused, or with --webhook-fail-open allowed
-        with a warning that says it was not checked."""
-        message = LATE.format(budget=self.budget_s, step=step)
-        if self.fail_open:
-            return Verdict(True, warnings=(*warnings, f"{message.split(', so')[0]}: {FAIL_OPEN}"))
-        return Verdict(False, message, warnings, 429)
-
-
 # --- The pure part ------------------------------------------------------------------------------
 
 
@@ -112,6 +72,15 @@ class Verdict:
     message: str = ""
     warnings: tuple[str, ...] = ()
     code: int = 200  # for denials: 403 does not fit, 422 invalid spec, 400 anything else
+
+
+def late(adm: Admission, step: str, warnings: tuple[str, ...] = ()) -> Verdict:
+    """A review that could not be decided in time: refused, or with --webhook-fail-open allowed
+    with a warning that says it was not checked."""
+    message = LATE.format(budget=adm.budget_s, step=step)
+    if adm.fail_open:
+        return Verdict(True, warnings=(*warnings, f"{message.split(', so')[0]}: {FAIL_OPEN}"))
+    return Verdict(False, message, warnings, 429)
 
 
 class Invalid(ValueError):
@@ -307,12 +276,12 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
         if old is not None and not memory_changes(old.spec, obj.spec):
             return Verdict(True)
     if not store.ready.is_set():
-        return adm.late("the operator is starting") if adm.fail_open else Verdict(False, NOT_READY, code=429)
+        return late(adm, "the operator is starting") if adm.fail_open else Verdict(False, NOT_READY, code=429)
     try:
         async with asyncio.timeout_at(deadline):
             req = await store.request_for(obj)
     except TimeoutError:
-        return adm.late(f"resolving model {obj.spec.model!r}")
+        return late(adm, f"resolving model {obj.spec.model!r}")
     except Exception as e:  # noqa: BLE001 - record.ModelResolutionError, or anything its resolvers raise
         message = str(e) or f"cannot resolve model {obj.spec.model!r}"
         if getattr(e, "transient", False):  # Hub unreachable, ConfigMap not created yet: apply order
@@ -320,7 +289,7 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
         return Verdict(False, message, code=422)
     namespace = obj.metadata.namespace or "default"
     if not await adm.slot(namespace, deadline):
-        return adm.late(BUSY.format(n=adm.per_namespace))
+        return late(adm, BUSY.format(n=adm.per_namespace))
     old_flags = old.status.flags if old is not None and old.status is not None else None
     # Off the event loop, on the committed snapshot (frozen: any number of reviews read it at once,
     # and no writer waits for them). The namespace's place is given back when the thread ends,
@@ -336,7 +305,7 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
         bounded.abandoned += 1
         if limit >= defaults.REVIEW_DECIDE_TIMEOUT_S:  # it had its own whole time: the spec is too costly
             return Verdict(False, bounded.too_costly_message(limit), code=422)
-        return adm.late("deciding where it fits")
+        return late(adm, "deciding where it fits")
 
 
 def stored_object(store: Store, key: str) -> Mapping[str, Any] | None:
