@@ -376,3 +376,18 @@ def test_a_pod_template_change_needs_a_fit_check_only_when_its_node_affinity_cha
     assert webhook.memory_changes(plain, zoned) == ["pod_template"]
     assert webhook.memory_changes(tolerating, spec_of(podTemplate={"spec": {**zone, "serviceAccountName": "s"}})) == [
         "pod_template"]
+
+
+async def test_a_review_that_fails_gives_its_namespace_place_back():
+    """A store that cannot give a snapshot makes the review fail (the handler answers 400), and
+    the namespace keeps both its places: a failure never leaks one."""
+    class Broken(Store):
+        def snapshot(self):
+            raise RuntimeError("no ledger")
+
+    adm = webhook.Admission(per_namespace=1)
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="no ledger"):
+            await webhook.review(Broken(), OBJ, None, "CREATE", False, adm)
+    assert adm._deciding == {}
+    assert (await webhook.review(Store(), OBJ, None, "CREATE", False, adm)).allowed

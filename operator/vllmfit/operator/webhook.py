@@ -288,14 +288,19 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
             return Verdict(True, warnings=(f"{message}; the operator will retry",))
         return Verdict(False, message, code=422)
     namespace = obj.metadata.namespace or "default"
+    snapshot = store.snapshot()  # before the place is taken: nothing between them may raise
     if not await adm.slot(namespace, deadline):
         return late(adm, BUSY.format(n=adm.per_namespace))
     old_flags = old.status.flags if old is not None and old.status is not None else None
     # Off the event loop, on the committed snapshot (frozen: any number of reviews read it at once,
     # and no writer waits for them). The namespace's place is given back when the thread ends,
     # not when the review gives up on it: abandoned work counts against its own namespace.
-    fut = loop.run_in_executor(bounded.review_pool(), functools.partial(
-        check, store.snapshot(), req, old=old.spec if old else None, dry_run=dry_run, old_flags=old_flags))
+    try:
+        fut = loop.run_in_executor(bounded.review_pool(), functools.partial(
+            check, snapshot, req, old=old.spec if old else None, dry_run=dry_run, old_flags=old_flags))
+    except BaseException:
+        adm.free(namespace)
+        raise
     fut.add_done_callback(lambda f: (adm.free(namespace), f.cancelled() or f.exception()))
     limit = min(deadline - loop.time(), defaults.REVIEW_DECIDE_TIMEOUT_S)
     try:
