@@ -62,6 +62,7 @@ class Options:
     dra_driver: str = dra.NVIDIA_DRIVER
     dra_device_class: str = dra.NVIDIA_DRIVER
     budget: memory.BudgetPolicy = memory.DEFAULT_POLICY  # cluster-wide; node-pool labels override it
+    kv_grant: memory.KvGrant = memory.DEFAULT_KV_GRANT  # the default KV grant (no kvCache, no maxNumSeqs)
 
 
 class Stale(Exception):
@@ -98,7 +99,7 @@ class Store(StatusWriter):
 
     def reset(self) -> None:
         """Forget everything (a fresh start-up; tests run many operators in one process)."""
-        self.ledger = Ledger()
+        self.ledger = Ledger(kv_grant=self.options.kv_grant)
         self.committed: Ledger = self.ledger.snapshot()  # what readers and reviews see
         self.version = 0  # counts the published changes (a decision names the one it saw)
         self._published: tuple[int, int] = (id(self.ledger), self.ledger.version)
@@ -273,7 +274,7 @@ class Store(StatusWriter):
         a status whose replicas do not all run where it says is no booking, and the deployment
         is decided again); and a drain for every pod of vllmfit that runs where nothing books
         it (`vllm_pods`). Returns warnings."""
-        self.ledger = Ledger()
+        self.ledger = Ledger(kv_grant=self.options.kv_grant)
         self.drains, self.refused = {}, set()
         self.records = {}
         problems: list[str] = []
@@ -341,7 +342,7 @@ class Store(StatusWriter):
         is no booking, and its record has no status, so that it is decided again (and looked at
         again at the next resync: a peer may write the Deployment after the status)."""
         running = None if children is None else draining.children_at(children)
-        fresh = Ledger()
+        fresh = Ledger(kv_grant=self.options.kv_grant)
         pods = self.managed_pods()
         t = datetime.now(UTC)
         for obj in nodes:

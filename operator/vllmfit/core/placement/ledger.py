@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vllmfit.core.memory import Flags, Footprint, Sizing
+from vllmfit.core.memory import DEFAULT_KV_GRANT, Flags, Footprint, KvGrant, Sizing
 from vllmfit.core.model.facts import GpuType
 from vllmfit.core.placement import affinity
 from vllmfit.core.placement.inputs import DecisionPhase, GpuKey, GpuSlot, NodeInfo
@@ -26,6 +26,7 @@ class Booking:
     node: str
     index: int
     footprint: Footprint
+    kv_beyond: int = 0  # KV bytes beyond maxNumSeqs x maxModelLen (kvCache.grow, a grant from before issue 33)
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class Decision:
 
     def bookings(self) -> list[Booking]:
         return [
-            Booking(self.key, r.replica, r.node, i, r.footprint_on(p))
+            Booking(self.key, r.replica, r.node, i, r.footprint_on(p), r.sizing.kv_beyond_caps)
             for r in self.replicas
             for p, i in enumerate(r.gpus)
         ]
@@ -86,23 +87,21 @@ class OverBudget(ValueError):
 class Ledger:
     """Bookings per GPU, with indices sorted by headroom so a search never scans every GPU.
 
-    Versioned, copy-on-write (issue 29). `version` counts the changes made to this object.
-    `snapshot()` returns a frozen view of the ledger as it is now and `fork()` a private mutable
-    copy; both share every container with this ledger (structural sharing: a few attribute
-    copies, no matter how large the cluster), and whichever of them changes a container first
-    copies it (`_changing`): the per-GPU and per-deployment maps are layers (`_Layer`: only their
-    changes are copied), the sorted indices are copied one GPU type (or group size) at a time,
-    the bookings one node at a time, the node table whole (it changes only with a node). So a snapshot never changes after it is taken, however the ledger it
-    came from goes on, and `decide` works on a fork without touching what it was given. Lazy
-    indices (`group_index`, `matching`) are built whole, then published in one assignment, so
-    threads reading one snapshot never see one half-built. Indices:
+    Versioned, copy-on-write (issue 29; `version` counts this object's changes). `snapshot()`
+    is a frozen view of it as it is now, `fork()` a private mutable copy; both share every
+    container (a few attribute copies at any size) and whichever side changes one first copies
+    it (`_changing`): maps are layers (only their changes are copied), sorted indices one GPU
+    type or group size at a time, bookings one node at a time. A snapshot never changes, and
+    `decide` on one works on a scratch copy. Lazy indices (`group_index`, `matching`) are
+    published whole, so threads reading one snapshot never see one half-built. Indices:
     - per GPU type: [(headroom, node, index)] sorted, for single-GPU placements;
     - per (GPU type, n), built on first use: [(key, node)] sorted, where key is the n-th largest
       headroom among the node's (non-MIG) GPUs of that type: the largest need an n-GPU group
       there can take.
     """
 
-    def __init__(self, nodes: Iterable[NodeInfo] = ()):
+    def __init__(self, nodes: Iterable[NodeInfo] = (), kv_grant: KvGrant = DEFAULT_KV_GRANT):
+        self.kv_grant = kv_grant  # the cluster's default KV grant (a spec without kvCache or maxNumSeqs)
         self.version = 0
         self.frozen = False
         self._shared = False  # its containers may be shared: copy each before changing it
@@ -112,6 +111,7 @@ class Ledger:
         self._on_gpu: Any = _Layer({})  # node -> GPU -> bookings (each node's copied when it changes)
         self._used: Any = _Layer({})  # GpuKey -> booked bytes
         self._by_deployment: Any = _Layer({})  # key -> its bookings (a list never changed in place)
+        self._beyond: set[str] = set()  # deployments with a booking that holds KV beyond its caps
         self._head: Any = _Layer({})  # GpuKey -> headroom as currently indexed
         self._free: dict[GpuType, list[tuple[int, str, int]]] = {}
         self._by_type: dict[str, dict[GpuType, list[int]]] = {}  # node -> type -> indices (non-MIG)
@@ -269,13 +269,20 @@ class Ledger:
             self._gpu_book(b.node).setdefault(b.index, {})[(b.deployment, b.replica)] = b
             self._used[gkey] = self._used.get(gkey, 0) + b.footprint.total
         self._by_deployment[key] = [*self._by_deployment.get(key, ()), *bookings]  # a new list: never changed in place
+        if any(b.kv_beyond for b in bookings):
+            self._beyond.add(key)
         self._reindex({(b.node, b.index) for b in bookings})
+
+    def beyond_caps(self) -> list[str]:
+        """The deployments holding KV cache beyond their maxNumSeqs x maxModelLen, sorted."""
+        return sorted(self._beyond)
 
     def release(self, key: str) -> list[Booking]:
         if key not in self._by_deployment:
             return []
         self._changing("acct", "deps")
         bookings = self._by_deployment.pop(key)
+        self._beyond.discard(key)
         for b in bookings:
             gkey = (b.node, b.index)
             if b.node in self._on_gpu and self._gpu_book(b.node).get(b.index, {}).pop(
@@ -308,9 +315,7 @@ class Ledger:
         new.frozen, new._shared, new._owned = False, True, set()
         return new
 
-    def copy(self) -> Ledger:
-        """A mutable copy (a fork)."""
-        return self.fork()
+    copy = fork  # a mutable copy
 
     def _share(self) -> Ledger:
         new = self.scratch()
@@ -338,7 +343,7 @@ class Ledger:
                 # dict() is one step under the GIL, while a thread may publish a lazy index there
                 self._free, self._groups, self._group_key = dict(self._free), dict(self._groups), dict(self._group_key)
             elif unit == "deps":
-                self._by_deployment = _Layer.over(self._by_deployment)
+                self._by_deployment, self._beyond = _Layer.over(self._by_deployment), set(self._beyond)
             self._owned.add(unit)
 
     def _free_list(self, t: GpuType) -> list[tuple[int, str, int]]:
