@@ -35,6 +35,7 @@ EXPECTED_OPERATOR_ARGS = [
     "--cert-secret=vllmfit-webhook-cert",
     "--validating-webhook=vllmfit-validate",
     "--mutating-webhook=vllmfit-default",
+    "--webhook-timeout-seconds=5",  # the review budget is cut from it (issue 29)
     "--metrics-port=8080",
     "--health-port=8081",
     "--placement-backend=auto",

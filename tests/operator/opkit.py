@@ -265,6 +265,9 @@ class Operator:
         handlers.configure(settings)
         settings.posting.level = 0
         settings.batching.exit_timeout = 0.1  # a worker waiting out a retry delay must not hold up the stop
+        # A stop by cancellation must never SIGKILL the test process: Kopf's "ultimate exit" timer
+        # is due at once on a virtual clock (looptime), where the fuzz runs.
+        settings.process.ultimate_exiting_timeout = None
         self.task = asyncio.create_task(kopf.operator(settings=settings, clusterwide=True, standalone=True))
         for res in (VD, NODES, PODS):  # watching everything before the test creates objects
             deadline = time.monotonic() + 10

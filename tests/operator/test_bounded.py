@@ -88,10 +88,16 @@ async def test_the_webhook_denies_a_spec_too_costly_to_decide(spinning: threadin
     v = await webhook.review(store, body, None, "CREATE", False)
     assert not v.allowed and v.code == 422 and "took more than 0.5 s" in v.message
     assert (await webhook.review(store, vd("fine", QWEN7), None, "CREATE", False)).allowed
-    # the abandoned worker held the ledger's lock; its end releases it
+    # the review took no lock (it decided on the committed snapshot); the abandoned worker keeps
+    # its namespace's place until it ends, then gives it back
+    assert not store.lock.locked()
+    adm = webhook.Admission(per_namespace=1)
+    first = asyncio.create_task(webhook.review(store, body, None, "CREATE", False, adm))
+    v = await first
+    assert not v.allowed and adm._deciding == {"default": 1}
     spinning.set()
-    for _ in range(500):
-        if not store.lock.locked():
+    for _ in range(500):  # the worker ends in a moment; its done-callback runs on the loop
+        if not adm._deciding:
             break
         await asyncio.sleep(0.01)
-    assert not store.lock.locked()
+    assert adm._deciding == {}

@@ -28,9 +28,9 @@ from typing import Any
 import attrs
 import kmock
 import pytest
+from crashing import Crashing
 from kubelet import Kubelet, exists, phase, placed, placement_of
 from opkit import DEPLOYMENTS, PODS, TEST_AGENT, VD, Cluster, Operator, node, vd
-from test_crash import Crashing
 
 from vllmfit.core.spec import api
 from vllmfit.operator import builders
@@ -41,7 +41,7 @@ BIG = {"maxModelLen": 32768, "kvCache": {"concurrency": 16}}  # more than half o
 GRACE = 0.2
 BOOKED = ("Admitted", "Running", "Failed")  # phases whose status books its placement (as kubelet.booked)
 RESYNC_S = Options().resync_seconds
-"""The operator's periodic resync (30 s unless VLLMFIT_RESYNC_SECONDS says otherwise): it repairs
+"""The operator's periodic resync (core.defaults.RESYNC_SECONDS, 30 s): it repairs
 what the events missed (a write that failed, a node lost while no operator ran)."""
 STEP_DEADLINE_S = RESYNC_S
 """A step is done once the events it causes are handled or, at the latest, after the next resync:

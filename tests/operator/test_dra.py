@@ -17,7 +17,7 @@ import kmock
 import kubernetes_validate
 import pytest
 from opkit import DEPLOYMENTS, H100, PODS, Cluster, Emulator, Operator, node, vd
-from test_reservations import U, asked, gpu_node, replica_pod
+from reservationkit import U, asked, gpu_node, replica_pod
 
 from vllmfit.backends import dra
 from vllmfit.operator.state import get_store

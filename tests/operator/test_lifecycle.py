@@ -9,13 +9,14 @@ when they decide its containers have terminated.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import Any
 
 from opkit import DEPLOYMENTS, PODS, Cluster, Operator, node, vd
 
 from vllmfit.operator import builders
+from vllmfit.operator.handlers.writes import settle_drains
+from vllmfit.operator.state import get_store
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 BIG = {"maxModelLen": 32768, "kvCache": {"concurrency": 16}}  # more than half of an H100's budget
@@ -51,12 +52,19 @@ async def waits_for(cluster: Cluster, name: str, pod: str) -> None:
     await cluster.phase(name, "Admitted")
 
 
-async def stays(cluster: Cluster, name: str, phase: str, seconds: float = 1.5) -> None:
-    end = asyncio.get_running_loop().time() + seconds
-    while asyncio.get_running_loop().time() < end:
-        assert cluster.status(name).get("phase") == phase, \
-            f"{name} became {cluster.status(name).get('phase')} while the old pod still held the GPU"
-        await asyncio.sleep(0.05)
+async def stays(cluster: Cluster, name: str, phase: str) -> None:
+    """`name` keeps `phase` while the old pod is there. No wall time: once the operator holds the
+    stopped replica's memory (its drain) and is caught up (every status written), the step that
+    would free the room runs (writes.settle_drains lists the stopped replicas' pods; the old one
+    is listed), and the phase is unchanged."""
+    store = get_store()
+    await cluster.until(lambda: any(d.stopped for d in store.drains.values()),
+                        what="the operator to hold the stopped replica's memory (its drain)")
+    await store.flush()
+    await settle_drains(store)
+    await store.flush()
+    assert cluster.status(name).get("phase") == phase, \
+        f"{name} became {cluster.status(name).get('phase')} while the old pod still held the GPU"
 
 
 async def test_a_deleted_deployment_stays_booked_until_its_pod_is_gone(cluster: Cluster, operator: Operator) -> None:

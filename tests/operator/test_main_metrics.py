@@ -157,3 +157,24 @@ def test_kopf_run_module_serves_the_operator() -> None:
     finally:
         loop.call_soon_threadsafe(stop.set)
         thread.join(10)
+
+
+def test_the_operators_settings_are_read_once_from_its_flags(monkeypatch):
+    """Issue 29: the environment is read in one place (the flags' defaults); state.Options reads
+    nothing itself, and its own defaults are the flags' defaults (the same named values)."""
+    from vllmfit import main as cli
+    from vllmfit.operator import main as operator_main
+    from vllmfit.operator.state import Options
+
+    monkeypatch.setenv("VLLMFIT_RESYNC_SECONDS", "7")
+    monkeypatch.setenv("VLLMFIT_DRA_DRIVER", "gpu.example.com")
+    assert Options().resync_seconds == 30.0 and Options().dra_driver == "gpu.nvidia.com"  # no env read
+    args = cli.build_parser().parse_args(["operator"])
+    opts = operator_main.options_from_args(args)
+    assert (opts.resync_seconds, opts.dra_driver) == (7.0, "gpu.example.com")
+    monkeypatch.delenv("VLLMFIT_RESYNC_SECONDS")
+    monkeypatch.delenv("VLLMFIT_DRA_DRIVER")
+    plain = operator_main.options_from_args(cli.build_parser().parse_args(["operator"]))
+    base = Options()
+    assert (plain.budget.utilization, plain.budget.reserve_bytes) == (base.budget.utilization, base.budget.reserve_bytes)
+    assert plain == Options(reservation=plain.reservation, budget=plain.budget)  # the same defaults, named once

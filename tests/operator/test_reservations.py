@@ -7,44 +7,17 @@ reservation pods (binds each to its node and reports a free GPU, in the plugin's
 
 from __future__ import annotations
 
-import json
-import uuid as uuidlib
 from typing import Any
 
 import kubernetes_validate
 from kubernetes_asyncio import client
-from opkit import DEPLOYMENTS, H100, PODS, VD, Cluster, Operator, node, vd
+from opkit import DEPLOYMENTS, PODS, VD, Cluster, Operator, vd
+from reservationkit import U, asked, gpu_node, replica_pod, reservations
 
 from vllmfit.backends import reservation as rsv
-from vllmfit.core import defaults
 from vllmfit.operator.state import get_store
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
-U = [f"GPU-{i}{i}{i}{i}{i}{i}{i}{i}-0000-4000-8000-00000000000{i}" for i in range(4)]
-
-
-def inventory(uuids: list[str]) -> dict[str, str]:
-    inv = {"sampled_at": "2030-01-01T00:00:00Z", "nvml": True, "gpus": [
-        {"index": i, "uuid": u, "product": H100, "total_bytes": 81559 * defaults.MIB, "used_bytes": 0}
-        for i, u in enumerate(uuids)]}
-    return {defaults.INVENTORY_ANNOTATION: json.dumps(inv)}
-
-
-def gpu_node(name: str, n: int, *, agent: bool = True) -> dict[str, Any]:
-    obj = node(name, gpus=n, annotations=inventory(U[:n]) if agent else None)
-    obj["status"]["allocatable"] = {"nvidia.com/gpu": str(n)}
-    return obj
-
-
-def reservations(cluster: Cluster) -> list[dict[str, Any]]:
-    return sorted((p for p in cluster.objects(PODS) if rsv.is_reservation(p)), key=lambda p: p["metadata"]["name"])
-
-
-def asked(cluster: Cluster) -> list[tuple[str, int]]:
-    return sorted((p["metadata"]["annotations"][rsv.ANNOTATION_NODE], int(p["metadata"]["annotations"][
-        rsv.ANNOTATION_INDEX])) for p in reservations(cluster))
-
-
 class DevicePlugin:
     """Hands each unbound reservation pod a free GPU of its node (first free in `order`) and
     reports it as the reservation container would: its own pod's annotation."""
@@ -69,19 +42,6 @@ class DevicePlugin:
                 "spec": {"nodeName": n}, "status": {"phase": "Running"}})
             given.append(u)
         return given
-
-
-async def replica_pod(cluster: Cluster, deployment: str) -> str:
-    """The pod the ReplicaSet controller would create from the Deployment's template."""
-    d = cluster.get(DEPLOYMENTS, deployment)
-    tpl = d["spec"]["template"]
-    name = f"{deployment}-{uuidlib.uuid4().hex[:5]}"
-    await cluster.create({"apiVersion": "v1", "kind": "Pod",
-                          "metadata": {"name": name, "namespace": "default", "uid": str(uuidlib.uuid4()),
-                                       "resourceVersion": "1", "labels": dict(tpl["metadata"]["labels"]),
-                                       "annotations": dict(tpl["metadata"].get("annotations") or {})},
-                          "spec": json.loads(json.dumps(tpl["spec"])), "status": {"phase": "Pending"}})
-    return name
 
 
 def gates(cluster: Cluster, pod: str) -> list[dict[str, Any]]:

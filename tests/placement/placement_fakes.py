@@ -111,3 +111,19 @@ def adr_footprint(need: int, capacity: int) -> int:
 
 def settings(req: placement.Request, policy: memory.Policy = "vllm") -> memory.Settings:
     return placement.settings_from_spec(req.spec, policy)
+
+
+def _mig_type() -> GpuType:
+    """A MIG slice's GPU type (3g.40gb of an A100 80GB), as the agent's inventory reports it."""
+    from vllmfit.core.observe.inventory import GpuInventory, InventoryGpu, InventoryMigDevice
+
+    inv = GpuInventory(sampled_at="2025-01-01T00:00:00Z", gpus=[InventoryGpu(
+        index=0, uuid="GPU-0", product="NVIDIA-A100-SXM4-80GB", total_bytes=85899345920, mig_enabled=True,
+        mig_devices=[InventoryMigDevice(index=0, uuid="MIG-a", profile="3g.40gb", total_bytes=42144366592)])])
+    obj = {"metadata": {"name": "m", "labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+                                                 "nvidia.com/gpu.count": "1"},
+                        "annotations": {"vllmfit.dev/gpu-inventory": inv.model_dump_json(by_alias=True)}}}
+    return placement.node_from_object(obj, catalog.gpu_for_label).gpus[0].gpu
+
+
+MIG = _mig_type()

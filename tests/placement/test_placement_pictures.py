@@ -8,8 +8,7 @@ import re
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 
-from placement_fakes import H100, L4, LLAMA_8B, QWEN_05B, node, request
-from test_placement_reasons import MIG
+from placement_fakes import H100, L4, LLAMA_8B, MIG, QWEN_05B, node, request
 
 from vllmfit.cli import render
 from vllmfit.cli.render import layout

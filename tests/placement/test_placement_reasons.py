@@ -8,7 +8,7 @@ import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from placement_fakes import H100, L4, LLAMA_8B, node, request
+from placement_fakes import H100, L4, LLAMA_8B, MIG, node, request
 
 from vllmfit.core import memory, placement
 from vllmfit.core.defaults import GIB
@@ -104,20 +104,6 @@ def test_a_pinned_node_keeps_its_own_line() -> None:
 # --- the indexed path gives exactly the node-by-node causes -----------------------------------------
 
 
-def _mig_type():
-    from vllmfit.core.observe.inventory import GpuInventory, InventoryGpu, InventoryMigDevice
-    from vllmfit.sources import catalog
-
-    inv = GpuInventory(sampled_at="2025-01-01T00:00:00Z", gpus=[InventoryGpu(
-        index=0, uuid="GPU-0", product="NVIDIA-A100-SXM4-80GB", total_bytes=85899345920, mig_enabled=True,
-        mig_devices=[InventoryMigDevice(index=0, uuid="MIG-a", profile="3g.40gb", total_bytes=42144366592)])])
-    obj = {"metadata": {"name": "m", "labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
-                                                 "nvidia.com/gpu.count": "1"},
-                        "annotations": {"vllmfit.dev/gpu-inventory": inv.model_dump_json(by_alias=True)}}}
-    return placement.node_from_object(obj, catalog.gpu_for_label).gpus[0].gpu
-
-
-MIG = _mig_type()
 KINDS = [H100, L4, MIG]
 SPECS = [
     {"maxModelLen": 16384, "maxNumSeqs": 8},

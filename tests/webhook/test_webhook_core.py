@@ -288,6 +288,9 @@ class Store:
         if ready:
             self.ready.set()
 
+    def snapshot(self):
+        return self.ledger.snapshot()
+
     async def request_for(self, obj):
         if self.error:
             raise self.error
@@ -306,15 +309,23 @@ async def test_a_model_that_may_resolve_later_is_allowed_with_a_warning():
     assert v == webhook.Verdict(False, "unknown model 'x'", code=422)
 
 
-async def test_not_ready_and_busy_stores_allow_with_a_warning(monkeypatch):
+async def test_a_review_that_cannot_be_checked_is_refused_unless_fail_open():
+    """Fail closed (issue 29): before the ledger is rebuilt, or when the namespace's places are all
+    taken until the budget ends, the review is refused saying why; only --webhook-fail-open lets it
+    through, with a warning that it was not checked."""
     assert await webhook.review(Store(ready=False), OBJ, None, "CREATE", False) == webhook.Verdict(
-        True, warnings=(webhook.NOT_READY,))
-    monkeypatch.setattr(webhook, "LOCK_TIMEOUT_S", 0.01)
+        False, webhook.NOT_READY, code=429)
+    opened = await webhook.review(Store(ready=False), OBJ, None, "CREATE", False, webhook.Admission(fail_open=True))
+    assert opened.allowed and opened.warnings[0].endswith(webhook.FAIL_OPEN)
     store = Store()
-    async with store.lock:
-        assert await webhook.review(store, OBJ, None, "CREATE", False) == webhook.Verdict(
-            True, warnings=(webhook.BUSY,))
-    assert (await webhook.review(store, OBJ, None, "CREATE", False)).allowed and not store.lock.locked()
+    adm = webhook.Admission(budget_s=0.05, per_namespace=1)
+    assert await adm.slot("default", asyncio.get_running_loop().time() + 1)  # another review holds it
+    v = await webhook.review(store, OBJ, None, "CREATE", False, adm)
+    assert v == webhook.Verdict(False, webhook.LATE.format(budget=0.05, step=webhook.BUSY.format(n=1)), code=429)
+    other = {**OBJ, "metadata": {"name": "a", "namespace": "team-b"}}
+    assert (await webhook.review(store, other, None, "CREATE", False, adm)).allowed  # another tenant is not held
+    adm.free("default")
+    assert (await webhook.review(store, OBJ, None, "CREATE", False, adm)).allowed
 
 
 async def test_an_update_of_a_spec_that_no_longer_parses_is_checked_as_new():
@@ -366,3 +377,18 @@ def test_a_pod_template_change_needs_a_fit_check_only_when_its_node_affinity_cha
     assert webhook.memory_changes(plain, zoned) == ["pod_template"]
     assert webhook.memory_changes(tolerating, spec_of(podTemplate={"spec": {**zone, "serviceAccountName": "s"}})) == [
         "pod_template"]
+
+
+async def test_a_review_that_fails_gives_its_namespace_place_back():
+    """A store that cannot give a snapshot makes the review fail (the handler answers 400), and
+    the namespace keeps both its places: a failure never leaks one."""
+    class Broken(Store):
+        def snapshot(self):
+            raise RuntimeError("no ledger")
+
+    adm = webhook.Admission(per_namespace=1)
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="no ledger"):
+            await webhook.review(Broken(), OBJ, None, "CREATE", False, adm)
+    assert adm._deciding == {}
+    assert (await webhook.review(Store(), OBJ, None, "CREATE", False, adm)).allowed

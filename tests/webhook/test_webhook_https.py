@@ -152,21 +152,12 @@ def test_dry_run_answers_would_it_fit_and_books_nothing(hook):
     assert usage(hook.store.ledger) == before and hook.store.ledger.deployments() == []
 
 
-def test_before_the_ledger_is_ready_everything_valid_is_allowed_with_a_warning(hook):
+def test_before_the_ledger_is_ready_a_spec_is_refused_saying_so(hook):
     hook.run(_set_ready(hook.store, False))
-    resp = validate(hook, vllmd("early", model=MODEL_8B, maxModelLen=131072, kvCache={"concurrency": 64}))
-    assert resp == {"uid": resp["uid"], "allowed": True, "warnings": [webhook.NOT_READY]}
-    assert validate(hook, vllmd("early", model=MODEL_8B, replicas=-1))["allowed"] is False  # still parsed
-
-
-def test_a_busy_ledger_allows_with_a_warning_instead_of_timing_out(hook, monkeypatch):
-    monkeypatch.setattr(webhook, "LOCK_TIMEOUT_S", 0.1)
-    hook.run(hook.store.lock.acquire())
-    try:
-        resp = validate(hook, vllmd("wait", model=MODEL_8B, maxModelLen=8192))
-    finally:
-        hook.loop.call_soon_threadsafe(hook.store.lock.release)
-    assert resp["allowed"] is True and resp["warnings"] == [webhook.BUSY]
+    resp = validate(hook, vllmd("early", model=MODEL_8B, maxModelLen=8192))
+    assert resp["allowed"] is False and resp["status"]["code"] == 429 and resp["status"]["message"] == webhook.NOT_READY
+    assert "retry in a few seconds" in webhook.NOT_READY
+    assert validate(hook, vllmd("early", model=MODEL_8B, replicas=-1))["status"]["code"] == 422  # still parsed
 
 
 def test_an_exception_in_the_handler_is_a_denial_with_a_message(hook):
@@ -327,6 +318,7 @@ def test_the_operators_store_and_default_image(tmp_path):
     state = pytest.importorskip("vllmfit.operator.state")
     store = state.Store()
     store.ledger = FakeStore(NODES).ledger
+    store.publish()  # the writer changed it: commit
     store.ready.set()
     with Harness(store, ["--default-image", "registry.local/vllm:v0.9.2"]) as h, \
             httpx.Client(base_url=h.url, verify=h.ssl_context()) as c:

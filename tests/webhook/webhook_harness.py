@@ -60,7 +60,8 @@ def _model(name: str) -> Any:
 
 
 class FakeStore:
-    """The Store interface (ledger, lock, ready, request_for) over the catalog."""
+    """The Store interface (snapshot, ready, request_for) over the catalog; `ledger` is what
+    the tests book into (the operator's writer ledger), `snapshot()` freezes it as it is."""
 
     def __init__(self, nodes: Iterable[Mapping[str, Any]] = (), *, ready: bool = True):
         self.ledger = placement.Ledger(placement.node_from_object(n, catalog.gpu_for_label) for n in nodes)
@@ -69,6 +70,9 @@ class FakeStore:
         self.records: dict[str, Any] = {}  # key -> an object with .body, as the operator's Store has
         if ready:
             self.ready.set()
+
+    def snapshot(self) -> placement.Ledger:
+        return self.ledger.snapshot()
 
     async def request_for(self, obj: api.VLLMDeployment) -> placement.Request:
         try:

@@ -83,6 +83,8 @@ on T4 (KAI-scheduler#2212)."""
 DEFAULT_VLLM_VERSION = "0.33"
 """The newest vLLM version shared/reference/vllm-memory-accounting.md covers."""
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.33.0"
+RESYNC_SECONDS = 30.0
+"""How often the operator rebuilds its ledger from the API when idle (--resync-seconds)."""
 """The pinned vLLM image generated pods run when the spec names none."""
 
 LORA_MAX_LORAS = 1
@@ -168,10 +170,39 @@ Triton keep under ~/.cache work without root (the image's /root is not readable 
 # within core.limits takes about 0.1 s on a 1,000-node ledger (benchmarks/webhook_latency.py).
 DECIDE_TIMEOUT_S = 10.0
 """The operator's limit for one decision (create, update, a waiting spec retried)."""
-REVIEW_DECIDE_TIMEOUT_S = 3.0
-"""The webhook's limit for one review's decision; kube-apiserver waits timeoutSeconds (chart: 10)."""
 DECIDE_WORKERS = 4
 """Threads deciding at once; one stuck past its limit holds one until it ends."""
+
+# Bounded, honest admission (issue 29). The API server waits WEBHOOK_TIMEOUT_S for a review (the
+# chart's webhook.timeoutSeconds; tests/chart checks they agree). One review - model resolution,
+# waiting for a worker and deciding, all together - gets REVIEW_BUDGET_S, well inside it; a review
+# that cannot be decided in time is refused, saying so (fail closed), unless the operator runs
+# with --webhook-fail-open. Reviews decide on the committed snapshot and take no lock, so they
+# never queue behind the operator or each other; REVIEW_WORKERS threads decide them, and one
+# namespace holds at most REVIEW_PER_NAMESPACE of them at once (one tenant cannot starve another).
+WEBHOOK_TIMEOUT_S = 5
+"""The ValidatingWebhookConfiguration's timeoutSeconds (chart value webhook.timeoutSeconds, passed
+to the operator as --webhook-timeout-seconds)."""
+REVIEW_BUDGET_FRACTION = 0.6
+"""A review's budget is this share of the webhook's timeout: the rest is for TLS, the network, the
+API server's own work, and a GIL shared with the operator's threads."""
+REVIEW_BUDGET_S = WEBHOOK_TIMEOUT_S * REVIEW_BUDGET_FRACTION
+"""Everything one review may take (3 s): resolving the model, waiting for a worker, deciding."""
+
+
+def review_budget_s(webhook_timeout_s: float) -> float:
+    """The budget of one review under a webhook timeout of `webhook_timeout_s` seconds."""
+    return webhook_timeout_s * REVIEW_BUDGET_FRACTION
+
+REVIEW_DECIDE_TIMEOUT_S = 2.5
+"""The most a review's decision may take: a spec whose decision takes longer is refused as too
+costly (422). The rest of REVIEW_BUDGET_S is for resolving the model and waiting for a worker; a
+decision squeezed below this by that wait is refused as not checked in time (429, retry)."""
+REVIEW_WORKERS = 8
+"""Threads deciding reviews (apart from the operator's DECIDE_WORKERS)."""
+REVIEW_PER_NAMESPACE = 2
+"""Reviews of one namespace deciding at once; a review past its budget keeps its place until its
+thread ends, so abandoned work counts against its own namespace."""
 
 # Admission webhook transport limits (operator/webhook.py Server). An AdmissionReview carries the
 # object (and oldObject), far below 1 MiB for a VLLMDeployment; a client that has not sent its

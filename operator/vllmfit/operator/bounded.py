@@ -1,16 +1,18 @@
 """Placement decisions with a time limit, off the event loop, in a worker that can be abandoned
 (issue 14: bounded work).
 
-`decide` runs `placement.decide` in a thread of a small pool, on a copy of the ledger, and
-waits at most a time limit. Past it, the caller gets a Rejected decision that says why ("too
-costly to decide"), the event loop never stopped serving (Kopf's handlers, the liveness probe,
-the webhook), and the thread is abandoned: it works on its own copy, so whatever it does later
-touches nothing the operator uses, and its result is dropped.
+`decide` runs `placement.decide` in a thread of a small pool, on a snapshot of the ledger
+(Ledger.snapshot: frozen, structurally shared, taken in microseconds), and waits at most a time
+limit. Past it, the caller gets a Rejected decision that says why ("too costly to decide"), the
+event loop never stopped serving (Kopf's handlers, the liveness probe, the webhook), and the
+thread is abandoned: it works on a snapshot nobody changes, so whatever it does later touches
+nothing the operator uses, and its result is dropped. Webhook reviews use their own pool
+(`review_pool`), so the operator's decisions and the tenants' reviews never wait for each other.
 
 Why a thread and not a process: a worker process needs the ledger pickled and unpickled on every
 decision (1,000 nodes x 8 GPUs, 4,000 deployments: 20 ms + 120 ms, measured), more than the
 decision itself (at most about 0.1 s for the worst spec within core.limits); the copy a thread
-needs takes 6 ms. A Python thread cannot be killed, so the core is also kept cheap and bounded
+needed took 6 ms (a snapshot now takes microseconds). A Python thread cannot be killed, so the core is also kept cheap and bounded
 (core.limits: layers, heads, experts, vocabulary, context, replicas, TP, PP): the time limit is
 the second line of defence, not the first. An abandoned thread holds one of DECIDE_WORKERS
 workers until it ends; when all are held, further decisions wait and time out, and are denied:
@@ -32,6 +34,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
+_review_pool: concurrent.futures.ThreadPoolExecutor | None = None
 abandoned = 0  # decisions given up on (tests, metrics)
 
 
@@ -44,6 +47,15 @@ def pool() -> concurrent.futures.ThreadPoolExecutor:
     if _pool is None:
         _pool = concurrent.futures.ThreadPoolExecutor(defaults.DECIDE_WORKERS, thread_name_prefix="vllmfit-decide")
     return _pool
+
+
+def review_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The webhook's threads (defaults.REVIEW_WORKERS), apart from the operator's."""
+    global _review_pool
+    if _review_pool is None:
+        _review_pool = concurrent.futures.ThreadPoolExecutor(defaults.REVIEW_WORKERS,
+                                                             thread_name_prefix="vllmfit-review")
+    return _review_pool
 
 
 async def run(fn: Callable[..., T], *args: Any, timeout: float, **kwargs: Any) -> T:
@@ -73,8 +85,9 @@ def too_costly(req: placement.Request, e: TooCostly) -> placement.Decision:
 async def decide(ledger: placement.Ledger, req: placement.Request, *, timeout: float | None = None,
                  **kwargs: Any) -> placement.Decision:
     """placement.decide(ledger, req, **kwargs) within `timeout` (default DECIDE_TIMEOUT_S), else
-    Rejected with a message. The caller holds the lock that keeps `ledger` unchanged meanwhile."""
+    Rejected with a message. Decides on `ledger.snapshot()`: the ledger as it is now, which the
+    caller (holding the lock) applies the decision to."""
     try:
-        return await run(placement.decide, ledger.copy(), req, timeout=timeout or defaults.DECIDE_TIMEOUT_S, **kwargs)
+        return await run(placement.decide, ledger.snapshot(), req, timeout=timeout or defaults.DECIDE_TIMEOUT_S, **kwargs)
     except TooCostly as e:
         return too_costly(req, e)

@@ -14,6 +14,7 @@ import socket
 from typing import Any
 
 from vllmfit import __version__
+from vllmfit.backends.dra import NVIDIA_DRIVER
 from vllmfit.core import defaults, memory
 from vllmfit.core.errors import UserError
 
@@ -49,9 +50,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(priority from $POD_NAME); default: standalone")
     p.add_argument("--default-image", default=os.environ.get("VLLMFIT_DEFAULT_IMAGE") or defaults.DEFAULT_IMAGE,
                    help="vLLM image for specs that name none (default: $VLLMFIT_DEFAULT_IMAGE or %(default)s)")
-    p.add_argument("--resync-seconds", type=float, default=float(os.environ.get("VLLMFIT_RESYNC_SECONDS") or 30),
+    p.add_argument("--resync-seconds", type=float,
+                   default=_env_float("VLLMFIT_RESYNC_SECONDS", defaults.RESYNC_SECONDS),
                    help="rebuild the ledger from the API this often when idle, so a standby peer is current "
-                        "when it takes over; 0 = never (default 30)")
+                        "when it takes over; 0 = never (default: $VLLMFIT_RESYNC_SECONDS or %(default)g)")
     p.add_argument("--placement-backend", choices=("auto", "dra", "device-plugin"),
                    default=os.environ.get("VLLMFIT_PLACEMENT_BACKEND") or "auto",
                    help="how Kubernetes holds the GPUs vllmfit books: auto = DRA on nodes whose GPUs a "
@@ -70,10 +72,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reservation-image-pull-secret", action="append", default=[], metavar="NAME",
                    help="a Secret in the operator's namespace that reservation pods pull their image with "
                         "(repeatable)")
-    p.add_argument("--dra-driver", default=os.environ.get("VLLMFIT_DRA_DRIVER") or "gpu.nvidia.com",
-                   help="DRA driver whose ResourceSlices publish the GPUs (default: gpu.nvidia.com)")
-    p.add_argument("--dra-device-class", default=os.environ.get("VLLMFIT_DRA_DEVICE_CLASS") or "gpu.nvidia.com",
-                   help="DeviceClass the replicas' claims ask for (default: gpu.nvidia.com)")
+    p.add_argument("--dra-driver", default=os.environ.get("VLLMFIT_DRA_DRIVER") or NVIDIA_DRIVER,
+                   help=f"DRA driver whose ResourceSlices publish the GPUs (default: {NVIDIA_DRIVER})")
+    p.add_argument("--dra-device-class", default=os.environ.get("VLLMFIT_DRA_DEVICE_CLASS") or NVIDIA_DRIVER,
+                   help=f"DeviceClass the replicas' claims ask for (default: {NVIDIA_DRIVER})")
     p.add_argument("--budget-utilization", type=float, metavar="U",
                    default=_env_float("VLLMFIT_BUDGET_UTILIZATION", defaults.UTILIZATION),
                    help="cluster-wide budget policy: fraction of each GPU vllmfit hands out, in [0, 1]; node "
@@ -234,6 +236,24 @@ def run_release(args: argparse.Namespace) -> int:
     return 0
 
 
+def options_from_args(args: argparse.Namespace) -> Any:
+    """The operator's settings (state.Options), read once from its flags, whose defaults come
+    from the environment and core.defaults (add_parser): the one place they are read."""
+    from vllmfit.backends import reservation as rsv
+    from vllmfit.operator.state import Options
+
+    return Options(
+        namespace=args.namespace, default_image=args.default_image, resync_seconds=args.resync_seconds,
+        placement_backend=args.placement_backend, dra_driver=args.dra_driver, dra_device_class=args.dra_device_class,
+        budget=budget_policy(args), kv_grant=kv_grant(args),
+        tenancy=tenancy(args)[0], mps=tenancy(args)[1],
+        reservation=rsv.Config(
+            namespace=args.namespace or "default", image=args.reservation_image or rsv.Config().image,
+            priority_class=args.reservation_priority_class, runtime_class=args.reservation_runtime_class,
+            service_account=args.reservation_service_account,
+            image_pull_secrets=tuple(getattr(args, "reservation_image_pull_secret", None) or ())))
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -242,27 +262,14 @@ def run(args: argparse.Namespace) -> int:
 
     import kopf
 
-    from vllmfit.backends import reservation as rsv
     from vllmfit.operator import handlers, metrics
     from vllmfit.operator.state import get_store
 
-    policy = budget_policy(args)  # before anything starts: a bad policy is one line and exit code 2
-    grant = kv_grant(args)
+    options = options_from_args(args)  # before anything starts: a bad policy is one line and exit code 2
     kopf.configure(verbose=args.verbose)
     store = get_store()
-    store.options.budget = policy
-    store.options.kv_grant = store.ledger.kv_grant = grant
-    store.options.namespace = args.namespace
-    store.options.default_image = args.default_image
-    store.options.resync_seconds = args.resync_seconds
-    store.options.placement_backend = args.placement_backend
-    store.options.dra_driver, store.options.dra_device_class = args.dra_driver, args.dra_device_class
-    store.options.tenancy, store.options.mps = tenancy(args)
-    store.options.reservation = rsv.Config(
-        namespace=args.namespace or "default", image=args.reservation_image or rsv.Config().image,
-        priority_class=args.reservation_priority_class, runtime_class=args.reservation_runtime_class,
-        service_account=args.reservation_service_account,
-        image_pull_secrets=tuple(getattr(args, "reservation_image_pull_secret", None) or ()))
+    store.options = options
+    store.reset()  # nothing is held yet: its ledger (and snapshot) with the options' KV grant
     settings = kopf.OperatorSettings()
     handlers.configure(settings)
     hook = _webhook()

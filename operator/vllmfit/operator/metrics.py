@@ -93,7 +93,7 @@ class StoreCollector(Collector):
         from vllmfit.operator.state import get_store
 
         store = get_store()
-        ledger = store.ledger
+        ledger = store.committed  # a committed snapshot: never half-changed
 
         def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, doc, labels=labels)

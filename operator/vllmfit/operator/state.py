@@ -1,8 +1,16 @@
 """The operator's memory: one Ledger, one lock, a record per VLLMDeployment, a status writer.
 
-- `Store.ledger` is the only ledger. Every decide+book and every release happens while holding
-  `Store.lock`, so two deployments created in the same instant can never both take the last room
-  on a GPU: the second one decides against a ledger that already holds the first one's bookings.
+- One decision path over snapshots (issue 29; docs/operator.md, "One writer, committed
+  snapshots"). `Store.ledger` is the writer's ledger: it changes only while `Store.lock` is held
+  (`changing()`, or `async with store.lock`), by the handler that holds it, the one writer.
+  Releasing the lock publishes `Store.committed`: a frozen snapshot (Ledger.snapshot, structural
+  sharing) of the ledger as that critical section left it, numbered by `Store.version`. Every
+  decision runs on a snapshot, never on the changing ledger (bounded.decide takes one under the
+  lock; a webhook review takes `committed` and no lock at all), and every reader outside the lock
+  reads `committed`; the status writer computes a status while holding the lock (the records and
+  the ledger together, as a critical section left them). So nothing ever reads a half-changed
+  ledger, and two deployments created in the same instant can never both take the last room on a
+  GPU: the second one decides against a ledger that already holds the first one's bookings.
 - `Store.ready` is set once `rebuild` has restored the ledger from the API at start-up (the nodes,
   and the `status.memory` of every admitted VLLMDeployment, which are its bookings).
 - A `Record` keeps what the operator knows about one VLLMDeployment; `report.status(record,
@@ -16,12 +24,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from vllmfit.backends import binding, dra
 from vllmfit.backends import reservation as rsv
@@ -29,33 +36,57 @@ from vllmfit.core import defaults, memory, placement
 from vllmfit.core.model.facts import ModelArch
 from vllmfit.core.placement import Ledger, Request
 from vllmfit.core.spec import api, validate
-from vllmfit.operator import builders, draining, models, report
+from vllmfit.operator import builders, draining, models
 from vllmfit.operator.pods import PodHealth
 from vllmfit.operator.record import Record, key_of, pruned, record_from_object
+from vllmfit.operator.statuswriter import StatusWriter
 from vllmfit.sources import catalog
 
 logger = logging.getLogger(__name__)
 
-MERGE_PATCH = "application/merge-patch+json"
-WRITERS = 16  # concurrent status writes
+T = TypeVar("T")
 
 
 @dataclass
 class Options:
-    namespace: str | None = field(default_factory=lambda: os.environ.get("POD_NAMESPACE"))
-    default_image: str = field(default_factory=lambda: os.environ.get("VLLMFIT_DEFAULT_IMAGE") or defaults.DEFAULT_IMAGE)
-    resync_seconds: float = field(default_factory=lambda: float(os.environ.get("VLLMFIT_RESYNC_SECONDS") or 30))
-    placement_backend: str = field(default_factory=lambda: os.environ.get("VLLMFIT_PLACEMENT_BACKEND") or "auto")
+    """The operator's settings, read once: `vllmfit operator`'s flags (their defaults from the
+    environment and core.defaults) become one Options (operator.main.options_from_args). The
+    defaults here are the same named values, for tests and tools that build a Store directly;
+    nothing here reads the environment."""
+
+    namespace: str | None = None
+    default_image: str = defaults.DEFAULT_IMAGE
+    resync_seconds: float = defaults.RESYNC_SECONDS
+    placement_backend: str = "auto"
     reservation: rsv.Config = field(default_factory=rsv.Config)
-    dra_driver: str = field(default_factory=lambda: os.environ.get("VLLMFIT_DRA_DRIVER") or dra.NVIDIA_DRIVER)
-    dra_device_class: str = field(default_factory=lambda: os.environ.get("VLLMFIT_DRA_DEVICE_CLASS") or dra.NVIDIA_DRIVER)
+    dra_driver: str = dra.NVIDIA_DRIVER
+    dra_device_class: str = dra.NVIDIA_DRIVER
     budget: memory.BudgetPolicy = memory.DEFAULT_POLICY  # cluster-wide; node-pool labels override it
     kv_grant: memory.KvGrant = memory.DEFAULT_KV_GRANT  # the default KV grant (no kvCache, no maxNumSeqs)
     tenancy: validate.Policy = validate.DEFAULT_POLICY  # what a podTemplate may reach (--pod-security-level, ...)
     mps: binding.Mps | None = None  # the optional MPS memory-limit binding (--mps-pipe-directory)
 
 
-class Store:
+class Stale(Exception):
+    """A change decided on a snapshot that is no longer the committed one: decide again."""
+
+
+class _PublishingLock(asyncio.Lock):
+    """The one writer's lock: each release publishes the ledger as the critical section left it
+    (Store.publish), before anyone else can take the lock or read `Store.committed`."""
+
+    def __init__(self, publish: Any) -> None:
+        super().__init__()
+        self._publish = publish
+
+    def release(self) -> None:
+        try:
+            self._publish()
+        finally:
+            super().release()
+
+
+class Store(StatusWriter):
     """The process-wide operator state (see the module docstring)."""
 
     ledger: Ledger
@@ -71,7 +102,10 @@ class Store:
     def reset(self) -> None:
         """Forget everything (a fresh start-up; tests run many operators in one process)."""
         self.ledger = Ledger(kv_grant=self.options.kv_grant)
-        self.lock = asyncio.Lock()
+        self.committed: Ledger = self.ledger.snapshot()  # what readers and reviews see
+        self.version = 0  # counts the published changes (a decision names the one it saw)
+        self._published: tuple[int, int] = (id(self.ledger), self.ledger.version)
+        self.lock = _PublishingLock(self.publish)
         self.ready = asyncio.Event()
         self.records: dict[str, Record] = {}
         self.attributions: dict[str, Any] = {}  # node -> vllmfit.core.observe.attribution.Attribution
@@ -115,12 +149,41 @@ class Store:
 
     @contextlib.asynccontextmanager
     async def changing(self) -> AsyncIterator[None]:
-        """Hold the lock to change the ledger or the records."""
+        """Hold the lock to change the ledger or the records (the release publishes them)."""
         async with self.lock:
             try:
                 yield
             finally:
                 self.changes += 1
+
+    def publish(self) -> None:
+        """Make the ledger as it is now the committed snapshot (when it changed). Called by the
+        lock's release, and after the start-up rebuild; never while a change is half done."""
+        now = (id(self.ledger), self.ledger.version)
+        if now != self._published:
+            self.committed = self.ledger.snapshot()
+            self._published = (id(self.ledger), self.ledger.version)
+            self.version += 1
+
+    def snapshot(self) -> Ledger:
+        """The committed ledger: frozen, consistent, free to read from any thread. Its number is
+        `self.version` read at the same moment (no await between the two reads)."""
+        return self.committed
+
+    async def apply(self, change: Callable[[Ledger], T], *, based_on: int | None = None) -> T:
+        """The one writer's entry for a change decided outside the lock: take the lock; if
+        `based_on` (the `version` of the snapshot the change was decided on) is no longer the
+        committed version, raise Stale (decide again on `snapshot()`); else run `change(ledger)`
+        on the writer's ledger and publish it when the lock is released. `change` must not await
+        (it is one step) and may raise (e.g. OverBudget): then nothing is published."""
+        async with self.changing():
+            if based_on is not None and based_on != self.version:
+                raise Stale(f"decided on version {based_on}; the ledger is at version {self.version}")
+            return change(self.ledger)
+
+    async def commit(self, decision: placement.Decision, based_on: int) -> None:
+        """Book an admitted decision taken on the snapshot numbered `based_on` (apply)."""
+        await self.apply(lambda ledger: ledger.book(decision), based_on=based_on)
 
     def backend_of(self, node: str) -> str:
         """How the GPUs of `node` are held: "device-plugin" (reservation pods, limits) or "dra"
@@ -175,10 +238,6 @@ class Store:
                     ledger.set_node(info)
         finally:
             self.ledger = saved
-
-    def busy(self) -> bool:
-        """Statuses remain to be written (the API does not show the ledger yet)."""
-        return bool(self._dirty or self._busy or self.holding)
 
     # --- model resolution -------------------------------------------------------------------
 
@@ -273,6 +332,7 @@ class Store:
         covered = {(k, r): (draining.where_of(bs), builders.booked_text(bs)) for k in self.ledger.deployments()
                    for r, bs in draining.by_replica(self.ledger.bookings_of(k)).items()}
         self.drains = draining.from_pods(self.ledger, vllm_pods, covered)
+        self.publish()
         self.ready.set()
         return problems
 
@@ -380,113 +440,6 @@ class Store:
             if self.ledger.slot(b.node, b.index) is None or self.ledger.headroom_bytes(b.node, b.index) < 0:
                 return True
         return False
-
-    # --- status writing ------------------------------------------------------------------------
-
-    def mark(self, keys: Iterable[str]) -> None:
-        """Write the status of these deployments soon (from their record at that time)."""
-        self._dirty.update(k for k in keys if k in self.records)
-        self._wake.set()
-
-    def start(self) -> None:
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_loop(), name="vllmfit status writer")
-
-    async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self.tasks = []
-        if self._writer is not None:
-            self._writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._writer
-            self._writer = None
-
-    async def flush(self, timeout: float = 30.0) -> None:
-        """Wait until every marked status has been written (tests, benchmarks)."""
-        async with asyncio.timeout(timeout):
-            while self.busy():
-                await asyncio.sleep(0.005)
-
-    async def _write_loop(self) -> None:
-        sem = asyncio.Semaphore(WRITERS)
-
-        async def one(key: str) -> None:
-            async with sem:
-                await self._write(key)
-
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._dirty:
-                self._busy = True
-                keys, self._dirty = sorted(self._dirty), set()
-                await asyncio.gather(*(one(k) for k in keys))
-            self._busy = False
-
-    @contextlib.contextmanager
-    def hold(self, keys: Iterable[str]) -> Any:
-        """While inside, the background writer leaves these keys' statuses to the caller, which
-        writes them in the order that keeps a crash safe (handlers.finish)."""
-        keys = list(keys)
-        for k in keys:
-            self.holding[k] = self.holding.get(k, 0) + 1
-        try:
-            yield
-        finally:
-            for k in keys:
-                self.holding[k] -= 1
-                if not self.holding[k]:
-                    del self.holding[k]
-            self.mark(keys)
-
-    async def persist(self, key: str, missing_ok: bool = False) -> None:
-        """Write the status of `key` now, from its record; raises when the write fails. Booking
-        before running (and stopping before releasing) rests on this write having happened, so
-        an object that is gone (404) is a failed write, unless `missing_ok` (what is being
-        released: a deleted object books nothing)."""
-        from kubernetes_asyncio.client import ApiException
-
-        try:
-            await self._patch_status(key)
-        except ApiException as e:
-            if e.status != 404 or not missing_ok:
-                raise
-
-    async def _patch_status(self, key: str) -> None:
-        from kubernetes_asyncio.client import CustomObjectsApi
-
-        async with self.write_locks[key]:
-            rec = self.records.get(key)
-            if rec is None:
-                return
-            status = report.status(rec, self.ledger)
-            if status == rec.written:
-                return
-            rec.mine = True  # before the write: its echo may arrive before the answer
-            await CustomObjectsApi(self.api).patch_namespaced_custom_object_status(
-                api.GROUP, api.VERSION, rec.namespace, api.PLURAL, rec.name, {"status": status},
-                _content_type=MERGE_PATCH)  # type: ignore[call-arg]
-            if self.records.get(key) is rec:
-                rec.written = status
-
-    async def _write(self, key: str) -> None:
-        from kubernetes_asyncio.client import ApiException
-
-        if key in self.holding:
-            return  # the handler holding it writes it, then marks it again
-        try:
-            await self._patch_status(key)
-        except ApiException as e:
-            if e.status == 404:
-                return
-            logger.warning("%s: writing status failed (%s %s); retrying", key, e.status, e.reason)
-            asyncio.get_running_loop().call_later(1.0, self.mark, [key])
-        except Exception as e:  # noqa: BLE001 - a lost connection must not kill the writer
-            logger.warning("%s: writing status failed (%s); retrying", key, e)
-            asyncio.get_running_loop().call_later(1.0, self.mark, [key])
 
 
 _store: Store | None = None

@@ -1,9 +1,12 @@
 """Admission webhooks for VLLMDeployment, served by the operator process (Kopf) over TLS.
 
 - validate-vllmdeployment: parses the object with the pydantic API types and runs the same
-  `placement.decide` as the operator and `vllmfit plan`, on the operator's live ledger, under the
-  store's lock. It never books: only the operator books, so dry runs change nothing. Denials carry
-  the decision's reasons (per GPU) and its checked fixes.
+  `placement.decide` as the operator and `vllmfit plan`, on the operator's committed snapshot of
+  the ledger (frozen: no lock, never half-changed, never changed by the review). It never books:
+  only the operator books, so dry runs change nothing. Denials carry the decision's reasons (per
+  GPU) and its checked fixes. A review is bounded (defaults.REVIEW_BUDGET_S, inside the webhook's
+  timeoutSeconds) and fair between namespaces (`Admission`); one that cannot be decided in time
+  is refused, saying so, unless the operator runs with --webhook-fail-open.
 - default-vllmdeployment: writes every pydantic default of api.VLLMDeploymentSpec that the object
   leaves out (image, dtype, replicas, placement.allowReschedule...), so what is stored is explicit.
   It never writes computed flags.
@@ -37,22 +40,25 @@ from vllmfit.core.errors import UserError
 from vllmfit.core.placement import affinity
 from vllmfit.core.spec import api, validate
 from vllmfit.operator import bounded, builders, certs, models
+from vllmfit.operator.admission import Admission
 from vllmfit.operator.webhookserver import MUTATE_ID, VALIDATE_ID, Server, clip
 
 logger = logging.getLogger(__name__)
 
 OPERATIONS: list[Literal["CREATE", "UPDATE"]] = ["CREATE", "UPDATE"]
-NOT_READY = "ledger not ready; the operator will check"
-BUSY = "ledger busy; the operator will check"
-LOCK_TIMEOUT_S = 3.0  # the apiserver waits timeoutSeconds (5) for the whole review
+NOT_READY = "the operator has not rebuilt its ledger yet (it is starting); retry in a few seconds"
+BUSY = "this namespace has {n} reviews deciding already"
+LATE = ("vllmfit could not check it within {budget:g} s ({step}), so it refuses it; retry, "
+        "or lower spec.replicas or the model's sizes")
+FAIL_OPEN = "allowed unchecked (the operator runs with --webhook-fail-open); the operator will check"
 
 
 class Store(Protocol):
     """What the webhook needs from vllmfit.operator.state.Store."""
 
-    ledger: placement.Ledger
-    lock: asyncio.Lock
     ready: asyncio.Event
+
+    def snapshot(self) -> placement.Ledger: ...
 
     async def request_for(self, obj: api.VLLMDeployment) -> placement.Request: ...
 
@@ -66,6 +72,15 @@ class Verdict:
     message: str = ""
     warnings: tuple[str, ...] = ()
     code: int = 200  # for denials: 403 does not fit, 422 invalid spec, 400 anything else
+
+
+def late(adm: Admission, step: str, warnings: tuple[str, ...] = ()) -> Verdict:
+    """A review that could not be decided in time: refused, or with --webhook-fail-open allowed
+    with a warning that says it was not checked."""
+    message = LATE.format(budget=adm.budget_s, step=step)
+    if adm.fail_open:
+        return Verdict(True, warnings=(*warnings, f"{message.split(', so')[0]}: {FAIL_OPEN}"))
+    return Verdict(False, message, warnings, 429)
 
 
 class Invalid(ValueError):
@@ -237,8 +252,12 @@ def check(ledger: placement.Ledger, req: placement.Request, *, old: api.VLLMDepl
 
 
 async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, Any] | None,
-                 operation: str, dry_run: bool) -> Verdict:
-    """Validate one admission request against the live ledger. Never books."""
+                 operation: str, dry_run: bool, admission: Admission | None = None) -> Verdict:
+    """Validate one admission request against the committed snapshot of the ledger. Never books,
+    takes no lock; bounded by `admission.budget_s` in all (see Admission)."""
+    adm = admission or Admission()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + adm.budget_s
     unchanged = old_body is not None and body.get("spec") == old_body.get("spec")
     if operation == "UPDATE" and (unchanged or (body.get("metadata") or {}).get("deletionTimestamp")):
         return Verdict(True)  # metadata-only updates (finalizers, labels) are never re-checked
@@ -260,38 +279,41 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
         if old is not None and not memory_changes(old.spec, obj.spec):
             return Verdict(True)
     if not store.ready.is_set():
-        return Verdict(True, warnings=(NOT_READY,))
+        return late(adm, "the operator is starting") if adm.fail_open else Verdict(False, NOT_READY, code=429)
     try:
-        req = await store.request_for(obj)
+        async with asyncio.timeout_at(deadline):
+            req = await store.request_for(obj)
+    except TimeoutError:
+        return late(adm, f"resolving model {obj.spec.model!r}")
     except Exception as e:  # noqa: BLE001 - record.ModelResolutionError, or anything its resolvers raise
         message = str(e) or f"cannot resolve model {obj.spec.model!r}"
         if getattr(e, "transient", False):  # Hub unreachable, ConfigMap not created yet: apply order
             return Verdict(True, warnings=(f"{message}; the operator will retry",))
         return Verdict(False, message, code=422)
-    lock = store.lock
-    try:
-        async with asyncio.timeout(LOCK_TIMEOUT_S):
-            await lock.acquire()
-    except TimeoutError:
-        return Verdict(True, warnings=(BUSY,))
+    namespace = obj.metadata.namespace or "default"
+    snapshot = store.snapshot()  # before the place is taken: nothing between them may raise
+    if not await adm.slot(namespace, deadline):
+        return late(adm, BUSY.format(n=adm.per_namespace))
     old_flags = old.status.flags if old is not None and old.status is not None else None
-    # Off the event loop, with a time limit, on the live ledger (a copy per review would cost more
-    # than the review: 6 ms on 8,000 GPUs). The lock keeps the ledger still while the worker reads it;
-    # a worker past its limit keeps the lock until it ends (bounded by core.limits), and reviews
-    # that cannot get the lock meanwhile are let through for the operator to check (BUSY).
-    fut = asyncio.get_running_loop().run_in_executor(bounded.pool(), functools.partial(
-        check, store.ledger, req, old=old.spec if old else None, dry_run=dry_run, old_flags=old_flags))
+    # Off the event loop, on the committed snapshot (frozen: any number of reviews read it at once,
+    # and no writer waits for them). The namespace's place is given back when the thread ends,
+    # not when the review gives up on it: abandoned work counts against its own namespace.
     try:
-        async with asyncio.timeout(defaults.REVIEW_DECIDE_TIMEOUT_S):
+        fut = loop.run_in_executor(bounded.review_pool(), functools.partial(
+            check, snapshot, req, old=old.spec if old else None, dry_run=dry_run, old_flags=old_flags))
+    except BaseException:
+        adm.free(namespace)
+        raise
+    fut.add_done_callback(lambda f: (adm.free(namespace), f.cancelled() or f.exception()))
+    limit = min(deadline - loop.time(), defaults.REVIEW_DECIDE_TIMEOUT_S)
+    try:
+        async with asyncio.timeout(limit):
             return await asyncio.shield(fut)
     except TimeoutError:
         bounded.abandoned += 1
-        fut.add_done_callback(lambda f, held=lock: (held.release(), f.cancelled() or f.exception()))
-        lock = None  # released by the worker's end, not here
-        return Verdict(False, bounded.too_costly_message(defaults.REVIEW_DECIDE_TIMEOUT_S), code=422)
-    finally:
-        if lock is not None:
-            lock.release()
+        if limit >= defaults.REVIEW_DECIDE_TIMEOUT_S:  # it had its own whole time: the spec is too costly
+            return Verdict(False, bounded.too_costly_message(limit), code=422)
+        return late(adm, "deciding where it fits")
 
 
 def stored_object(store: Store, key: str) -> Mapping[str, Any] | None:
@@ -302,7 +324,8 @@ def stored_object(store: Store, key: str) -> Mapping[str, Any] | None:
     return body if isinstance(body, Mapping) else None
 
 
-async def review_scale(store: Store, scale: Mapping[str, Any], dry_run: bool) -> Verdict:
+async def review_scale(store: Store, scale: Mapping[str, Any], dry_run: bool,
+                       admission: Admission | None = None) -> Verdict:
     """An UPDATE of vllmdeployments/NAME/scale (`kubectl scale`, a HorizontalPodAutoscaler): the
     request's object is an autoscaling/v1 Scale, so the stored VLLMDeployment with the new
     spec.replicas is reviewed like any other spec change: growing only if every new replica fits,
@@ -314,7 +337,7 @@ async def review_scale(store: Store, scale: Mapping[str, Any], dry_run: bool) ->
     if current is None or not isinstance(replicas, int) or isinstance(replicas, bool):
         return Verdict(True, warnings=(f"{key}: scale to {replicas}: not known yet; the operator will check",))
     new = {**current, "spec": {**(current.get("spec") or {}), "replicas": replicas}}
-    return await review(store, new, current, "UPDATE", dry_run)
+    return await review(store, new, current, "UPDATE", dry_run, admission)
 
 
 # Told of every review answered: (webhook, outcome, seconds). The operator sets it to
@@ -334,11 +357,13 @@ def _default_store() -> Store:
 
 
 def register(registry: kopf.OperatorRegistry | None = None, store: Store | None = None,
-             default_image: str | None = None) -> None:
+             default_image: str | None = None, admission: Admission | None = None) -> None:
     """Register the two admission handlers (ids = URL paths) in `registry` (Kopf's default if None).
     `store=None` reads vllmfit.operator.state.get_store() on each request. `default_image`: the
-    operator's --default-image, written by the mutating webhook instead of the pydantic default."""
+    operator's --default-image, written by the mutating webhook instead of the pydantic default.
+    `admission`: the bounds and fairness of reviews (one per webhook; default: fail closed)."""
     overrides = {"image": default_image} if default_image else {}
+    adm = admission or Admission()
 
     @kopf.on.validate(api.GROUP, api.VERSION, api.PLURAL, id=VALIDATE_ID, operations=OPERATIONS,
                       subresource="*", registry=registry)
@@ -347,12 +372,12 @@ def register(registry: kopf.OperatorRegistry | None = None, store: Store | None 
         t0 = time.monotonic()
         try:
             if subresource == "scale":
-                v = await review_scale(store or _default_store(), dict(body), dryrun)
+                v = await review_scale(store or _default_store(), dict(body), dryrun, adm)
             elif subresource is not None:  # status is the operator's: never reviewed
                 return
             else:
                 v = await review(store or _default_store(), dict(body), dict(old) if old is not None else None,
-                                 operation, dryrun)
+                                 operation, dryrun, adm)
         except Invalid as e:
             _observe("validate", "invalid", t0)
             raise kopf.AdmissionError(clip(str(e)), code=422) from None
@@ -400,6 +425,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--webhook-client-name", metavar="NAME", action="append", default=[],
                    help="with --webhook-client-ca: the client certificate's CN or a DNS SAN must be one of these "
                         "(repeatable; default: any certificate the CA signed); other clients get HTTP 403")
+    g.add_argument("--webhook-timeout-seconds", type=int, default=defaults.WEBHOOK_TIMEOUT_S, metavar="S",
+                   help="the API server's timeoutSeconds for the validating webhook (chart value "
+                        f"webhook.timeoutSeconds; default {defaults.WEBHOOK_TIMEOUT_S}): a review gets "
+                        f"{defaults.REVIEW_BUDGET_FRACTION:g} of it in all")
+    g.add_argument("--webhook-fail-open", action="store_true",
+                   help="allow (with a warning) a spec the webhook cannot check in time, instead of "
+                        "refusing it (default: refuse; chart value webhook.failOpen)")
     g.add_argument("--no-webhook", action="store_true", help="serve no admission webhooks")
 
 
@@ -448,6 +480,13 @@ def client_auth(args: argparse.Namespace) -> dict[str, Any]:
     return {"client_ca": ca, "client_names": names}
 
 
+def admission_of(args: argparse.Namespace) -> Admission:
+    """The review bounds of --webhook-timeout-seconds and --webhook-fail-open."""
+    timeout = getattr(args, "webhook_timeout_seconds", None) or defaults.WEBHOOK_TIMEOUT_S
+    return Admission(fail_open=bool(getattr(args, "webhook_fail_open", False)),
+                     budget_s=defaults.review_budget_s(timeout))
+
+
 def setup(settings: kopf.OperatorSettings, args: argparse.Namespace, store: Store | None = None, *,
           registry: kopf.OperatorRegistry | None = None, kube: certs.Api | None = None) -> None:
     """Register the handlers and configure settings.admission.server (nothing with --no-webhook).
@@ -455,7 +494,7 @@ def setup(settings: kopf.OperatorSettings, args: argparse.Namespace, store: Stor
     if getattr(args, "no_webhook", False):
         return
     auth = client_auth(args)
-    register(registry, store, getattr(args, "default_image", None))
+    register(registry, store, getattr(args, "default_image", None), admission_of(args))
 
     def tls() -> Awaitable[tuple[Path | None, Path, Path]]:
         # the operator's own client configuration when it has one (tests point it at KMock)

@@ -25,11 +25,15 @@ def decide(
     """Check and place every replica of `req` without changing the ledger.
 
     Bookings the deployment already holds are ignored (an update is checked with its own
-    allocation released first). Pinned placement is tried first; if it overfits and
+    allocation released first). On a snapshot (`ledger.frozen`) the work happens on a scratch
+    copy, so any number of threads may decide on one snapshot at once; a mutable ledger (the
+    CLI's plan, which owns it) is changed while deciding and given back as it was. Pinned placement is tried first; if it overfits and
     allowReschedule permits, or if nothing is pinned, the best-fit search runs over every
     node matching the node selector. When it does not fit, `suggestions` lists changes that
     were each checked to make it fit (omitted with suggest=False).
     """
+    if ledger.frozen:
+        ledger = ledger.scratch()
     own = ledger.release(req.key)
     try:
         d = _decide(ledger, req, policy, keep)

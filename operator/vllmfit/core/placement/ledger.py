@@ -6,11 +6,13 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from vllmfit.core.memory import DEFAULT_KV_GRANT, Flags, Footprint, KvGrant, Sizing
 from vllmfit.core.model.facts import GpuType
 from vllmfit.core.placement import affinity
 from vllmfit.core.placement.inputs import DecisionPhase, GpuKey, GpuSlot, NodeInfo
+from vllmfit.core.placement.layers import Layer as _Layer
 
 # --- The ledger --------------------------------------------------------------------------------
 
@@ -85,7 +87,13 @@ class OverBudget(ValueError):
 class Ledger:
     """Bookings per GPU, with indices sorted by headroom so a search never scans every GPU.
 
-    Mutable; the operator serializes access to its one instance. Indices:
+    Versioned, copy-on-write (issue 29; `version` counts this object's changes). `snapshot()`
+    is a frozen view of it as it is now, `fork()` a private mutable copy; both share every
+    container (a few attribute copies at any size) and whichever side changes one first copies
+    it (`_changing`): maps are layers (only their changes are copied), sorted indices one GPU
+    type or group size at a time, bookings one node at a time. A snapshot never changes, and
+    `decide` on one works on a scratch copy. Lazy indices (`group_index`, `matching`) are
+    published whole, so threads reading one snapshot never see one half-built. Indices:
     - per GPU type: [(headroom, node, index)] sorted, for single-GPU placements;
     - per (GPU type, n), built on first use: [(key, node)] sorted, where key is the n-th largest
       headroom among the node's (non-MIG) GPUs of that type: the largest need an n-GPU group
@@ -94,17 +102,21 @@ class Ledger:
 
     def __init__(self, nodes: Iterable[NodeInfo] = (), kv_grant: KvGrant = DEFAULT_KV_GRANT):
         self.kv_grant = kv_grant  # the cluster's default KV grant (a spec without kvCache or maxNumSeqs)
+        self.version = 0
+        self.frozen = False
+        self._shared = False  # its containers may be shared: copy each before changing it
+        self._owned: set[object] = set()  # while shared: the containers copied since (this object's own)
         self.nodes: dict[str, NodeInfo] = {}
         self._slots: dict[GpuKey, GpuSlot] = {}
-        self._on_gpu: dict[str, dict[int, dict[tuple[str, int], Booking]]] = {}  # node -> GPU -> bookings
-        self._used: dict[GpuKey, int] = {}
-        self._by_deployment: dict[str, list[Booking]] = {}
+        self._on_gpu: Any = _Layer({})  # node -> GPU -> bookings (each node's copied when it changes)
+        self._used: Any = _Layer({})  # GpuKey -> booked bytes
+        self._by_deployment: Any = _Layer({})  # key -> its bookings (a list never changed in place)
         self._beyond: set[str] = set()  # deployments with a booking that holds KV beyond its caps
-        self._head: dict[GpuKey, int] = {}  # headroom as currently indexed
+        self._head: Any = _Layer({})  # GpuKey -> headroom as currently indexed
         self._free: dict[GpuType, list[tuple[int, str, int]]] = {}
         self._by_type: dict[str, dict[GpuType, list[int]]] = {}  # node -> type -> indices (non-MIG)
         self._groups: dict[tuple[GpuType, int], list[tuple[int, str]]] = {}
-        self._group_key: dict[tuple[GpuType, int, str], int] = {}
+        self._group_key: dict[tuple[GpuType, int], dict[str, int]] = {}  # (type, n) -> node -> its key
         self._selected: dict[tuple[object, ...], NodeSet] = {}  # (nodeSelector, affinity) -> matches
         for n in nodes:
             self.set_node(n)
@@ -113,15 +125,17 @@ class Ledger:
     def set_node(self, node: NodeInfo) -> list[str]:
         """Add or update a node. Returns the deployments booked there that no longer fit: on a GPU
         now over budget, or on a GPU that disappeared (pass them to `replan`)."""
+        self._changing("nodes", "acct")
         self._unindex_node(node.name)
-        self._selected.clear()
+        self._selected = {}  # a new cache (a snapshot may share the old one)
         self.nodes[node.name] = node
         types: dict[GpuType, list[int]] = {}
         for s in node.gpus:
             key = (s.node, s.index)
             self._slots[key] = s
-            self._on_gpu.setdefault(s.node, {}).setdefault(s.index, {})
-            self._used.setdefault(key, 0)
+            self._gpu_book(s.node).setdefault(s.index, {})
+            if key not in self._used:
+                self._used[key] = 0
             self._index(key)
             if not s.mig:
                 types.setdefault(s.gpu, []).append(s.index)
@@ -133,8 +147,9 @@ class Ledger:
     def remove_node(self, name: str) -> list[str]:
         """Forget a node. Returns the deployments that had bookings on it (they must move; their
         bookings stay until released or re-placed by `replan`)."""
+        self._changing("nodes", "acct")
         self._unindex_node(name)
-        self._selected.clear()
+        self._selected = {}
         self.nodes.pop(name, None)
         return self.affected(name)
 
@@ -174,13 +189,15 @@ class Ledger:
         if not selector and terms is None:
             return None
         key = (tuple(sorted((selector or {}).items())), terms)
-        if key not in self._selected:
-            self._selected[key] = self.node_set(
+        cache = self._selected  # one cache object per node state: the same answer for every sharer
+        found = cache.get(key)
+        if found is None:
+            found = cache[key] = self.node_set(
                 n
                 for n, nd in self.nodes.items()
                 if all(nd.labels.get(k) == v for k, v in key[0]) and affinity.terms_match(n, nd.labels, terms)
             )
-        return self._selected[key]
+        return found
 
     # accounting
     def used_bytes(self, node: str, index: int) -> int:
@@ -229,6 +246,7 @@ class Ledger:
         OverBudget (and changes nothing) if it no longer fits: decide again."""
         if not decision.admitted:
             return
+        self._changing()
         old = self.release(decision.key)
         new = decision.bookings()
         need: dict[GpuKey, int] = {}
@@ -242,18 +260,21 @@ class Ledger:
 
     def restore(self, key: str, bookings: Iterable[Booking]) -> None:
         """Re-add bookings read back from a VLLMDeployment's status (operator start-up), unchecked."""
+        self._changing()
         self.release(key)
         self._add(key, list(bookings))
 
     def _add(self, key: str, bookings: list[Booking]) -> None:
+        if not bookings:
+            return
+        self._changing("acct", "deps")
         for b in bookings:
             gkey = (b.node, b.index)
-            self._on_gpu.setdefault(b.node, {}).setdefault(b.index, {})[(b.deployment, b.replica)] = b
+            self._gpu_book(b.node).setdefault(b.index, {})[(b.deployment, b.replica)] = b
             self._used[gkey] = self._used.get(gkey, 0) + b.footprint.total
-        if bookings:
-            self._by_deployment.setdefault(key, []).extend(bookings)
-            if any(b.kv_beyond for b in bookings):
-                self._beyond.add(key)
+        self._by_deployment[key] = [*self._by_deployment.get(key, ()), *bookings]  # a new list: never changed in place
+        if any(b.kv_beyond for b in bookings):
+            self._beyond.add(key)
         self._reindex({(b.node, b.index) for b in bookings})
 
     def beyond_caps(self) -> list[str]:
@@ -261,43 +282,116 @@ class Ledger:
         return sorted(self._beyond)
 
     def release(self, key: str) -> list[Booking]:
-        bookings = self._by_deployment.pop(key, [])
+        if key not in self._by_deployment:
+            return []
+        self._changing("acct", "deps")
+        bookings = self._by_deployment.pop(key)
         self._beyond.discard(key)
         for b in bookings:
             gkey = (b.node, b.index)
-            if self._on_gpu.get(b.node, {}).get(b.index, {}).pop((b.deployment, b.replica), None) is not None:
+            if b.node in self._on_gpu and self._gpu_book(b.node).get(b.index, {}).pop(
+                    (b.deployment, b.replica), None) is not None:
                 self._used[gkey] -= b.footprint.total
         self._reindex({(b.node, b.index) for b in bookings})
         return bookings
 
-    def copy(self) -> Ledger:
-        new = Ledger(kv_grant=self.kv_grant)
-        new.nodes = dict(self.nodes)
-        new._slots = dict(self._slots)
-        new._on_gpu = {n: {i: dict(b) for i, b in g.items()} for n, g in self._on_gpu.items()}
-        new._used = dict(self._used)
-        new._by_deployment = {k: list(v) for k, v in self._by_deployment.items()}
-        new._beyond = set(self._beyond)
-        new._head = dict(self._head)
-        new._free = {k: list(v) for k, v in self._free.items()}
-        new._by_type = {k: dict(v) for k, v in self._by_type.items()}
-        new._groups = {k: list(v) for k, v in self._groups.items()}
-        new._group_key = dict(self._group_key)
+    # versions and sharing
+    def snapshot(self) -> Ledger:
+        """This ledger as it is now, frozen: it never changes, whatever this one does next.
+        Costs a few attribute copies (the containers are shared; see the class docstring)."""
+        if self.frozen:
+            return self
+        snap = self._share()
+        snap.frozen = True
+        return snap
+
+    def fork(self) -> Ledger:
+        """A private mutable copy (structurally shared, copied where it changes): what the
+        operator's one writer builds the next version in."""
+        return self._share()
+
+    def scratch(self) -> Ledger:
+        """A mutable copy for one computation on a snapshot (`decide` on it): unlike `fork`,
+        this ledger keeps changing its own containers in place, so use it only while this
+        ledger does not change (a frozen snapshot never does) and drop it after."""
+        new = object.__new__(Ledger)
+        new.__dict__.update(self.__dict__)
+        new.frozen, new._shared, new._owned = False, True, set()
         return new
+
+    copy = fork  # a mutable copy
+
+    def _share(self) -> Ledger:
+        new = self.scratch()
+        # this object shares its containers from now on too: it copies before it changes one
+        self._shared, self._owned = True, set()
+        return new
+
+    def _changing(self, *units: str) -> None:
+        """Before a change: count it, and (when shared) copy the containers of `units`: "nodes"
+        (the node table), "acct" (the accounting maps and the outer index tables; each index list
+        is copied when it changes: _free_list, _group_list)."""
+        if self.frozen:
+            raise TypeError("a ledger snapshot never changes; fork() it")
+        self.version += 1
+        if not self._shared:
+            return
+        for unit in units:
+            if unit in self._owned:
+                continue
+            if unit == "nodes":
+                self.nodes, self._slots = dict(self.nodes), dict(self._slots)
+                self._by_type = dict(self._by_type)  # values are replaced whole, never changed in place
+            elif unit == "acct":
+                self._used, self._head = _Layer.over(self._used), _Layer.over(self._head)
+                # dict() is one step under the GIL, while a thread may publish a lazy index there
+                self._free, self._groups, self._group_key = dict(self._free), dict(self._groups), dict(self._group_key)
+            elif unit == "deps":
+                self._by_deployment, self._beyond = _Layer.over(self._by_deployment), set(self._beyond)
+            self._owned.add(unit)
+
+    def _free_list(self, t: GpuType) -> list[tuple[int, str, int]]:
+        """The free index of type t, this object's own (copied from a shared one first)."""
+        if self._shared and ("free", t) not in self._owned:
+            self._free[t] = list(self._free.get(t, ()))
+            self._owned.add(("free", t))
+        return self._free.setdefault(t, [])
+
+    def _group_list(self, t: GpuType, n: int) -> tuple[list[tuple[int, str]], dict[str, int]]:
+        """The group index of (t, n) and its keys per node, this object's own."""
+        if self._shared and ("groups", t, n) not in self._owned:
+            self._group_key[(t, n)] = dict(self._group_key.get((t, n), {}))
+            self._groups[(t, n)] = list(self._groups[(t, n)])
+            self._owned.add(("groups", t, n))
+        return self._groups[(t, n)], self._group_key[(t, n)]
+
+    def _gpu_book(self, node: str) -> dict[int, dict[tuple[str, int], Booking]]:
+        """The bookings of one node's GPUs, this object's own (copied from a shared one first)."""
+        if self._shared and ("gpu", node) not in self._owned:
+            if "gpu" not in self._owned:
+                self._on_gpu = _Layer.over(self._on_gpu)  # its values are copied one node at a time
+                self._owned.add("gpu")
+            old = self._on_gpu.get(node)
+            self._on_gpu[node] = {i: dict(b) for i, b in old.items()} if old else {}
+            self._owned.add(("gpu", node))
+        book = self._on_gpu.get(node)
+        if book is None:
+            book = self._on_gpu[node] = {}
+        return book
 
     # indices
     def _index(self, key: GpuKey) -> None:
         s = self._slots[key]
         h = self.headroom_bytes(*key)
         self._head[key] = h
-        bisect.insort(self._free.setdefault(s.gpu, []), (h, key[0], key[1]))
+        bisect.insort(self._free_list(s.gpu), (h, key[0], key[1]))
 
     def _unindex(self, key: GpuKey) -> None:
         s = self._slots.get(key)
         h = self._head.pop(key, None)
         if s is None or h is None:
             return
-        lst = self._free[s.gpu]
+        lst = self._free_list(s.gpu)
         del lst[bisect.bisect_left(lst, (h, key[0], key[1]))]
         if not lst:
             del self._free[s.gpu]
@@ -327,24 +421,30 @@ class Ledger:
         return sorted((self._head[(node, i)] for i in idx), reverse=True)[n - 1]
 
     def _set_group_key(self, t: GpuType, n: int, node: str, key: int | None) -> None:
-        old = self._group_key.pop((t, n, node), None)
-        if old == key and key is not None:
-            self._group_key[(t, n, node)] = key
+        if self._group_key[(t, n)].get(node) == key:
             return
-        lst = self._groups[(t, n)]
+        lst, keys = self._group_list(t, n)
+        old = keys.pop(node, None)
         if old is not None:
             del lst[bisect.bisect_left(lst, (old, node))]
         if key is not None:
-            self._group_key[(t, n, node)] = key
+            keys[node] = key
             bisect.insort(lst, (key, node))
 
     def group_index(self, t: GpuType, n: int) -> list[tuple[int, str]]:
         """[(n-th largest headroom, node)] sorted, for nodes with at least n GPUs of type t."""
-        if (t, n) not in self._groups:
-            self._groups[(t, n)] = []
-            for node in sorted(self._by_type):
-                self._set_group_key(t, n, node, self._node_group_key(node, t, n))
-        return self._groups[(t, n)]
+        found = self._groups.get((t, n))
+        if found is None:
+            # Built whole, then published in one assignment: a snapshot read by several threads
+            # never shows a half-built index; the same state gives the same index, so a snapshot
+            # and the ledgers sharing its accounting may share it too.
+            # A ledger that changed its accounting since it was shared has its own tables
+            # (_changing), so what it builds here is never seen by one in another state.
+            keys = {node: k for node in sorted(self._by_type) if (k := self._node_group_key(node, t, n)) is not None}
+            found = sorted((k, node) for node, k in keys.items())
+            self._group_key[(t, n)] = keys
+            self._groups[(t, n)] = found
+        return found
 
     def free_index(self, t: GpuType) -> list[tuple[int, str, int]]:
         """[(headroom, node, index)] sorted, for every GPU (or MIG slice) of type t."""

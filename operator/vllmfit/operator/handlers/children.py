@@ -87,7 +87,7 @@ def children_state(rec: Record) -> tuple[Any, ...]:
     pinning = tuple((tuple(reservations.pins(store, rec.key, p) or ()),
                      ((claims.desired(store, rec.key, p) or {}).get("metadata") or {}).get("name"),
                      store.backend_of(p.node),
-                     builders.booked_text(store.ledger.bookings_of(rec.key, p.replica)))
+                     builders.booked_text(store.committed.bookings_of(rec.key, p.replica)))
                     for p in rec.placement)
     return (rec.admitted and not rec.going, tuple(builders.placement_text(p) for p in rec.placement), rec.flags,
             req.spec if req else None, req.model.name if req else None, pinning, tuple(waiting_for_drains(store, rec)))
@@ -96,7 +96,7 @@ def children_state(rec: Record) -> tuple[Any, ...]:
 def waiting_for_drains(store: Store, rec: Record) -> list[int]:
     """Replicas that may not start yet: on one of their GPUs a stopped replica's pods may still
     hold memory the GPU has no room for besides them (break-then-make; draining.blocked)."""
-    return [p.replica for p in rec.placement if draining.blocked(store.ledger, store.drains, rec.key, p.replica)]
+    return [p.replica for p in rec.placement if draining.blocked(store.committed, store.drains, rec.key, p.replica)]
 
 
 def stopping(rec: Record) -> list[int]:
@@ -161,13 +161,13 @@ async def sync_children(store: Store, key: str) -> None:
                     tmpl = await claim_template(store, rec, p)
                     if tmpl is None:
                         continue  # no template it can use: its Deployment is not written (condition, Event)
-                ex = builders.exclusive(store.ledger, key, p.node, [g.index for g in p.gpus]) and not tmpl
+                ex = builders.exclusive(store.committed, key, p.node, [g.index for g in p.gpus]) and not tmpl
                 if not ex and not tmpl and (why := await runtimeclasses.refusal(store)):
                     await refuse(store, rec, runtimeclasses.REASON, why)
                     continue  # its pods could not start: not written (condition, Event)
                 pins, gated = reservations.pins(store, key, p), reservations.gated(store, key, p)
 
-                mine = store.ledger.bookings_of(key, p.replica)
+                mine = store.committed.bookings_of(key, p.replica)
                 weights, booked = sum(b.footprint.weights for b in mine), builders.booked_text(mine)
 
                 def make(exclusive: bool, p: api.ReplicaPlacement = p, weights: int = weights,

@@ -158,7 +158,7 @@ async def replan(store: Store, node: str, fx: Effects, cause: str) -> None:
     requests = {k: r.request or r.admitted_request for k, r in store.records.items() if k in before}
     known = {k: v for k, v in requests.items() if v is not None}
     flags = {k: builders.to_memory_flags(r.flags) for k, r in store.records.items() if k in before and r.flags}
-    work = store.ledger.copy()
+    work = store.ledger.fork()  # the next version, built apart (the abandoned worker keeps its own)
     try:
         result = await bounded.run(placement.replan, work, known, flags=flags, timeout=defaults.DECIDE_TIMEOUT_S)
         store.ledger = work

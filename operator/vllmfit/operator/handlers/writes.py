@@ -1,12 +1,13 @@
-"""Writing what a step decided, in the order that keeps a crash safe (`finish`), and making
-Kubernetes hold what the ledger books (`place`: reservation pods, scheduling gates)."""
+"""Writing what a step decided, in the order that keeps a crash safe (`finish`: the write order,
+named once, one loop), and making Kubernetes hold what the ledger books (reservation pods,
+scheduling gates)."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -23,12 +24,39 @@ logger = logging.getLogger(__name__)
 
 
 async def finish(store: Store, fx: Effects, *, strict: bool = True, hold: bool = True) -> None:
-    """Post the events, then write in the order that keeps a crash safe (issue 14): what stops
-    runs down before its release is written, what starts is booked (its status written) before
-    it runs. So after a crash at any write the API holds the booking of whatever runs. With
-    strict, a failed write of the handled object raises (Kopf retries); other failures are logged
-    and left to the resync, which repairs children and statuses that differ from the records.
-    With hold, then make Kubernetes hold what the ledger books (`place`)."""
+    """Apply what a step decided, in the write order named here once (issue 14: after a crash at
+    any write, the API holds the booking of whatever runs; issue 29: one loop, no recursion):
+
+    1. post the events;
+    2. what stops runs down (its Deployments) before its status releases it;
+    3. what starts is booked (its status written) before it runs (its Deployments);
+    4. stopped replicas whose pods are gone end their drains (`ended_drains`): their memory is
+       free, which may start or admit others: their effects go through 1-4 again;
+    5. with `hold`, once nothing is left: Kubernetes is made to hold what the ledger books
+       (`rebook`: reservations that got another GPU re-book it, whose effects go through 1-4;
+       then reservation pods and scheduling gates).
+
+    With strict, a failed write of the handled object raises (Kopf retries); other failures
+    (and every later round) are logged and left to the resync, which repairs children and
+    statuses that differ from the records."""
+    rounds: list[tuple[Effects, bool]] = [(fx, strict)]
+    rebooked = not hold
+    while rounds:
+        fx, strict = rounds.pop(0)
+        await _write(store, fx, strict)  # 1-3
+        if any(d.stopped and d.key in fx.sync for d in store.drains.values()) \
+                and (freed := await ended_drains(store, set(fx.sync))) is not None:  # 4
+            rounds.append((freed, False))
+        if not rounds and not rebooked:  # 5
+            rebooked = True
+            if (moved := await rebook(store)) is not None:
+                rounds.append((moved, False))
+    if hold:
+        await _hold(store)
+
+
+async def _write(store: Store, fx: Effects, strict: bool) -> None:
+    """Steps 1-3 of finish()."""
     for body, type_, reason, message in fx.events:
         post_event(body, type_, reason, message)
     starting = {k for k in fx.sync if (r := store.records.get(k)) is not None and r.admitted}
@@ -40,8 +68,8 @@ async def finish(store: Store, fx: Effects, *, strict: bool = True, hold: bool =
         with store.hold(fx.sync):
             store.mark(fx.mark - fx.sync)
             for key in stopping:
-                if await _step(store, key, sync_children, strict):
-                    await _step(store, key, functools.partial(store.persist, missing_ok=True), strict)
+                if await _step(store, key, CHILDREN, strict):
+                    await _step(store, key, RELEASE, strict)
                 else:
                     failed.append(key)
             for key in ordered:
@@ -52,29 +80,32 @@ async def finish(store: Store, fx: Effects, *, strict: bool = True, hold: bool =
                 rec = store.records[key]
                 # replicas that stop (scale-down, move) stop before the status releases them
                 if (children.stopping(rec) or set(children.waiting_for_drains(store, rec)) & rec.children) \
-                        and not await _step(store, key, children.stop_children, strict):
+                        and not await _step(store, key, STOP, strict):
                     continue
-                if await _step(store, key, store.persist, strict):
-                    await _step(store, key, sync_children, strict)
+                if await _step(store, key, BOOK, strict):
+                    await _step(store, key, CHILDREN, strict)
     finally:
         if store.dra_refresh:  # a claim template lost its capacity requests (children.claim_template)
             why, store.dra_refresh = store.dra_refresh, ""
             store.tasks.append(asyncio.create_task(refresh_nodes(store, store.dra_nodes(), why)))
-    if any(d.stopped and d.key in fx.sync for d in store.drains.values()):
-        await settle_drains(store, set(fx.sync))
-    if hold:
-        await place(store)
 
 
 async def settle_drains(store: Store, keys: set[str] | None = None) -> None:
+    """End the drains (of `keys`, or all) whose pods are gone, and apply what follows (finish)."""
+    freed = await ended_drains(store, keys)
+    if freed is not None:
+        await finish(store, freed, strict=False)
+
+
+async def ended_drains(store: Store, keys: set[str] | None = None) -> Effects | None:
     """End the drains (of `keys`, or all) whose pods are gone: list the pods of their
     deployments; a stopped replica none of whose pods is listed (or each one listed has
     terminated) frees its memory: the neighbours' headroom grows, blocked replicas start,
-    waiting specs get another chance."""
+    waiting specs get another chance. Returns what must be written then (None: nothing ended)."""
     targets = sorted({(d.namespace, d.deployment) for d in store.drains.values()
                       if d.stopped and (keys is None or d.key in keys)})
     if not targets:
-        return
+        return None
     core, apps = client.CoreV1Api(store.api), client.AppsV1Api(store.api)
     listed: dict[tuple[str, str], tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
     ser = store.api.sanitize_for_serialization
@@ -86,7 +117,7 @@ async def settle_drains(store: Store, keys: set[str] | None = None) -> None:
             listed[(ns, name)] = ser(pods).get("items") or [], ser(sets).get("items") or []
     except (ApiException, OSError) as e:
         logger.warning("cannot list the pods of stopped replicas (the resync retries): %s", e)
-        return
+        return None
     fx = Effects()
     async with store.changing():
         done = [n for (ns, name), (pods, sets) in listed.items()
@@ -100,21 +131,33 @@ async def settle_drains(store: Store, keys: set[str] | None = None) -> None:
                 fx.sync.add(d.key)  # a replica waiting for this GPU may start now
         if done:
             await retry_waiting(store, fx)
-    if done:
-        await finish(store, fx, strict=False)
+    return fx if done else None
 
 
-async def _step(store: Store, key: str, fn: Callable[[Store, str], Any] | Callable[[str], Any], strict: bool) -> bool:
+@dataclass(frozen=True)
+class Write:
+    """One kind of write of finish(), named: what it writes (for the log) and how."""
+
+    what: str
+    run: Callable[[Store, str], Awaitable[Any]]
+
+
+BOOK = Write("its status", lambda store, key: store.persist(key))  # what starts is booked first
+RELEASE = Write("its status", lambda store, key: store.persist(key, missing_ok=True))  # after it stopped
+CHILDREN = Write("its Deployments", lambda store, key: sync_children(store, key))
+STOP = Write("its Deployments", lambda store, key: children.stop_children(store, key))
+
+
+async def _step(store: Store, key: str, write: Write, strict: bool) -> bool:
     """One write of finish(); False when it failed (raised again with strict)."""
     try:
-        await (fn(store, key) if fn in (sync_children, children.stop_children) else fn(key))  # type: ignore[call-arg, arg-type, operator]
+        await write.run(store, key)
         return True
     except (TimeoutError, ApiException, OSError, ValueError) as e:  # ValueError: that spec's (podtemplate)
         if strict and not isinstance(e, ValueError):
             raise
         what = f"{e.status} {e.reason}" if isinstance(e, ApiException) else str(e) or type(e).__name__
-        logger.error("%s: writing %s failed: %s", key, "its Deployments" if fn in (sync_children, children.stop_children) else "its status",
-                     what)
+        logger.error("%s: writing %s failed: %s", key, write.what, what)
         rec = store.records.get(key)
         if rec is not None:
             rec.synced = None
@@ -149,11 +192,18 @@ def rebook_reported(store: Store, fx: Effects) -> list[str]:
 
 
 async def place(store: Store) -> None:
-    """Make Kubernetes hold what the ledger books: re-book on the GPUs reservations really got,
-    create and delete reservation pods on device-plugin nodes, then lift the scheduling gates of
-    the replica pods whose GPUs are held."""
+    """Make Kubernetes hold what the ledger books (finish's step 5 alone: a reservation pod
+    changed)."""
+    moved = await rebook(store)
+    await finish(store, moved or Effects(), strict=False, hold=False)
+    await _hold(store)
+
+
+async def rebook(store: Store) -> Effects | None:
+    """Re-book on the GPUs reservations really got (rebook_reported) and delete the
+    reservations that must ask again; returns what must be written then (None: nothing)."""
+    fx = Effects()
     try:
-        fx = Effects()
         async with store.lock:
             retire = rebook_reported(store, fx)
             if fx.sync or fx.mark or retire:
@@ -161,7 +211,15 @@ async def place(store: Store) -> None:
         for name in retire:
             store.retiring.add(name)
             await gone_ok(client.CoreV1Api(store.api).delete_namespaced_pod, name, store.options.reservation.namespace)
-        await finish(store, fx, strict=False, hold=False)
+    except (ApiException, OSError) as e:
+        logger.error("placement backend: %s", e)
+    return fx if fx.sync or fx.mark or fx.events else None
+
+
+async def _hold(store: Store) -> None:
+    """Create and delete reservation pods on device-plugin nodes, then lift the scheduling gates
+    of the replica pods whose GPUs are held."""
+    try:
         await reservations.sync(store)
         await reservations.ungate(store)
     except (ApiException, OSError) as e:
