@@ -110,6 +110,13 @@ REVIEW_DECIDE_TIMEOUT_S = 3.0
 """The webhook's limit for one review's decision; kube-apiserver waits timeoutSeconds (chart: 10)."""
 DECIDE_WORKERS = 4
 """Threads deciding at once; one stuck past its limit holds one until it ends."""
+SEARCHED_REPLICAS = 128
+"""The most replicas of one spec a refusal places one by one. A spec asking for more replicas than
+the cluster could hold by a cheap bound (core.placement.summary.groups_bound: a few bisections of
+the ledger's headroom indices), when that bound is above this, is refused at once, saying how many
+it could hold at most; and the `replicas: N` fix is looked for only up to this many. Below it,
+the search places each replica, and the refusal names where they went and why the next did not
+fit. docs/placement.md, "Bounded work per review"."""
 
 # Admission webhook transport limits (operator/webhook.py Server). An AdmissionReview carries the
 # object (and oldObject), far below 1 MiB for a VLLMDeployment; a client that has not sent its

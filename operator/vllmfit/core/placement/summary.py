@@ -123,16 +123,27 @@ def most_of_type(ledger: Ledger, t: GpuType) -> int:
     return ledger._selected[key]  # type: ignore[return-value]
 
 
+UNBOUNDED = 1 << 62
+"""groups_bound of a need of nothing."""
+
+
 def groups_bound(ledger: Ledger, t: GpuType, gpus: int, need: int) -> int:
-    """At most how many groups of `gpus` GPUs of type t (on one node each) with `need` bytes of
-    headroom on every GPU the cluster has now: the GPUs with that room, divided by the group size,
-    and for groups of several GPUs no more than the nodes whose group index says they hold one,
-    times the groups the largest node of that type can hold. Placing replicas one after the other
-    only uses room up, so no search places more (tested against the search)."""
+    """At most how many groups of `gpus` GPUs of type t (on one node each) needing `need` bytes on
+    every GPU the cluster has room for now. Replicas share GPUs, so a GPU with headroom h holds at
+    most h // need of them, never more than the roomiest GPU's; the GPUs with room for one
+    (a bisection of the sorted headroom index) hold at most that many each. A group takes one
+    such place on each of its GPUs, on one node: for several GPUs, no more than the nodes whose
+    group index says they hold one, times what the largest node of the type holds. Placing
+    replicas one after the other only uses room up, so no search places more (tested)."""
     free = ledger.free_index(t)
-    room = len(free) - bisect.bisect_left(free, (need,))
+    if need <= 0:
+        return UNBOUNDED
+    if not free or free[-1][0] < need:
+        return 0
+    each = free[-1][0] // need  # places for one replica on the roomiest GPU
+    places = (len(free) - bisect.bisect_left(free, (need,))) * each
     if gpus == 1:
-        return room
+        return places
     groups = ledger.group_index(t, gpus)
     nodes = len(groups) - bisect.bisect_left(groups, (need,))
-    return min(room // gpus, nodes * (most_of_type(ledger, t) // gpus))
+    return min(places // gpus, nodes * (most_of_type(ledger, t) * each // gpus))
