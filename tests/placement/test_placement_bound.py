@@ -41,8 +41,8 @@ def test_a_405b_with_1000_replicas_is_refused_by_the_bound_before_any_search(mon
     d = placement.decide(ledger, req)
     assert d.phase == "Unschedulable" and d.replicas == ()
     assert d.reasons == (
-        "1000 replicas of 8 GPUs of one type on one node each do not fit: the GPUs of the 150 nodes have room "
-        f"for at most 150 (at least {memory.fmt_gib(need)} on each NVIDIA-H100-80GB-HBM3)",)
+        ("1000 replicas of 8 GPUs of one type on one node each do not fit: the GPUs of the 150 nodes have room "
+         f"for at most 150 (at least {memory.fmt_gib(need)} on each NVIDIA-H100-80GB-HBM3)"),)
     # no `replicas: N` fix above SEARCHED_REPLICAS: checking it would place 150 groups
     assert not [f for f in d.suggestions if f.startswith("replicas:")]
 
