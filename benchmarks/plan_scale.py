@@ -18,7 +18,8 @@ maxNumSeqs, some unset, some with a nodeSelector or pinned to a node), all seede
 - KV sizing (issue 12): on a smaller copy of the cluster, how many deployments of the same stream
   fit when the KV cache is booked as maxNumSeqs x maxModelLen (kvCache.concurrency: S, the old
   rule) versus as a KV capacity (kvCache: S requests of a typical length, a quarter of
-  maxModelLen; maxModelLen and the scheduler cap S unchanged).
+  maxModelLen; maxModelLen and the scheduler cap S unchanged), and as a vLLM user writes it, with
+  no kvCache (the default grant; issue 33: at most S x maxModelLen, before it the room left).
 
 The main stream books its KV cache as kvCache.concurrency = the mix's S (S requests of the full
 maxModelLen), so its figures stay comparable with earlier runs.
@@ -139,13 +140,18 @@ def kv_sizing_comparison(n_nodes: int, n_offered: int) -> dict[str, int]:
             r.model, r.order)
         for r in base
     ]
+    written = [placement.Request(r.key, r.spec.model_copy(update={"kv_cache": None}), r.model, r.order) for r in base]
     old = placement.plan(nodes, base, suggest=False)
     new = placement.plan(nodes, capacity, suggest=False)
-    assert not old.ledger.over_budget() and not new.ledger.over_budget()
+    plain = placement.plan(nodes, written, suggest=False)
+    assert not old.ledger.over_budget() and not new.ledger.over_budget() and not plain.ledger.over_budget()
     return {
         "kv_offered": len(base),
         "kv_admitted_seqs_x_len": sum(d.admitted for d in old.decisions.values()),
         "kv_admitted_capacity": sum(d.admitted for d in new.decisions.values()),
+        # the same specs as a vLLM user writes them (maxModelLen, maxNumSeqs, no kvCache): the
+        # default grant (issue 33: at most maxNumSeqs x maxModelLen; before it, the room left)
+        "kv_admitted_no_kv_cache": sum(d.admitted for d in plain.decisions.values()),
     }
 
 
@@ -413,6 +419,7 @@ def main() -> None:
             (f"{kvcmp['kv_admitted_capacity']} fit with KV-capacity sizing vs {kvcmp['kv_admitted_seqs_x_len']} "
              f"with maxNumSeqs x maxModelLen: {more:+d} ({ratio:.2f}x), same maxModelLen"),
         ),
+        ("  written without kvCache", f"{kvcmp['kv_admitted_no_kv_cache']} fit (the default KV grant)"),
     ]
     rows += [
         (

@@ -470,7 +470,7 @@ def test_full_status_survives_pruning():
 
 def _example_docs():
     docs = []
-    for path in sorted((ROOT / "examples").glob("*.yaml")):
+    for path in sorted((ROOT / "examples").rglob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if isinstance(doc, dict) and doc.get("kind") == api.KIND:
                 docs.append(pytest.param(doc, id=f"{path.name}:{doc['metadata']['name']}"))

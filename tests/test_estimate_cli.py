@@ -163,13 +163,19 @@ COMMON_GPUS = {"NVIDIA-L4": 23616028672, "NVIDIA-A10G": 23609737216, "NVIDIA-GeF
 COMMON_MODELS = {"meta-llama/Llama-3.1-8B-Instruct": 131072, "Qwen/Qwen2.5-7B-Instruct": 57344}  # KV B/token, bf16
 
 
+@pytest.mark.parametrize("rule", ["requests", "room"])
 @pytest.mark.parametrize("gpu", sorted(COMMON_GPUS))
 @pytest.mark.parametrize("model", sorted(COMMON_MODELS))
-def test_an_8b_in_bf16_at_8k_is_admitted_on_a_24gb_gpu_with_the_kv_grant_shown(capsys, gpu, model):
+def test_an_8b_in_bf16_at_8k_is_admitted_on_a_24gb_gpu_with_the_kv_grant_shown(capsys, monkeypatch, gpu, model, rule):
     """Plain vLLM serves these at its default --gpu-memory-utilization 0.9; so does vllmfit's default
-    (the counted policy: budget = int(0.9 x T)), and with no KV request the KV cache is the room left
-    on the empty GPU in whole blocks, at least one request of 8192 tokens."""
-    code, out, _ = run(capsys, "estimate", "--model", model, "--gpu", gpu, "--max-model-len", "8192", "-o", "json")
+    (the counted policy: budget = int(0.9 x T)). With no KV request and no maxNumSeqs the KV cache is
+    the cluster's default grant (issue 33): `requests`, 4 requests of 8192 tokens = 32,768 tokens
+    (4 x 512 blocks + the null block), clamped to the room left on the empty GPU in whole blocks;
+    `room`, the room left (vLLM's default maxNumSeqs 256 x 8192 is far more). Never below one
+    request of 8192 tokens, and the rule is shown."""
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run(capsys, "estimate", "--model", model, "--gpu", gpu, "--max-model-len", "8192", "-o", "json",
+                       "--default-kv-grant", rule)
     d = json.loads(out)
     T, per_token = COMMON_GPUS[gpu], COMMON_MODELS[model]
     budget = int(0.9 * T)
@@ -179,11 +185,39 @@ def test_an_8b_in_bf16_at_8k_is_admitted_on_a_24gb_gpu_with_the_kv_grant_shown(c
     assert d["per_gpu"]["reserve_bytes"] == 0 and d["budget_policy"]["held_back_bytes"] == T - budget
     kv, total = d["per_gpu"]["kv_cache_bytes"], d["per_gpu"]["total_bytes"]
     assert kv % block == 0 and total <= budget
-    assert budget - total < block + math.ceil(T / 10_000)  # grown: less than a block and u's rounding left
     granted = d["kv_cache"]["granted_tokens"]
     assert granted == kv // per_token - 16 >= 8192  # vLLM 0.33 holds the null block back
-    code, out, _ = run(capsys, "estimate", "--model", model, "--gpu", gpu, "--max-model-len", "8192")
+    four = (4 * 8192 // 16 + 1) * block  # 4 requests of 512 blocks + the null block
+    if rule == "requests" and kv == four:
+        assert granted == 32768 and d["kv_cache"]["granted_by"] == \
+            "default grant: 4 requests x maxModelLen 8192"
+    else:  # grown: less than a block and u's rounding left
+        assert budget - total < block + math.ceil(T / 10_000)
+        assert kv <= four or rule == "room"
+        assert d["kv_cache"]["granted_by"].startswith("the room left, below ")
+    code, out, _ = run(capsys, "estimate", "--model", model, "--gpu", gpu, "--max-model-len", "8192",
+                       "--default-kv-grant", rule)
     assert code == 0 and f"KV cache: {d['kv_cache_tokens']} tokens" in out
+    assert f"KV grant: {granted:,} tokens ({d['kv_cache']['granted_by']})" in out
+
+
+def test_the_requests_grant_on_an_l4_by_hand(capsys):
+    """Issue 33's L4 case, by hand. Qwen2.5-7B bf16 at 8k: 4 requests x 512 blocks + 1 null block of
+    917,504 B = 1,879,965,696 B, 32,768 tokens, well inside the 19.8 GiB budget. Llama-3.1-8B: 4 x 8k
+    would be 2049 blocks x 2 MiB = 4.0 GiB, more than the L4 has left after 15 GiB of weights, so
+    the grant is the room left: 808 blocks, (808 - 1) x 16 = 12,912 tokens (the same room the old
+    default took), at least one request of 8192."""
+    code, out, _ = run(capsys, "estimate", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "NVIDIA-L4",
+                       "--max-model-len", "8192", "-o", "json")
+    d = json.loads(out)
+    assert code == 0 and d["per_gpu"]["kv_cache_bytes"] == (4 * 512 + 1) * 917_504 == 1_879_965_696
+    assert d["kv_cache"]["granted_tokens"] == 32_768
+    code, out, _ = run(capsys, "estimate", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "NVIDIA-L4",
+                       "--max-model-len", "8192", "-o", "json")
+    d = json.loads(out)
+    assert code == 0 and d["per_gpu"]["kv_cache_bytes"] == 808 * 16 * 131_072 and d["kv_cache"]["granted_tokens"] == 12_912
+    assert d["kv_cache"]["granted_by"] == \
+        "the room left, below default grant: 4 requests x maxModelLen 8192"
 
 
 def test_vllms_own_utilization_on_an_l4_gets_a_checked_fix(capsys, monkeypatch):

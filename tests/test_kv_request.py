@@ -4,6 +4,7 @@ per token; a 16-token block is 2,097,152 B; vLLM keeps one null block out of the
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -284,3 +285,44 @@ def test_fewer_sequences_come_first_and_the_cli_prints_them_as_flags(capsys, mon
     for c, code in ((n, 0), (n + 1, 1)):  # n requests of 16384 tokens fit, n + 1 do not
         assert cli.main([*argv[:-1], str(c), "-o", "json"]) == code
         capsys.readouterr()
+
+
+# --- issue 33: the cluster's default KV grant is one more choice with one-line errors -------------
+
+@pytest.mark.parametrize("command,argv,says", [
+    ("estimate", ["--model", LLAMA.name, "--default-kv-requests", "0"], "--default-kv-requests 0 must be in [1, 4096]"),
+    ("plan", ["-f", "examples/sharing/six-small.yaml", "--default-kv-requests", "5000"], "--default-kv-requests 5000"),
+    ("operator", ["--default-kv-requests", "0"], "--default-kv-requests 0 must be in [1, 4096]"),
+    ("operator", ["--default-kv-grant", "all"], "invalid choice: 'all'"),
+])
+def test_a_bad_default_kv_grant_exits_2_with_one_line(capsys, monkeypatch, command: str, argv: list[str],
+                                                       says: str) -> None:
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    with contextlib.suppress(SystemExit):  # argparse's own choices: exit 2 by SystemExit
+        code = cli.main([command, *argv])
+        assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "Traceback" not in err
+
+
+def test_the_operators_default_kv_grant_reaches_its_ledger(monkeypatch) -> None:
+    """--default-kv-grant room: the flag (or $VLLMFIT_DEFAULT_KV_GRANT) is parsed before start-up and
+    every ledger the store builds (start-up, rebuild, resync) carries it."""
+    import argparse
+
+    from vllmfit.operator import main as opmain
+    from vllmfit.operator.state import Store
+
+    monkeypatch.setenv("VLLMFIT_DEFAULT_KV_GRANT", "room")
+    monkeypatch.setenv("VLLMFIT_DEFAULT_KV_REQUESTS", "2")
+    p = argparse.ArgumentParser()
+    opmain.add_parser(p.add_subparsers())
+    grant = opmain.kv_grant(p.parse_args(["operator"]))
+    assert grant == memory.KvGrant("room", 2)
+    store = Store()
+    store.options.kv_grant = grant
+    store.reset()
+    assert store.ledger.kv_grant == grant
+    assert store.rebuild([], []) == [] and store.ledger.kv_grant == grant

@@ -129,7 +129,7 @@ def test_dash_o_is_the_output_format_on_every_command_like_kubectl(command):
 
 # --- issue 24: every example plans; exit codes ------------------------------------------------------
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
+EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").rglob("*.yaml"))
 H100_NODE = """apiVersion: v1
 kind: Node
 metadata:
@@ -138,7 +138,7 @@ metadata:
 """
 
 
-@pytest.mark.parametrize("example", [p.name for p in EXAMPLES if p.name != "cluster.yaml"])
+@pytest.mark.parametrize("example", [str(p.relative_to(Path(EXAMPLE).parent)) for p in EXAMPLES if p.name != "cluster.yaml"])
 def test_every_example_plans_next_to_the_cluster_without_an_input_error(capsys, example: str) -> None:
     path = str(Path(EXAMPLE).parent / example)
     code = cli.main(["plan", "-f", EXAMPLE, "-f", path, "-o", "json"])

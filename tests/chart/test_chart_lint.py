@@ -53,6 +53,8 @@ def test_install_dry_run_notes_with_cert_manager(helm):
         (["--set-json", "budget.utilization=1.5"], "utilization"),  # the budget policy: in [0, 1]
         (["--set-json", "budget.utilization=-0.1"], "utilization"),
         (["--set", "budget.reserve=lots"], "reserve"),  # a Kubernetes quantity
+        (["--set", "kvCache.defaultGrant=all"], "defaultGrant"),  # the default KV grant: requests or room
+        (["--set", "kvCache.defaultRequests=0"], "defaultRequests"),
     ],
 )
 def test_values_schema_rejects(helm, args, message):

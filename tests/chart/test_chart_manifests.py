@@ -38,6 +38,8 @@ EXPECTED_OPERATOR_ARGS = [
     "--placement-backend=auto",
     "--budget-utilization=0.9",  # the counted budget policy, cluster-wide (values: budget; issue 24)
     "--budget-reserve=0",
+    "--default-kv-grant=requests",  # the default KV grant of a spec without kvCache or maxNumSeqs (issue 33)
+    "--default-kv-requests=4",
     "--reservation-image=ghcr.io/vllmfit/vllmfit:0.1.0",
     "--reservation-priority-class=vllmfit-reservation",
     "--reservation-runtime-class=nvidia",
@@ -657,6 +659,13 @@ def test_crd_file_has_one_document():
     text = Path(CHART / "crds" / "vllmdeployments.vllmfit.dev.yaml").read_text()
     docs = [d for d in yaml.safe_load_all(text) if d]
     assert len(docs) == 1 and copy.deepcopy(docs[0])["kind"] == "CustomResourceDefinition"
+
+
+def test_the_default_kv_grant_reaches_the_operator(render):
+    """values.kvCache is the cluster's default KV grant (issue 33): passed as operator flags."""
+    docs = render("default", "--set", "kvCache.defaultGrant=room", "--set", "kvCache.defaultRequests=8")
+    c = _container(docs, "Deployment", OPERATOR, "operator")
+    assert "--default-kv-grant=room" in c["args"] and "--default-kv-requests=8" in c["args"]
 
 
 def test_the_budget_policy_reaches_the_operator(render):

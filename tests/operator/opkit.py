@@ -41,8 +41,9 @@ _clock = itertools.count(1)
 def vd(name: str, model: str = "Qwen/Qwen2.5-7B-Instruct", *, ns: str = "default", **spec: Any) -> dict[str, Any]:
     """A VLLMDeployment as the API server would store it (KMock fills in no metadata). With no kvCache
     it asks for one request of the full context (kvCache.concurrency 1), the KV cache these tests
-    were written for: a spec that asks for nothing is granted the room left on its GPUs (issue 24),
-    which would take whole GPUs from the neighbours these tests place."""
+    were written for (a spec that asks for nothing gets the default grant, issue 33: up to four
+    full-length requests, which would move the numbers these tests check by hand;
+    tests/operator/test_sharing.py applies specs without kvCache)."""
     if "kvCache" not in spec and "gpuMemoryUtilization" not in spec:
         spec = {**spec, "kvCache": {"concurrency": 1}}
     return {

@@ -166,20 +166,29 @@ def test_a_growing_kv_cache_takes_the_room_left_and_no_more() -> None:
     assert not placement.decide(ledger, request("late", QWEN_05B, "3", maxModelLen=4096)).admitted
 
 
-def test_no_kv_request_gets_the_room_a_plain_vllm_server_gets_and_at_least_one_full_request() -> None:
-    """Issue 24: with no spec.kvCache the KV cache is what `grow` gives (the room left on the GPU, whole
-    blocks), never below one request of the context; a spec that asks for tokens gets exactly those."""
+def test_no_kv_request_gets_at_most_its_caps_clamped_to_the_room_and_at_least_one_full_request() -> None:
+    """Issue 33 (was issue 24's room): with no spec.kvCache the KV cache is at most maxNumSeqs x
+    maxModelLen (maxNumSeqs unset: the cluster's default grant, 4 full-length requests; `room`: the
+    room left, as `grow` gives it), clamped to the room left on the GPU in whole blocks, never below
+    one request of the context; a spec that asks for tokens gets exactly those."""
+    block = 16 * 131072  # 16 tokens x 128 KiB (Llama-3.1-8B, bf16, TP 1)
     ledger = placement.Ledger([node("n", H100, 1)])
+    capped = placement.decide(ledger, request("c", LLAMA_8B, "1", maxModelLen=8192, maxNumSeqs=3))
+    z = capped.replicas[0].sizing  # 3 x 512 blocks + the null block, by hand
+    assert z.footprint.kv_cache == (3 * 512 + 1) * block and z.granted_tokens == 3 * 8192
+    shared = placement.decide(ledger, request("u", LLAMA_8B, "1", maxModelLen=8192)).replicas[0].sizing
+    assert shared.footprint.kv_cache == (4 * 512 + 1) * block and shared.granted_tokens == 4 * 8192
+    ledger = placement.Ledger([node("n", H100, 1)], kv_grant=memory.KvGrant("room"))
     unasked = placement.decide(ledger, request("u", LLAMA_8B, "1", maxModelLen=8192))
     grow = placement.decide(ledger, request("g", LLAMA_8B, "1", maxModelLen=8192, kvCache={"grow": True}))
     assert unasked.admitted and grow.admitted
     z = unasked.replicas[0].sizing
     assert z.footprint == grow.replicas[0].sizing.footprint and z.granted_tokens == grow.replicas[0].sizing.granted_tokens
-    block = 16 * 131072  # 16 tokens x 128 KiB (Llama-3.1-8B, bf16, TP 1)
     budget = int(0.9 * H100.cuda_total_bytes)  # counted: an empty H100
     assert 0 <= budget - z.footprint.total < block + math.ceil(H100.cuda_total_bytes / 10_000)
     # whole blocks; vLLM 0.33 holds one (the null block) back from the tokens it grants
     assert z.footprint.kv_cache % block == 0 and z.granted_tokens == z.footprint.kv_cache // 131072 - 16
+    assert z.granted_tokens <= 1024 * 8192  # vLLM's default maxNumSeqs on an H100 x maxModelLen
     # a neighbour leaves room for one request of 8192 tokens and a bit: still admitted, at least one request
     ledger.book(placement.decide(ledger, request("big", LLAMA_8B, "0", maxModelLen=8192,
                                                  kvCache={"tokens": z.granted_tokens - 9000})))

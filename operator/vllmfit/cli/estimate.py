@@ -41,8 +41,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"])
     p.add_argument("--max-model-len", default="auto", help="context length, or auto (default)")
     p.add_argument("--max-num-seqs", type=int, help="the scheduler's cap on concurrent requests (default: vLLM's for the version and GPU)")
-    kv = p.add_argument_group("KV cache request (one of tokens, memory, concurrency; default: the room a plain vLLM "
-                              "server gets, at least one full-length request)")
+    kv = p.add_argument_group("KV cache request (one of tokens, memory, concurrency; default: at most --max-num-seqs x "
+                              "--max-model-len, else --default-kv-grant, clamped to the room left, at least one "
+                              "full-length request)")
     kv.add_argument("--kv-cache-tokens", type=int, metavar="N", help="KV capacity in tokens")
     kv.add_argument("--kv-cache-memory", metavar="QTY", help="KV capacity per GPU as a Kubernetes quantity, e.g. 20Gi")
     kv.add_argument("--kv-concurrency", type=int, metavar="N", help="requests of --typical-length held at once")
@@ -57,6 +58,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cpu-offload", metavar="QTY",
                    help="weights per GPU kept in CPU memory (spec.cpuOffload, --cpu-offload-gb), e.g. 10Gi")
     add_budget_args(p)
+    add_kv_grant_args(p)
     p.add_argument("--max-num-batched-tokens", type=int, help="tokens per step (default: vLLM's, by GPU size)")
     p.add_argument("--gpu-memory-utilization", type=float, help="use this u instead of computing it")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
@@ -118,6 +120,26 @@ def budget_from_args(args: argparse.Namespace) -> memory.BudgetPolicy:
     if bad:
         raise UserError(bad.replace("budget utilization", "--budget-utilization").replace("budget reserve", "--budget-reserve"))
     return policy
+
+
+def add_kv_grant_args(p: argparse.ArgumentParser) -> None:
+    """The cluster's default KV grant (also `plan`; the operator's --default-kv-grant)."""
+    g = p.add_argument_group("default KV grant (a spec without kvCache or maxNumSeqs)")
+    g.add_argument("--default-kv-grant", choices=defaults.KV_GRANT_RULES, default=defaults.DEFAULT_KV_GRANT,
+                   help="requests: --default-kv-requests requests of the full context, clamped to the room left "
+                        "(default); room: vLLM's own, the room left, at most vLLM's default max-num-seqs x max-model-len")
+    g.add_argument("--default-kv-requests", type=int, metavar="N", default=defaults.DEFAULT_KV_GRANT_REQUESTS,
+                   help="full-length requests the requests rule grants (default %(default)s)")
+
+
+def kv_grant_from_args(args: argparse.Namespace) -> memory.KvGrant:
+    """--default-kv-grant / --default-kv-requests -> the default grant (one-line error, exit 2, when invalid)."""
+    grant = memory.KvGrant(getattr(args, "default_kv_grant", defaults.DEFAULT_KV_GRANT),
+                           getattr(args, "default_kv_requests", defaults.DEFAULT_KV_GRANT_REQUESTS))
+    bad = grant.error()
+    if bad:
+        raise UserError(bad.replace("default KV grant requests", "--default-kv-requests"))
+    return grant
 
 
 SPEC_WORDS_AS_FLAGS = (
@@ -266,7 +288,7 @@ def settings_from_args(args: argparse.Namespace) -> memory.Settings:
         lora_max_loras=(args.lora_max_loras or defaults.LORA_MAX_LORAS) if lora else None,
         lora_max_rank=defaults.LORA_MAX_RANK if args.lora_max_rank is None else args.lora_max_rank,
         lora_dtype=args.lora_dtype or "auto", cpu_offload_bytes=offload,
-    ))
+    ), kv_grant_from_args(args))
 
 
 def parse_length(text: str) -> int:
@@ -357,6 +379,7 @@ def estimate_json(est: memory.Estimate) -> dict[str, Any]:
         "max_concurrency": round(z.max_concurrency, 2),
         "kv_cache": {
             "granted_tokens": z.granted_tokens,
+            "granted_by": z.grant or None,
             "concurrency_at_max_model_len": round(z.max_concurrency, 2),
             "typical_length": z.typical_len,
             "concurrency_at_typical_length": None if z.concurrency_typical is None else round(z.concurrency_typical, 2),

@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -79,7 +80,8 @@ def resolve_model(
 
 
 def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = True,
-               budget: memory.BudgetPolicy = memory.DEFAULT_POLICY) -> placement.Plan:
+               budget: memory.BudgetPolicy = memory.DEFAULT_POLICY,
+               kv_grant: memory.KvGrant = memory.DEFAULT_KV_GRANT) -> placement.Plan:
     """Nodes and deployments -> a Plan. decide=False (status): only what the statuses say."""
     errors = list(objs.errors)
     deployments: dict[str, VLLMDeployment] = {}
@@ -153,15 +155,26 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
     notes = _dra_nodes(objs, nodes, admitted)
     if decide:
         plan = placement.plan(
-            nodes.values(), requests, admitted=admitted, admitted_flags=flags, policy=policy
+            nodes.values(), requests, admitted=admitted, admitted_flags=flags, policy=policy, kv_grant=kv_grant
         )
     else:
         plan = placement.plan(nodes.values(), [], admitted=admitted, admitted_flags=flags, policy=policy)
         plan.requests.update({r.key: r for r in requests})
         plan.decisions.update(shown)
+    _show_grants(plan, deployments)
     plan.errors = sorted(plan.errors + errors)
     plan.warnings = sorted(set(plan.warnings) | set(notes) | set(objs.ignored))
     return plan
+
+
+def _show_grants(plan: placement.Plan, deployments: Mapping[str, VLLMDeployment]) -> None:
+    """A deployment kept from its status shows the KV grant the status names (status.kvCache)."""
+    for key, d in plan.decisions.items():
+        st = deployments[key].status if key in deployments else None
+        kv = st.kv_cache if st else None
+        if d.restored and d.replicas and kv is not None and kv.granted_by:
+            z = replace(d.replicas[0].sizing, granted_tokens=kv.tokens, grant=kv.granted_by)
+            plan.decisions[key] = replace(d, replicas=(replace(d.replicas[0], sizing=z), *d.replicas[1:]))
 
 
 def _dra_nodes(objs: Objects, nodes: dict[str, placement.NodeInfo],
@@ -219,9 +232,9 @@ def emit(plan: placement.Plan, output: str, out_file: str | None, title: str) ->
 
 def run_plan(args: argparse.Namespace) -> int:
     objs = read_objects(read_files(args.filename))
-    from vllmfit.cli.estimate import budget_from_args
+    from vllmfit.cli.estimate import budget_from_args, kv_grant_from_args
 
-    plan = build_plan(objs, policy=args.policy, budget=budget_from_args(args))
+    plan = build_plan(objs, policy=args.policy, budget=budget_from_args(args), kv_grant=kv_grant_from_args(args))
     if not plan.ledger.nodes and not plan.decisions:
         detail = f": {plan.errors[0]}" if plan.errors else ""
         raise UserError(f"nothing to plan: no usable Node or {KIND} in the input{detail}")
@@ -261,9 +274,10 @@ def add_parser(subparsers: Any) -> None:
         default="vllm",
         help="memory model: vllm (what vLLM does, default) or adr (ADR-0002 formulas)",
     )
-    from vllmfit.cli.estimate import add_budget_args
+    from vllmfit.cli.estimate import add_budget_args, add_kv_grant_args
 
     add_budget_args(p)  # the cluster-wide budget policy; node labels still override it per node pool
+    add_kv_grant_args(p)  # the cluster's default KV grant (the operator's --default-kv-grant)
     p.set_defaults(func=run_plan)
 
 

@@ -35,8 +35,20 @@ set. The `vllm` policy sizes the KV cache by the KV request (kvCache) and inject
 --max-num-seqs default for the image's version and GPU tier when maxNumSeqs is unset."""
 
 DEFAULT_KV_FULL_REQUESTS = 1
-"""KV cache when no kvCache request is given: this many requests of the full maxModelLen (vLLM
-refuses to start when its KV cache cannot hold one)."""
+"""The floor of a default KV grant (no spec.kvCache): this many requests of the full maxModelLen
+(vLLM refuses to start when its KV cache cannot hold one)."""
+
+KV_GRANT_RULES = ("requests", "room")
+DEFAULT_KV_GRANT = "requests"
+"""The cluster's default KV grant for a spec that sets neither spec.kvCache nor maxNumSeqs
+(operator --default-kv-grant, chart value kvCache.defaultGrant, CLI --default-kv-grant):
+`requests`: DEFAULT_KV_GRANT_REQUESTS requests of the full maxModelLen, clamped to the room its GPUs
+have left; `room`: vLLM's own behaviour, the room left, at most vLLM's default maxNumSeqs x
+maxModelLen. A spec that sets maxNumSeqs is granted at most maxNumSeqs x maxModelLen under either
+rule (docs/memory-model.md, "The KV request")."""
+DEFAULT_KV_GRANT_REQUESTS = 4
+"""The `requests` rule's number of full-length requests (operator --default-kv-requests, chart value
+kvCache.defaultRequests, CLI --default-kv-requests)."""
 
 BUDGET_UTILIZATION_LABEL = "vllmfit.dev/budget-utilization"
 BUDGET_RESERVE_LABEL = "vllmfit.dev/budget-reserve"

@@ -101,3 +101,7 @@ config.json is a few KB, a safetensors index a few MB."""
 MAX_NESTING = 1000
 """Flow-collection nesting ([ and {) of one YAML document. libyaml's composer recurses in C and
 crashes the process (SIGSEGV) at about 30,000 levels; a Kubernetes object nests about 10."""
+
+MAX_KV_GRANT_REQUESTS = 4096
+"""The largest number of full-length requests the cluster's default KV grant may name
+(--default-kv-requests): vLLM's largest default maxNumSeqs is 1024."""

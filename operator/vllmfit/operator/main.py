@@ -84,6 +84,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="cluster-wide budget policy: bytes held back on each GPU besides (1 - utilization), a "
                         f"Kubernetes quantity; node label {defaults.BUDGET_RESERVE_LABEL} overrides it (default: "
                         "$VLLMFIT_BUDGET_RESERVE or %(default)s, the counted policy; 2Gi is ADR-0002's)")
+    p.add_argument("--default-kv-grant", choices=defaults.KV_GRANT_RULES,
+                   default=os.environ.get("VLLMFIT_DEFAULT_KV_GRANT") or defaults.DEFAULT_KV_GRANT,
+                   help="KV cache of a spec that sets neither kvCache nor maxNumSeqs: requests (--default-kv-requests "
+                        "requests of the full context, clamped to the room left) or room (vLLM's own: the room left) "
+                        "(default: $VLLMFIT_DEFAULT_KV_GRANT or %(default)s; docs/memory-model.md)")
+    p.add_argument("--default-kv-requests", type=int, metavar="N",
+                   default=os.environ.get("VLLMFIT_DEFAULT_KV_REQUESTS") or defaults.DEFAULT_KV_GRANT_REQUESTS,
+                   help="full-length requests the requests rule grants (default: $VLLMFIT_DEFAULT_KV_REQUESTS or "
+                        f"{defaults.DEFAULT_KV_GRANT_REQUESTS})")
     p.add_argument("--verbose", action="store_true", help="log Kopf's debug messages")
     p.add_argument("--release-finalizers", action="store_true",
                    help="do not run: remove vllmfit's finalizer from every VLLMDeployment and exit, so none is "
@@ -119,6 +128,15 @@ def budget_policy(args: argparse.Namespace) -> memory.BudgetPolicy:
         raise UserError(bad.replace("budget utilization", "--budget-utilization").replace("budget reserve",
                                                                                           "--budget-reserve"))
     return policy
+
+
+def kv_grant(args: argparse.Namespace) -> memory.KvGrant:
+    """--default-kv-grant / --default-kv-requests; UserError (one line, exit 2) when invalid."""
+    grant = memory.KvGrant(args.default_kv_grant, args.default_kv_requests)
+    bad = grant.error()
+    if bad:
+        raise UserError(bad.replace("default KV grant requests", "--default-kv-requests"))
+    return grant
 
 
 FINALIZER = "vllmfit.dev/finalizer"  # Kopf's settings.persistence.finalizer (handlers.startup.configure)
@@ -201,9 +219,11 @@ def run(args: argparse.Namespace) -> int:
     from vllmfit.operator.state import get_store
 
     policy = budget_policy(args)  # before anything starts: a bad policy is one line and exit code 2
+    grant = kv_grant(args)
     kopf.configure(verbose=args.verbose)
     store = get_store()
     store.options.budget = policy
+    store.options.kv_grant = store.ledger.kv_grant = grant
     store.options.namespace = args.namespace
     store.options.default_image = args.default_image
     store.options.resync_seconds = args.resync_seconds

@@ -32,7 +32,7 @@ def kv_status(d: Decision) -> api.KvCacheStatus | None:
         return None
     z = d.replicas[0].sizing
     return api.KvCacheStatus(
-        bytes=z.footprint.kv_cache, tokens=z.granted_tokens,
+        bytes=z.footprint.kv_cache, tokens=z.granted_tokens, granted_by=z.grant or None,
         concurrency_at_max_model_len=round(z.max_concurrency, 2), typical_length=z.typical_len,
         concurrency_at_typical_length=None if z.concurrency_typical is None else round(z.concurrency_typical, 2))
 

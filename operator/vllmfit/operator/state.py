@@ -50,6 +50,7 @@ class Options:
     dra_driver: str = field(default_factory=lambda: os.environ.get("VLLMFIT_DRA_DRIVER") or dra.NVIDIA_DRIVER)
     dra_device_class: str = field(default_factory=lambda: os.environ.get("VLLMFIT_DRA_DEVICE_CLASS") or dra.NVIDIA_DRIVER)
     budget: memory.BudgetPolicy = memory.DEFAULT_POLICY  # cluster-wide; node-pool labels override it
+    kv_grant: memory.KvGrant = memory.DEFAULT_KV_GRANT  # the default KV grant (no kvCache, no maxNumSeqs)
 
 
 class Store:
@@ -67,7 +68,7 @@ class Store:
 
     def reset(self) -> None:
         """Forget everything (a fresh start-up; tests run many operators in one process)."""
-        self.ledger = Ledger()
+        self.ledger = Ledger(kv_grant=self.options.kv_grant)
         self.lock = asyncio.Lock()
         self.ready = asyncio.Event()
         self.records: dict[str, Record] = {}
@@ -214,7 +215,7 @@ class Store:
         a status whose replicas do not all run where it says is no booking, and the deployment
         is decided again); and a drain for every pod of vllmfit that runs where nothing books
         it (`vllm_pods`). Returns warnings."""
-        self.ledger = Ledger()
+        self.ledger = Ledger(kv_grant=self.options.kv_grant)
         self.drains, self.refused = {}, set()
         self.records = {}
         problems: list[str] = []
@@ -281,7 +282,7 @@ class Store:
         is no booking, and its record has no status, so that it is decided again (and looked at
         again at the next resync: a peer may write the Deployment after the status)."""
         running = None if children is None else draining.children_at(children)
-        fresh = Ledger()
+        fresh = Ledger(kv_grant=self.options.kv_grant)
         pods = self.managed_pods()
         t = datetime.now(UTC)
         for obj in nodes:

@@ -29,7 +29,7 @@ from vllmfit.cli.render.layout import (
     placement_text,
     spans,
 )
-from vllmfit.core.memory import Estimate
+from vllmfit.core.memory import Estimate, Sizing
 from vllmfit.core.placement import Plan
 
 PHASE_STYLE = {
@@ -184,6 +184,8 @@ def print_deployment(console: Console, p: Plan, key: str, palette: dict[str, Loo
         if sizing.kv_cache_tokens:
             line += f" = {sizing.kv_cache_tokens} tokens (max concurrency {sizing.max_concurrency:.1f})"
         console.print(line, highlight=False)
+        if sizing.grant:
+            console.print(f"  {grant_line(sizing)}", highlight=False)
     if d.flags is not None and d.admitted:
         console.print(Text("  " + " ".join(d.flags.args()), style="cyan"))
     if not d.admitted:
@@ -247,6 +249,8 @@ def print_estimate(console: Console, est: Estimate, width: int = BAR_WIDTH) -> N
                if sizing.concurrency_typical is not None else ""),
             highlight=False,
         )
+    if sizing.grant and sizing.fits:
+        console.print(grant_line(sizing), highlight=False)
     hybrid = hybrid_text(est)
     if hybrid and sizing.fits:
         console.print(hybrid, highlight=False)
@@ -272,6 +276,11 @@ def print_estimate(console: Console, est: Estimate, width: int = BAR_WIDTH) -> N
     for w in est.warnings:
         console.print(Text(f"warning: {w}", style="yellow"))
 
+
+
+def grant_line(sizing: Sizing) -> str:
+    """'KV grant: 4,096 tokens (maxNumSeqs 4 x maxModelLen 1024)': what was granted, and by which rule."""
+    return f"KV grant: {sizing.granted_tokens:,} tokens ({sizing.grant})"
 
 
 def estimate_table(est: Estimate) -> Table:

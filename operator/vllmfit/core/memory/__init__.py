@@ -63,9 +63,11 @@ from vllmfit.core.memory.sizing import (
     vllm_startup,
 )
 from vllmfit.core.memory.types import (
+    DEFAULT_KV_GRANT,
     Estimate,
     Flags,
     Footprint,
+    KvGrant,
     Policy,
     Settings,
     Sizing,
@@ -79,6 +81,7 @@ from vllmfit.core.memory.weights import adr_weights_bytes, cpu_offload_arg, cpu_
 
 __all__ = [
     "ADR_POLICY",
+    "DEFAULT_KV_GRANT",
     "DEFAULT_POLICY",
     "MAX_FIX_TP",
     "MIB",
@@ -91,6 +94,7 @@ __all__ = [
     "Fix",
     "Flags",
     "Footprint",
+    "KvGrant",
     "KvLayout",
     "Policy",
     "Settings",

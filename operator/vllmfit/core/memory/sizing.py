@@ -12,7 +12,17 @@ from vllmfit.core.memory.kv import KvLayout, adr_kv_bytes_per_token, kv_layout
 from vllmfit.core.memory.lora import LORA_GRAPH_CASES, lora_activation_bytes, lora_bytes, lora_errors
 from vllmfit.core.memory.margin import kv_band
 from vllmfit.core.memory.overhead import activation_bytes, batch_defaults, graph_bytes, runtime_overheads
-from vllmfit.core.memory.types import Flags, Footprint, Settings, Sizing, SpecError, VllmStartup, fmt_gib
+from vllmfit.core.memory.types import (
+    DEFAULT_KV_GRANT,
+    Flags,
+    Footprint,
+    KvGrant,
+    Settings,
+    Sizing,
+    SpecError,
+    VllmStartup,
+    fmt_gib,
+)
 from vllmfit.core.memory.validation import cpu_offload_errors, gpu_errors, validate
 from vllmfit.core.memory.versions import VllmVersion, parse_version
 from vllmfit.core.memory.weights import (
@@ -122,16 +132,62 @@ def kv_request_bytes(model: ModelArch, r: Resolved, length: int) -> int:
     return lay.bytes_for(length, defaults.DEFAULT_KV_FULL_REQUESTS, r.batched_tokens, s.pp)
 
 
-def default_grant(s: Settings) -> Settings:
-    """A spec that asks for no KV cache (no tokens, memory or concurrency) is granted the room a plain
-    vLLM server would get: its KV cache grows into the room its GPUs have left when it is placed (an
-    empty GPU: the budget less everything else the process books), never below one request of the
-    full context (DEFAULT_KV_FULL_REQUESTS). A spec asks for less with spec.kvCache. The `adr` memory
-    policy keeps ADR-0002's formulas. docs/memory-model.md, "The KV request"."""
+def default_grant(s: Settings, grant: KvGrant = DEFAULT_KV_GRANT) -> Settings:
+    """A spec that asks for no KV cache (no tokens, memory or concurrency) is granted no more than
+    its server can use: at most maxNumSeqs x maxModelLen (whole blocks per request, per KV group),
+    clamped to the room its GPUs have left when it is placed, never below one request of the full
+    context (DEFAULT_KV_FULL_REQUESTS). maxNumSeqs unset: the cluster's `grant` (`requests`: that
+    many full-length requests; `room`: vLLM's default maxNumSeqs for the GPU and version). More KV
+    (prefix caching) is asked for with spec.kvCache (tokens, memory or grow). The `adr` memory policy
+    and an explicit gpuMemoryUtilization keep their own rules. docs/memory-model.md, "The KV request"."""
     if s.policy != "vllm" or s.kv_grow or s.gpu_memory_utilization is not None or \
             s.kv_tokens is not None or s.kv_bytes is not None or s.kv_concurrency is not None:
         return s
-    return replace(s, kv_grow=True)
+    rule = "caps" if s.max_num_seqs is not None else grant.rule
+    return replace(s, kv_grow=True, kv_default=rule,
+                   kv_default_requests=grant.requests if rule == "requests" else 0)
+
+
+def default_cap_seqs(s: Settings, seqs: int) -> int | None:
+    """How many requests of the full context a default grant holds at most (`seqs`: the effective
+    --max-num-seqs); None: not a default grant."""
+    if not s.kv_grow or s.kv_default is None:
+        return None
+    return min(s.kv_default_requests, seqs) if s.kv_default == "requests" else seqs
+
+
+def grant_text(model: ModelArch, s: Settings, r: Resolved, sizing: Sizing) -> str:
+    """Which rule granted the KV cache, for output and status: 'maxNumSeqs 4 x maxModelLen 1024',
+    'default grant: 4 requests x maxModelLen 8192', 'the room left, below ...'."""
+    f, lay = sizing.flags, r.layout
+    if f is None or lay.pooling or model.pooling or not lay.block_bytes:
+        return ""
+    if s.policy == "adr":
+        return "ADR-0002's formulas"
+    if s.gpu_memory_utilization is not None:
+        return f"what gpuMemoryUtilization {s.gpu_memory_utilization} leaves"
+    kv, L = sizing.footprint.kv_cache, f.max_model_len
+    cap = default_cap_seqs(s, f.max_num_seqs)
+    if cap is not None:
+        what = {
+            "caps": f"maxNumSeqs {f.max_num_seqs} x maxModelLen {L}",
+            "requests": f"default grant: {cap} requests x maxModelLen {L}",
+            "room": f"default grant room: maxNumSeqs {f.max_num_seqs} x maxModelLen {L}",
+        }[s.kv_default or "caps"]
+        if kv >= lay.bytes_for(L, cap, r.batched_tokens, s.pp):
+            return what
+        return f"the room left, below {what}"
+    if s.kv_tokens is not None:
+        asked = f"kvCache.tokens {s.kv_tokens}"
+    elif s.kv_bytes is not None:
+        asked = f"kvCache.memory {s.kv_bytes} B"
+    elif s.kv_concurrency is not None:
+        asked = f"kvCache.concurrency {s.kv_concurrency} x {s.typical_len or L} tokens"
+    else:
+        asked = f"one request of maxModelLen {L}"
+    if s.kv_grow and kv > kv_request_bytes(model, r, L):
+        asked += ", grown into the room left (kvCache.grow)"
+    return asked
 
 
 def explicit_request(s: Settings) -> bool:
@@ -200,7 +256,9 @@ def size(model: ModelArch, s: Settings, gpu: GpuType, available: int) -> Sizing:
     Rules (documented in docs/memory-model.md):
     - The KV cache is the KV request (`kv_request_bytes`): memory, tokens, or a concurrency at a
       typical length; nothing given: one request of the full context. It never shrinks; with
-      kv_grow it grows into the room `available` leaves.
+      kv_grow it grows into the room `available` leaves; a default grant (`default_grant`) grows
+      only up to its cap, `default_cap_seqs` requests of the full context (with `available`
+      UNLIMITED: exactly that), so the search places it where the cap fits.
     - max_model_len unset: the model's full context, capped to what an explicit KV request holds;
       if one request of it does not fit, the largest multiple of the block size that fits, not
       below MIN_AUTO_MAX_MODEL_LEN (warning).
@@ -248,11 +306,14 @@ def _size(model: ModelArch, s: Settings, gpu: GpuType, available: int) -> Sizing
             warnings.append(f"maxModelLen {cap}: the longest request the KV request holds (model: {length})")
             length = cap
     sizing = finish(model, r, gpu, length, kv_request_bytes(model, r, length), warnings)
-    if sizing.footprint.total <= available and s.kv_grow and available < UNLIMITED and \
+    cap = default_cap_seqs(s, r.max_num_seqs)  # a default grant: at most this many full-length requests
+    if sizing.footprint.total <= available and s.kv_grow and (available < UNLIMITED or cap is not None) and \
             s.gpu_memory_utilization is None and lay.block_bytes and not lay.pooling and not model.pooling:
         # the u rounding slack of the first sizing is not part of the room's cost (it is recomputed)
         room = int(available - (sizing.footprint.non_kv - sizing.footprint.slack) - rounding)
         grown = room // lay.block_bytes * lay.block_bytes
+        if cap is not None:  # never more than the server can hold: cap x blocks(maxModelLen) + null
+            grown = min(grown, lay.bytes_for(length, cap, r.batched_tokens, s.pp))
         if grown > sizing.footprint.kv_cache:
             big = finish(model, r, gpu, length, grown, [*warnings])
             if big.footprint.total <= available:
@@ -309,9 +370,19 @@ def _check(sizing: Sizing, available: int, model: ModelArch, s: Settings, r: Res
                 f"{sizing.flags.max_model_len} tokens ({fmt_gib(need_one)}, "
                 f"{r.layout.pool_tokens(need_one)} KV tokens)"
             )
+    sizing = replace(sizing, grant=grant_text(model, s, r, sizing), kv_beyond_caps=_beyond_caps(model, s, r, sizing))
     if reasons:
         return replace(sizing, fits=False, reasons=tuple(reasons))
     return sizing
+
+
+def _beyond_caps(model: ModelArch, s: Settings, r: Resolved, sizing: Sizing) -> int:
+    """KV bytes a grown (kvCache.grow) KV cache holds beyond maxNumSeqs x maxModelLen: room the
+    server cannot use for live requests (named in refusals of its neighbours)."""
+    f, lay = sizing.flags, r.layout
+    if not s.kv_grow or s.kv_default is not None or f is None or lay.pooling or model.pooling or not lay.block_bytes:
+        return 0
+    return max(sizing.footprint.kv_cache - lay.bytes_for(f.max_model_len, f.max_num_seqs, r.batched_tokens, s.pp), 0)
 
 
 def vllm_startup(model: ModelArch, s: Settings, gpu: GpuType, flags: Flags) -> VllmStartup:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from vllmfit.core import defaults
+from vllmfit.core import defaults, limits
 from vllmfit.core.defaults import GIB
 from vllmfit.core.memory.versions import VllmVersion
 from vllmfit.core.model.facts import GpuType, ModelArch, hash_once, state_without_hash
@@ -42,6 +42,10 @@ class Settings:
     kv_concurrency: int | None = None  # requests of typical_len tokens (typical_len unset: maxModelLen)
     typical_len: int | None = None  # a typical request's length, for kv_concurrency and status
     kv_grow: bool = False  # the KV cache may grow into the room the GPU group offers at placement
+    # no spec.kvCache: the rule of the default grant (sizing.default_grant): "caps" (maxNumSeqs set),
+    # "requests" or "room" (the cluster's KvGrant); None: the spec asks for its KV cache
+    kv_default: str | None = None
+    kv_default_requests: int = 0  # the "requests" rule's number of full-length requests
     # spec.lora: adapter slots (None: no LoRA), their rank and dtype (--max-loras, --max-lora-rank, --lora-dtype)
     lora_max_loras: int | None = None
     lora_max_rank: int = defaults.LORA_MAX_RANK
@@ -51,6 +55,28 @@ class Settings:
     @property
     def gpus(self) -> int:
         return self.tp * self.pp
+
+
+@dataclass(frozen=True)
+class KvGrant:
+    """The cluster's default KV grant for a spec that sets neither spec.kvCache nor maxNumSeqs:
+    `requests` (that many requests of the full maxModelLen, clamped to the room left) or `room`
+    (vLLM's own: the room left, at most vLLM's default maxNumSeqs x maxModelLen). A spec that sets
+    maxNumSeqs is granted at most maxNumSeqs x maxModelLen under either rule."""
+
+    rule: str = defaults.DEFAULT_KV_GRANT
+    requests: int = defaults.DEFAULT_KV_GRANT_REQUESTS
+
+    def error(self) -> str | None:
+        """Why this choice is invalid (one line), or None."""
+        if self.rule not in defaults.KV_GRANT_RULES:
+            return f"default KV grant {self.rule!r} must be one of {', '.join(defaults.KV_GRANT_RULES)}"
+        if not 1 <= self.requests <= limits.MAX_KV_GRANT_REQUESTS:
+            return f"default KV grant requests {self.requests} must be in [1, {limits.MAX_KV_GRANT_REQUESTS}]"
+        return None
+
+
+DEFAULT_KV_GRANT = KvGrant()
 
 
 # --- Outputs -----------------------------------------------------------------------------------
@@ -157,6 +183,8 @@ class Sizing:
     granted_tokens: int = 0  # KV tokens the reservation holds (block pool / groups x block size)
     typical_len: int | None = None  # the typical request length asked for, if any
     concurrency_typical: float | None = None  # requests of typical_len the KV cache holds at once
+    grant: str = ""  # which rule granted the KV cache: "maxNumSeqs 4 x maxModelLen 1024" (sizing.grant_text)
+    kv_beyond_caps: int = 0  # KV bytes grown beyond maxNumSeqs x maxModelLen (kvCache.grow only)
 
 
 @dataclass(frozen=True)

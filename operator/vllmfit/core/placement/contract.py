@@ -106,6 +106,7 @@ def _deployment_json(p: Plan, key: str) -> dict[str, Any]:
         "max_concurrency": round(r0.sizing.max_concurrency, 2) if r0 and not d.restored else None,
         "kv_cache": None if r0 is None or d.restored else {  # what status.kvCache shows
             "granted_tokens": r0.sizing.granted_tokens,
+            "granted_by": r0.sizing.grant or None,
             "concurrency_at_max_model_len": round(r0.sizing.max_concurrency, 2),
             "typical_length": r0.sizing.typical_len,
             "concurrency_at_typical_length": None if r0.sizing.concurrency_typical is None

@@ -10,7 +10,7 @@ from vllmfit.core import defaults, limits, memory
 from vllmfit.core.memory import Settings, SpecError
 from vllmfit.core.model.facts import GpuType, ModelArch
 from vllmfit.core.placement import affinity, summary
-from vllmfit.core.placement.inputs import Request, settings_from_spec
+from vllmfit.core.placement.inputs import Request, settings_from_spec, where
 from vllmfit.core.placement.ledger import Decision, Ledger, NodeSet
 from vllmfit.core.placement.place import _decide, replicas_bound
 from vllmfit.core.placement.search import _UNLIMITED, _is_mig_type, _pick, schedulable
@@ -41,7 +41,7 @@ def _most_replicas(ledger: Ledger, req: Request, policy: memory.Policy, placed: 
     more never fit) and the replicas the refused decision placed (`placed`, usually the answer).
     At most limits.MAX_REPLICA_FIX_DECISIONS decisions: past them, the most that were seen to fit.
     Not looked for (0) when the bound is above defaults.SEARCHED_REPLICAS."""
-    s = settings_from_spec(req.spec, policy)
+    s = settings_from_spec(req.spec, policy, ledger.kv_grant)
     matching = schedulable(ledger, ledger.matching(req.spec.placement.node_selector,
                                                    affinity.required_terms(req.spec)), req.spec)
     lo, hi = 0, req.spec.replicas - 1  # lo fits (0: nothing to place), hi + 1 does not
@@ -75,6 +75,10 @@ def _suggest(ledger: Ledger, req: Request, policy: memory.Policy, placed: int = 
         d = _decide(ledger, r, policy, explain=False)
         return d if d.admitted else None
 
+    # 0. the cause, where it is one: neighbours holding KV cache their servers cannot use
+    held = _beyond_caps_fix(ledger, req, policy)
+    if held:
+        out.append(held)
     # 1. somewhere else: drop the pin or the selector
     if pin.node_name and not pin.allow_reschedule:
         d = fits(placement=pin.model_copy(update={"node_name": None, "gpu_indices": None}))
@@ -91,7 +95,7 @@ def _suggest(ledger: Ledger, req: Request, policy: memory.Policy, placed: int = 
     if spec.replicas > 1 and (lo := _most_replicas(ledger, req, policy, placed)):
         out.append(f"replicas: {lo}")
     # 3. memory changes, sized on the roomiest group the deployment may use
-    s = settings_from_spec(spec, policy)
+    s = settings_from_spec(spec, policy, ledger.kv_grant)
     room = _roomiest(ledger, req, s)
     if room is not None:
         gpu, avail, budget = room
@@ -107,6 +111,41 @@ def _suggest(ledger: Ledger, req: Request, policy: memory.Policy, placed: int = 
             elif fits(**_spec_update(spec, fx)):
                 out.append(fx.text)
     return out
+
+
+def _beyond_caps_fix(ledger: Ledger, req: Request, policy: memory.Policy) -> str | None:
+    """When `req` would fit if the deployments holding KV cache beyond their maxNumSeqs x maxModelLen
+    (kvCache.grow, or the room granted by default before issue 33) held only that: which of them,
+    on the GPUs it would take, and how much beyond their caps. Checked by deciding again with those
+    bookings trimmed; the ledger is left as it was."""
+    keys = ledger.beyond_caps()
+    if not keys:
+        return None
+    held = {key: ledger.release(key) for key in keys}
+    try:
+        for key, bookings in held.items():
+            ledger._add(key, [replace(b, footprint=replace(b.footprint, kv_cache=b.footprint.kv_cache - b.kv_beyond),
+                                      kv_beyond=0) for b in bookings])
+        d = _decide(ledger, req, policy, explain=False)
+    finally:
+        for key, bookings in held.items():
+            ledger.release(key)
+            ledger._add(key, bookings)
+    if not d.admitted:
+        return None
+    gpus = {(b.node, b.index) for b in d.bookings()}
+    beyond: dict[str, int] = {}
+    for bookings in held.values():
+        for b in bookings:
+            if (b.node, b.index) in gpus and b.kv_beyond:
+                beyond[b.deployment] = beyond.get(b.deployment, 0) + b.kv_beyond
+    if not beyond:
+        return None
+    names = ", ".join(f"{key} {memory.fmt_gib(n)}" for key, n in sorted(beyond.items()))
+    on = ", ".join(where(r.node, r.gpus) for r in d.replicas)
+    return (f"neighbours on {on} hold KV cache beyond their maxNumSeqs x maxModelLen ({names}): set kvCache "
+            "on them, or change their spec (a spec decided again without kvCache is granted at most its caps), "
+            "and this fits there")
 
 
 @functools.lru_cache(maxsize=1024)

@@ -97,9 +97,11 @@ class Request:
     order: tuple[str, str] = ("", "")  # (creationTimestamp, key): earlier first
 
 
-def settings_from_spec(spec: VLLMDeploymentSpec, policy: memory.Policy = "vllm") -> Settings:
+def settings_from_spec(spec: VLLMDeploymentSpec, policy: memory.Policy = "vllm",
+                       grant: memory.KvGrant = memory.DEFAULT_KV_GRANT) -> Settings:
     """The memory model's settings for a spec; the vLLM version comes from the image tag. No KV
-    request: the room a plain vLLM server would get (memory.default_grant)."""
+    request: at most maxNumSeqs x maxModelLen, else the cluster's default `grant`, clamped to the
+    room left (memory.default_grant)."""
     kv = spec.kv_cache or KvCacheSpec()
     return memory.default_grant(Settings(
         tp=spec.tensor_parallel_size,
@@ -124,7 +126,7 @@ def settings_from_spec(spec: VLLMDeploymentSpec, policy: memory.Policy = "vllm")
         lora_max_rank=spec.lora.max_lora_rank if spec.lora else defaults.LORA_MAX_RANK,
         lora_dtype=spec.lora.lora_dtype if spec.lora else "auto",
         cpu_offload_bytes=spec.cpu_offload_bytes,
-    ))
+    ), grant)
 
 
 def refusal(node: NodeInfo, spec: VLLMDeploymentSpec) -> str | None:

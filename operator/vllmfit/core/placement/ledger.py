@@ -7,7 +7,7 @@ import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from vllmfit.core.memory import Flags, Footprint, Sizing
+from vllmfit.core.memory import DEFAULT_KV_GRANT, Flags, Footprint, KvGrant, Sizing
 from vllmfit.core.model.facts import GpuType
 from vllmfit.core.placement import affinity
 from vllmfit.core.placement.inputs import DecisionPhase, GpuKey, GpuSlot, NodeInfo
@@ -24,6 +24,7 @@ class Booking:
     node: str
     index: int
     footprint: Footprint
+    kv_beyond: int = 0  # KV bytes beyond maxNumSeqs x maxModelLen (kvCache.grow, a grant from before issue 33)
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class Decision:
 
     def bookings(self) -> list[Booking]:
         return [
-            Booking(self.key, r.replica, r.node, i, r.footprint_on(p))
+            Booking(self.key, r.replica, r.node, i, r.footprint_on(p), r.sizing.kv_beyond_caps)
             for r in self.replicas
             for p, i in enumerate(r.gpus)
         ]
@@ -91,12 +92,14 @@ class Ledger:
       there can take.
     """
 
-    def __init__(self, nodes: Iterable[NodeInfo] = ()):
+    def __init__(self, nodes: Iterable[NodeInfo] = (), kv_grant: KvGrant = DEFAULT_KV_GRANT):
+        self.kv_grant = kv_grant  # the cluster's default KV grant (a spec without kvCache or maxNumSeqs)
         self.nodes: dict[str, NodeInfo] = {}
         self._slots: dict[GpuKey, GpuSlot] = {}
         self._on_gpu: dict[str, dict[int, dict[tuple[str, int], Booking]]] = {}  # node -> GPU -> bookings
         self._used: dict[GpuKey, int] = {}
         self._by_deployment: dict[str, list[Booking]] = {}
+        self._beyond: set[str] = set()  # deployments with a booking that holds KV beyond its caps
         self._head: dict[GpuKey, int] = {}  # headroom as currently indexed
         self._free: dict[GpuType, list[tuple[int, str, int]]] = {}
         self._by_type: dict[str, dict[GpuType, list[int]]] = {}  # node -> type -> indices (non-MIG)
@@ -245,10 +248,17 @@ class Ledger:
             self._used[gkey] = self._used.get(gkey, 0) + b.footprint.total
         if bookings:
             self._by_deployment.setdefault(key, []).extend(bookings)
+            if any(b.kv_beyond for b in bookings):
+                self._beyond.add(key)
         self._reindex({(b.node, b.index) for b in bookings})
+
+    def beyond_caps(self) -> list[str]:
+        """The deployments holding KV cache beyond their maxNumSeqs x maxModelLen, sorted."""
+        return sorted(self._beyond)
 
     def release(self, key: str) -> list[Booking]:
         bookings = self._by_deployment.pop(key, [])
+        self._beyond.discard(key)
         for b in bookings:
             gkey = (b.node, b.index)
             if self._on_gpu.get(b.node, {}).get(b.index, {}).pop((b.deployment, b.replica), None) is not None:
@@ -257,12 +267,13 @@ class Ledger:
         return bookings
 
     def copy(self) -> Ledger:
-        new = Ledger()
+        new = Ledger(kv_grant=self.kv_grant)
         new.nodes = dict(self.nodes)
         new._slots = dict(self._slots)
         new._on_gpu = {n: {i: dict(b) for i, b in g.items()} for n, g in self._on_gpu.items()}
         new._used = dict(self._used)
         new._by_deployment = {k: list(v) for k, v in self._by_deployment.items()}
+        new._beyond = set(self._beyond)
         new._head = dict(self._head)
         new._free = {k: list(v) for k, v in self._free.items()}
         new._by_type = {k: dict(v) for k, v in self._by_type.items()}

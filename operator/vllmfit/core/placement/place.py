@@ -132,7 +132,7 @@ def _decide(
 
     explain=False: an Unschedulable decision carries no reasons (checking a fix needs only
     whether it fits; the reasons cost a pass over every node)."""
-    s = settings_from_spec(req.spec, policy)
+    s = settings_from_spec(req.spec, policy, ledger.kv_grant)
     errors = _spec_errors(req, s)
     if errors:
         return Decision(req.key, "Rejected", reasons=tuple(errors), message=f"{req.key}: {errors[0]}")
@@ -320,7 +320,8 @@ def _same_as(s: Settings, placed: Mapping[int, ReplicaAllocation]) -> Settings:
     f0 = z0.flags if z0 else None
     if z0 is None or f0 is None:
         return s
-    grown = {"kv_grow": False, "kv_bytes": z0.footprint.kv_cache, "kv_tokens": None, "kv_concurrency": None} \
+    grown = {"kv_grow": False, "kv_bytes": z0.footprint.kv_cache, "kv_tokens": None, "kv_concurrency": None,
+             "kv_default": None} \
         if s.kv_grow else {}  # every replica gets the KV cache replica 0 grew to
     return replace(
         s,

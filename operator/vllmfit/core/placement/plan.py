@@ -32,12 +32,13 @@ def plan(
     policy: memory.Policy = "vllm",
     admitted_flags: Mapping[str, Flags] | None = None,
     suggest: bool = True,
+    kv_grant: memory.KvGrant = memory.DEFAULT_KV_GRANT,
 ) -> Plan:
     """Place every request in order (earlier first). Deployments already `admitted` keep their
     bookings (restored as they are, never moved, never re-decided); a booking on a GPU the
-    nodes do not have is dropped with an error."""
+    nodes do not have is dropped with an error. `kv_grant`: the cluster's default KV grant."""
     node_list = sorted(nodes, key=lambda nd: nd.name)
-    ledger = Ledger(node_list)
+    ledger = Ledger(node_list, kv_grant)
     result = Plan(ledger)
     for nd in node_list:
         result.warnings.extend(nd.warnings)

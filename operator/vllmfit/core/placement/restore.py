@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from vllmfit.core.memory import Flags, Footprint
@@ -14,7 +15,8 @@ from vllmfit.core.spec.api import VLLMDeploymentStatus
 
 
 def bookings_from_status(key: str, status: VLLMDeploymentStatus) -> list[Booking]:
-    """The ledger entries an operator wrote to status.memory (GpuMemory), as bookings."""
+    """The ledger entries an operator wrote to status.memory (GpuMemory), as bookings; with the KV
+    bytes each holds beyond maxNumSeqs x maxModelLen (`_beyond_caps`)."""
     out = []
     for m in status.memory:
         parts = m.weights_bytes + m.kv_cache_bytes + m.activation_bytes + m.overhead_bytes
@@ -28,8 +30,21 @@ def bookings_from_status(key: str, status: VLLMDeploymentStatus) -> list[Booking
             slack=max(m.total_bytes - parts, 0),
             kv_band_under=(m.kv_cache_range_bytes[1] - m.kv_cache_range_bytes[0]) if m.kv_cache_range_bytes else 0,
         )
-        out.append(Booking(key, m.replica, m.node, m.index, fp))
+        out.append(Booking(key, m.replica, m.node, m.index, fp, _beyond_caps(status, m.kv_cache_bytes)))
     return out
+
+
+def _beyond_caps(status: VLLMDeploymentStatus, kv_bytes: int) -> int:
+    """KV bytes beyond what maxNumSeqs requests of maxModelLen hold, for a grant that grew
+    (kvCache.grow) or a status written before issue 33 (no grantedBy: the default grant was the room
+    left on the GPU), from status.kvCache's concurrency at maxModelLen: kv x (1 - seqs / concurrency)."""
+    kv, flags = status.kv_cache, status.flags
+    if kv is None or flags is None or (kv.granted_by is not None and "kvCache.grow" not in kv.granted_by):
+        return 0
+    conc = kv.concurrency_at_max_model_len
+    if conc <= flags.max_num_seqs:
+        return 0
+    return kv_bytes - math.ceil(kv_bytes * flags.max_num_seqs / conc)
 
 
 def restored_decision(

@@ -41,7 +41,8 @@ def _sized(model: ModelArch, s: Settings, gpu: GpuType, available: int) -> Sizin
 @functools.lru_cache(maxsize=8192)
 def _min_need(model: ModelArch, s: Settings, gpu: GpuType) -> int | None:
     """The smallest per-GPU footprint this spec can take on this GPU type, for messages: unset
-    values at their floor (context MIN_AUTO_MAX_MODEL_LEN, MIN_BATCHED_TOKENS)."""
+    values at their floor (context MIN_AUTO_MAX_MODEL_LEN, MIN_BATCHED_TOKENS; a default KV grant
+    its floor, one full-length request)."""
     full = _full_sizing(model, s, gpu)
     if isinstance(full, str):
         return None
@@ -51,6 +52,7 @@ def _min_need(model: ModelArch, s: Settings, gpu: GpuType) -> int | None:
         s,
         max_model_len=s.max_model_len or min(defaults.MIN_AUTO_MAX_MODEL_LEN, model.max_model_len),
         max_num_batched_tokens=s.max_num_batched_tokens or memory.MIN_BATCHED_TOKENS,
+        **({"kv_grow": False, "kv_default": None, "kv_default_requests": 0} if s.kv_default else {}),  # type: ignore[arg-type]
     )
     floor = _full_sizing(model, low, gpu)
     return (
@@ -190,7 +192,8 @@ def _search(
         hit = _pick(ledger, t, n, full.footprint.total, nodes, spread)
         if hit:
             sized = full
-            if s.kv_grow:  # the KV cache grows into the room of the group's tightest GPU
+            if s.kv_grow:  # the KV cache grows into the room of the group's tightest GPU (a default
+                # grant: up to its caps, which `full` already holds, so best fit picks where they fit)
                 room = min(ledger._head[(hit[0], i)] for i in hit[1])
                 grown = _sized(req.model, s, t, room)
                 sized = grown if grown.fits else full

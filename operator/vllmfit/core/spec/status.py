@@ -56,6 +56,10 @@ class KvCacheStatus(_Model):
 
     bytes: int = Field(description="KV cache per GPU.")
     tokens: int = Field(description="KV tokens granted (never fewer than requested).")
+    granted_by: str | None = Field(
+        default=None, description="Which rule granted it, e.g. 'maxNumSeqs 4 x maxModelLen 1024' (no kvCache: at "
+        "most maxNumSeqs x maxModelLen, else the cluster's default grant, clamped to the room left)."
+    )
     concurrency_at_max_model_len: float = Field(description="Requests of maxModelLen tokens held at once.")
     typical_length: int | None = Field(default=None, description="The typical request length asked for.")
     concurrency_at_typical_length: float | None = Field(
