@@ -11,12 +11,27 @@ POSTed at once (32 in flight); measured, per run:
   process: the listing's CPU is in operator_cpu_s);
 - children_s: until every admitted replica also has its Deployment;
 - peak RSS of this (the operator's) process, resource.getrusage;
-- the invariant: no GPU booked over its budget, recomputed from the stored statuses alone.
+- the invariant: no GPU booked over its budget, recomputed from the stored statuses alone, against
+  the budget the operator itself books against (its budget policy: `counted` by default, not
+  ADR-0002's 0.9 x capacity - 2 GiB).
+
+The emulated cluster has the `nvidia` RuntimeClass a GPU Operator cluster has (replicas that share
+a GPU name it). With --without-runtimeclass it has none: every sharing replica is refused
+(RuntimeClassNotFound) until the RuntimeClass appears; once every VLLMDeployment is final and
+--idle more seconds have passed, the operator's CPU is measured over --idle seconds while it
+waits (nothing polls meanwhile), then the RuntimeClass is created and the
+time until every replica's Deployment is written is measured (the RuntimeClass watch unblocks them).
+
+A run that does not settle within --timeout seconds is reported as a timeout (JSON: null and
+`timed_out_runs_count`), never as a number. --quick: 5 nodes, 20 deployments, 60 s (the test
+suite runs it so that it cannot rot).
 
 Pinned to two CPU cores, like CI. Prints a table, then as its LAST line one JSON object whose keys
 end in their units.
 
     .venv/bin/python benchmarks/operator_scale.py [--nodes 100] [--deployments 500] [--runs 3]
+        [--timeout 600] [--without-runtimeclass [--idle 10]] [--quick]
+    .venv/bin/python benchmarks/operator_scale.py --nodes 1000 --deployments 5000   # fleet size
 """
 
 from __future__ import annotations
@@ -106,13 +121,21 @@ def deployments(n: int, rnd: random.Random) -> list[dict[str, Any]]:
 
 
 def budget_of(product: str) -> int:
-    from vllmfit.core import memory
+    """A GPU's budget under the policy the operator books against (its options: `counted` unless
+    --budget-policy / --budget-utilization / --budget-reserve say otherwise)."""
+    from vllmfit.operator.state import get_store
     from vllmfit.sources import catalog
 
-    return memory.budget_bytes(catalog.gpu_for_label(product, None).cuda_total_bytes)
+    return get_store().options.budget.budget(catalog.gpu_for_label(product, None).cuda_total_bytes)
 
 
-async def one_run(n_nodes: int, n_deployments: int, seed: int, wait_s: float = 600) -> dict[str, Any]:
+RUNTIME_CLASS = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
+                 "handler": "nvidia"}
+"""What the NVIDIA GPU Operator creates: the runtime class of the replicas that share a GPU."""
+
+
+async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 600.0,
+                  runtime_class: bool = True, idle: float = 10.0) -> dict[str, Any]:
     import kopf
     from kubernetes_asyncio import client
 
@@ -132,6 +155,8 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, wait_s: float = 6
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     for n in node_objs:
         await core.create_node(n)
+    if runtime_class:
+        await client.NodeV1Api(api).create_runtime_class(RUNTIME_CLASS)
 
     store = get_store()
     store.kube_config = client.Configuration(host=url)
@@ -149,22 +174,36 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, wait_s: float = 6
         async with sem:
             await custom.create_namespaced_custom_object(GROUP, VERSION, o["metadata"]["namespace"], PLURAL, o)
 
+    async def children() -> int:
+        listed = await client.AppsV1Api(api).list_deployment_for_all_namespaces(_preload_content=False)
+        return len(json.loads(await listed.read())["items"])
+
     t0, cpu0 = time.monotonic(), time.process_time()
     await asyncio.gather(*(post(o) for o in objs))
     posted_s = time.monotonic() - t0
-    all_final_s = children_s = None
+    all_final_s = children_s = unblocked_s = None
+    waiting_cpu_percent = None
     items: list[dict[str, Any]] = []
-    while time.monotonic() - t0 < wait_s:
+    while time.monotonic() - t0 < timeout:
         await asyncio.sleep(0.25)
         items = (await custom.list_cluster_custom_object(GROUP, VERSION, PLURAL))["items"]
         phases = [(i.get("status") or {}).get("phase") for i in items]
         if all_final_s is None and len(items) == n_deployments and all(p in FINAL for p in phases):
             all_final_s = time.monotonic() - t0
-        if all_final_s is not None:
+            if not runtime_class:  # nothing can be written: the operator waits for the RuntimeClass
+                await asyncio.sleep(idle)  # the work queued before the refusals ends (not measured)
+                c0, w0 = time.process_time(), time.monotonic()
+                await asyncio.sleep(idle)  # nothing polls meanwhile
+                waiting_cpu_percent = 100 * (time.process_time() - c0) / (time.monotonic() - w0)
+                t1 = time.monotonic()
+                await client.NodeV1Api(api).create_runtime_class(RUNTIME_CLASS)
+                runtime_class = True
+        if all_final_s is not None and runtime_class:
             want = sum(len((i.get("status") or {}).get("placement") or []) for i in items)
-            have = len((await client.AppsV1Api(api).list_deployment_for_all_namespaces()).items)
-            if have >= want:
+            if await children() >= want:
                 children_s = time.monotonic() - t0
+                if waiting_cpu_percent is not None:
+                    unblocked_s = time.monotonic() - t1
                 break
     operator_cpu_s = time.process_time() - cpu0
     task.cancel()
@@ -192,6 +231,7 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, wait_s: float = 6
                 used[(m["node"], m["index"])] = used.get((m["node"], m["index"]), 0) + m["totalBytes"]
     over = sum(1 for (n, _), v in used.items() if v > budgets[n])
     return {"posted_s": posted_s, "all_final_s": all_final_s, "children_s": children_s,
+            "waiting_cpu_percent": waiting_cpu_percent, "unblocked_s": unblocked_s,
             "admitted": counts.get("Admitted", 0) + counts.get("Running", 0),
             "unschedulable": counts.get("Unschedulable", 0), "rejected": counts.get("Rejected", 0),
             "gpus_used": len(used), "overbooked": over, "operator_cpu_s": operator_cpu_s,
@@ -204,11 +244,14 @@ def main() -> None:
     p.add_argument("--deployments", type=int, default=500)
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--wait-s", type=float, default=600, help="the longest wait for every deployment to settle")
-    p.add_argument("--quick", action="store_true", help="2 nodes, 3 deployments, 15 s wait: does it run (tests)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds a run may take to settle")
+    p.add_argument("--without-runtimeclass", action="store_true",
+                   help="no `nvidia` RuntimeClass at first: measure the operator's CPU while it waits for one")
+    p.add_argument("--idle", type=float, default=10.0, help="seconds the waiting operator's CPU is measured")
+    p.add_argument("--quick", action="store_true", help="5 nodes, 20 deployments, 60 s: a smoke run")
     a = p.parse_args()
     if a.quick:
-        a.nodes, a.deployments, a.runs, a.wait_s = 2, 3, 1, 15
+        a.nodes, a.deployments, a.timeout, a.idle = 5, 20, 60.0, 2.0
     try:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
     except (AttributeError, OSError):
@@ -220,38 +263,56 @@ def main() -> None:
     import vllmfit.operator.handlers  # noqa: F401  (registers the handlers)
 
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    runs = [asyncio.run(one_run(a.nodes, a.deployments, a.seed, a.wait_s)) for _ in range(a.runs)]
+    runs = [asyncio.run(one_run(a.nodes, a.deployments, a.seed, a.timeout, not a.without_runtimeclass, a.idle))
+            for _ in range(a.runs)]
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     r0 = runs[0]
+    timed_out = sum(1 for r in runs if r["children_s"] is None)
 
-    def med(key: str) -> float:
+    def med(key: str) -> float | None:
+        """The median over the runs that got there (None: none did, a timeout)."""
         vals = [r[key] for r in runs if r[key] is not None]
-        return statistics.median(vals) if vals else float("nan")
+        return statistics.median(vals) if vals else None
+
+    def show(key: str, fmt: str = ".2f") -> str:
+        v = med(key)
+        return f"timeout ({a.timeout:.0f} s)" if v is None else f"{v:{fmt}}"
+
+    def rounded(key: str) -> float | None:
+        v = med(key)
+        return None if v is None else round(v, 2)
 
     print(f"operator scale: {a.deployments} VLLMDeployments at once onto {a.nodes} nodes x 8 GPUs "
           f"(KMock emulator in a child process); {a.runs} run(s), median; CPU cores "
           f"{len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()}")
-    print(f"{'measure':<52} {'value':>10}")
+    print(f"{'measure':<54} {'value':>14}")
+    waiting = (
+        ("operator CPU while it waits for a RuntimeClass (%)", show("waiting_cpu_percent", ".1f")),
+        ("RuntimeClass created -> every Deployment written (s)", show("unblocked_s")),
+    ) if a.without_runtimeclass else ()
     for label, value in (
-        ("all POSTed (s)", f"{med('posted_s'):.2f}"),
-        ("every VLLMDeployment in a final phase (s)", f"{med('all_final_s'):.2f}"),
-        ("every admitted replica has its Deployment (s)", f"{med('children_s'):.2f}"),
+        ("all POSTed (s)", show("posted_s")),
+        ("every VLLMDeployment in a final phase (s)", show("all_final_s")),
+        ("every admitted replica has its Deployment (s)", show("children_s")),
+        *waiting,
         ("admitted / unschedulable / rejected", f"{r0['admitted']}/{r0['unschedulable']}/{r0['rejected']}"),
         ("GPUs in use", f"{r0['gpus_used']}"),
         ("GPUs over budget (from the statuses)", f"{max(r['overbooked'] for r in runs)}"),
-        ("CPU of this process while they settle (s)", f"{med('operator_cpu_s'):.2f}"),
+        ("CPU of this process while they settle (s)", show("operator_cpu_s")),
         ("CPU of the emulator process, per run (s)", f"{runs[-1]['emulator_cpu_total_s'] / len(runs):.2f}"),
         ("peak RSS of the operator process (MB)", f"{peak_rss:.0f}"),
         ("RSS after imports (MB)", f"{base_rss:.0f}"),
     ):
-        print(f"{label:<52} {value:>10}")
+        print(f"{label:<54} {value:>14}")
     print(json.dumps({
-        "nodes": a.nodes, "deployments": a.deployments, "runs": a.runs,
-        "all_final_s": round(med("all_final_s"), 2), "children_s": round(med("children_s"), 2),
+        "nodes": a.nodes, "deployments": a.deployments, "runs": a.runs, "timeout_s": a.timeout,
+        "timed_out_runs_count": timed_out,
+        "all_final_s": rounded("all_final_s"), "children_s": rounded("children_s"),
+        "waiting_cpu_percent": rounded("waiting_cpu_percent"), "unblocked_s": rounded("unblocked_s"),
         "all_final_runs_s": [None if r["all_final_s"] is None else round(r["all_final_s"], 2) for r in runs],
         "admitted_count": r0["admitted"], "unschedulable_count": r0["unschedulable"],
         "rejected_count": r0["rejected"], "overbooked_gpus_count": max(r["overbooked"] for r in runs),
-        "operator_cpu_s": round(med("operator_cpu_s"), 2),
+        "operator_cpu_s": rounded("operator_cpu_s"),
         "emulator_cpu_s": round(runs[-1]["emulator_cpu_total_s"] / len(runs), 2),
         "peak_rss_mb": round(peak_rss, 1), "import_rss_mb": round(base_rss, 1),
     }))

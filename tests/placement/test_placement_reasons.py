@@ -8,7 +8,7 @@ import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from placement_fakes import H100, L4, LLAMA_8B, MIG, node, request
+from placement_fakes import A100_40, H100, L4, LLAMA_8B, MIG, node, request
 
 from vllmfit.core import memory, placement
 from vllmfit.core.defaults import GIB
@@ -143,3 +143,54 @@ def test_indexed_causes_equal_node_by_node_causes(nodes, filled, spec) -> None:
     fast = reasons._why_not(ledger, req, s, matching, indexed=True)
     slow = reasons._why_not(ledger, req, s, matching, indexed=False)
     assert fast == slow
+
+
+# --- counted from the node set's summary (issue 32): single-type nodes, policies, taints ------------
+
+
+@st.composite
+def fleets(draw):
+    """Mostly single-type nodes (as real node pools are), some mixed, some with an invalid budget
+    policy, tainted or cordoned; every node's GPU type a distinct but equal object, as nodes read
+    one by one have them."""
+    import dataclasses
+
+    from vllmfit.core.placement.taints import Taint
+
+    out = []
+    for k in range(draw(st.integers(1, 24))):
+        kind = draw(st.sampled_from([H100, L4, A100_40, "mixed", "none"]))
+        if kind == "mixed":
+            kinds = draw(st.lists(st.sampled_from(KINDS), min_size=1, max_size=4))
+        elif kind == "none":
+            kinds = []
+        else:
+            kinds = [dataclasses.replace(kind)] * draw(st.integers(1, 8))
+        slots = tuple(placement.GpuSlot(f"n{k:02d}", 2000 + i if t is MIG else i, t, mig=t is MIG,
+                                        foreign_bytes=draw(st.sampled_from([0, 4 * GIB, 40 * GIB])))
+                      for i, t in enumerate(kinds))
+        extra = draw(st.sampled_from(["", "", "error", "taint", "cordon"]))
+        out.append(placement.NodeInfo(
+            f"n{k:02d}", {"pool": draw(st.sampled_from("ab"))}, slots,
+            error="budget policy: budget utilization 2 (node pool label) is outside [0, 1]" if extra == "error" else None,
+            taints=(Taint("gpu", "x", "NoSchedule"),) if extra == "taint" else (),
+            unschedulable=extra == "cordon"))
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(fleets(), st.integers(0, 6), st.sampled_from(SPECS))
+def test_counted_causes_equal_node_by_node_causes_on_node_pools(nodes, filled, spec) -> None:
+    ledger = placement.Ledger(nodes)
+    for i in range(filled):
+        d = placement.decide(ledger, request(f"f{i}", maxModelLen=8192, maxNumSeqs=4 + 8 * i))
+        if d.admitted:
+            ledger.book(d)
+    req = request("x", **spec)
+    s = settings_from_spec(req.spec)
+    from vllmfit.core.placement.search import schedulable
+
+    matching = schedulable(ledger, ledger.matching(req.spec.placement.node_selector), req.spec)
+    slow = reasons._why_not(ledger, req, s, matching, indexed=False)
+    assert reasons._why_not(ledger, req, s, matching, indexed=True) == slow
+    assert reasons._why_not(ledger, req, s, matching, indexed=True) == slow  # from the cached summary

@@ -172,6 +172,13 @@ DECIDE_TIMEOUT_S = 10.0
 """The operator's limit for one decision (create, update, a waiting spec retried)."""
 DECIDE_WORKERS = 4
 """Threads deciding at once; one stuck past its limit holds one until it ends."""
+SEARCHED_REPLICAS = 128
+"""The most replicas of one spec a refusal places one by one. A spec asking for more replicas than
+the cluster could hold by a cheap bound (core.placement.summary.groups_bound: a few bisections of
+the ledger's headroom indices), when that bound is above this, is refused at once, saying how many
+it could hold at most; and the `replicas: N` fix is looked for only up to this many. Below it,
+the search places each replica, and the refusal names where they went and why the next did not
+fit. docs/placement.md, "Bounded work per review"."""
 
 # Bounded, honest admission (issue 29). The API server waits WEBHOOK_TIMEOUT_S for a review (the
 # chart's webhook.timeoutSeconds; tests/chart checks they agree). One review - model resolution,

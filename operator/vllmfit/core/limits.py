@@ -40,6 +40,12 @@ MAX_PP = 16
 """Pipeline stages."""
 MAX_REPLICAS = 1000
 """Replicas of one VLLMDeployment."""
+MAX_REPLICA_FIX_DECISIONS = 8
+"""Decisions one refusal may make to find its `replicas: N` fix (the most replicas that fit now).
+A bisection between the cheap bound and the replicas the refused decision placed, which is
+usually the answer at the first decision; 8 bisect up to 256 candidates. Past it, the fix is the
+most replicas seen to fit (checked, perhaps not the most). With the fixed number of other fixes,
+this bounds the decisions of one review (docs/placement.md, "Bounded work per review")."""
 MAX_NUM_SEQS = 1 << 20
 """--max-num-seqs. vLLM's largest default is 1024."""
 MAX_BATCHED_TOKENS = 1 << 26

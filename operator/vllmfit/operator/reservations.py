@@ -13,7 +13,7 @@ The decisions are pure (vllmfit.backends.reservation); this module reads and wri
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,6 +45,26 @@ def slot_uuids(store: Store, node: str) -> dict[int, str | None]:
 def uuids(store: Store, node: str) -> dict[int, str]:
     """Known and reservation-reported UUIDs of the node's GPUs."""
     return rsv.learned_uuids(store.reservations.values(), node, slot_uuids(store, node))
+
+
+UuidTable = Callable[[str], dict[int, str]]
+
+
+def uuid_table(store: Store) -> UuidTable:
+    """`uuids` of every node, for one pass over many replicas (the store unchanged meanwhile): the
+    reservations grouped by node once, each node's answer computed once (issue 32: `uuids` per
+    replica went over every reservation of the cluster, for every record on every event)."""
+    by_node: dict[str, list[rsv.Reservation]] = {}
+    for r in store.reservations.values():
+        by_node.setdefault(r.node, []).append(r)
+    memo: dict[str, dict[int, str]] = {}
+
+    def table(node: str) -> dict[int, str]:
+        if node not in memo:
+            memo[node] = rsv.learned_uuids(by_node.get(node, ()), node, slot_uuids(store, node))
+        return memo[node]
+
+    return table
 
 
 def replicas(store: Store) -> dict[tuple[str, int], tuple[str, tuple[int, ...]]]:
@@ -92,12 +112,13 @@ def wanted(store: Store) -> set[tuple[str, int]]:
     return out
 
 
-def pins(store: Store, key: str, p: api.ReplicaPlacement) -> list[str] | None:
+def pins(store: Store, key: str, p: api.ReplicaPlacement, table: UuidTable | None = None) -> list[str] | None:
     """What a shared replica's NVIDIA_VISIBLE_DEVICES names: the UUIDs of its GPUs (known from
     the agent or reported by their reservations). On a node held whole by a device-plugin limit
-    and without UUIDs, the indices. None: not known yet (its pod waits behind the gate)."""
+    and without UUIDs, the indices. None: not known yet (its pod waits behind the gate).
+    `table`: a `uuid_table` of the store as it is."""
     gpus = [g.index for g in p.gpus]
-    known = uuids(store, p.node)
+    known = table(p.node) if table is not None else uuids(store, p.node)
     got = rsv.pins(p.node, gpus, known)
     if got is None and whole(store, p.node, but=key):
         return [known.get(i) or str(i) for i in gpus]
@@ -190,7 +211,8 @@ async def sync(store: Store) -> None:
         async with store.lock:
             want = wanted(store)
             reservations = list(store.reservations.values())
-            known = {n: uuids(store, n) for n in {r.node for r in reservations} | {n for n, _ in want}}
+            table = uuid_table(store)
+            known = {n: table(n) for n in {r.node for r in reservations} | {n for n, _ in want}}
         todo = rsv.plan(want, reservations, known)
         core = client.CoreV1Api(store.api)
         cfg = store.options.reservation

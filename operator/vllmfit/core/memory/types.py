@@ -8,7 +8,7 @@ from typing import Literal
 from vllmfit.core import defaults, limits
 from vllmfit.core.defaults import GIB
 from vllmfit.core.memory.versions import VllmVersion
-from vllmfit.core.model.facts import GpuType, ModelArch
+from vllmfit.core.model.facts import GpuType, ModelArch, hash_once, state_without_hash
 
 Policy = Literal["vllm", "adr"]
 
@@ -18,6 +18,9 @@ Policy = Literal["vllm", "adr"]
 @dataclass(frozen=True)
 class Settings:
     """The memory-relevant settings of one deployment (vLLM's flags, or unset = computed)."""
+
+    __hash__ = hash_once
+    __getstate__ = state_without_hash
 
     tp: int = 1
     pp: int = 1

@@ -4,10 +4,28 @@ A Hugging Face config.json becomes a `ModelArch` in `vllmfit.core.model.config`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from vllmfit.core import limits
 from vllmfit.core.model.hybrid import StateSpec
+
+
+def hash_once(self: object) -> int:
+    """`__hash__` of a frozen dataclass, computed once per instance: GPU types, models and settings
+    are dict and cache keys on every ledger operation (dataclass's own hash rebuilds the tuple of
+    every field each time). The same value as dataclass's (its compared fields)."""
+    try:
+        return self.__dict__["_hash"]  # type: ignore[no-any-return]
+    except KeyError:
+        h = hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare))  # type: ignore[arg-type]
+        object.__setattr__(self, "_hash", h)
+        return h
+
+
+def state_without_hash(self: object) -> dict[str, object]:
+    """`__getstate__` of a class using `hash_once`: str hashes differ between processes, so the
+    cached hash is never pickled or copied."""
+    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
 
 class ModelConfigError(ValueError):
@@ -60,6 +78,9 @@ class Quant:
 @dataclass(frozen=True)
 class ModelArch:
     """What the memory model needs to know about one model. Integers are counts, not bytes."""
+
+    __hash__ = hash_once
+    __getstate__ = state_without_hash
 
     name: str
     architecture: str
@@ -220,6 +241,9 @@ def check_tp(a: ModelArch, tp: int) -> str | None:
 @dataclass(frozen=True)
 class GpuType:
     """A GPU product from catalog/gpus.yaml."""
+
+    __hash__ = hash_once
+    __getstate__ = state_without_hash
 
     product: str  # as GPU Feature Discovery labels it (nvidia.com/gpu.product)
     name: str  # as NVML names it

@@ -17,6 +17,7 @@ One module per concern, in dependency order:
   inputs    GPU slots, nodes, requests; the memory settings a spec asks for
   nodes     a v1/Node (GFD labels, agent inventory) -> NodeInfo
   ledger    bookings per GPU, kept under budget, with the search indices
+  summary   per-node-set counts and the cheap replicas bound, cached until a node changes
   search    the best-fit (or spread) search for one GPU group; cached sizing
   reasons   why a deployment fits nowhere, grouped by cause like the kube-scheduler
   place     placing every replica of one deployment (pinned first, then the search)

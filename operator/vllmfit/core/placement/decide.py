@@ -38,7 +38,7 @@ def decide(
     try:
         d = _decide(ledger, req, policy, keep)
         if suggest and d.phase == "Unschedulable":
-            fixes = tuple(_suggest(ledger, req, policy))
+            fixes = tuple(_suggest(ledger, req, policy, len(d.replicas)))
             d = replace(
                 d,
                 suggestions=fixes,

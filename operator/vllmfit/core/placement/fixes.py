@@ -6,14 +6,14 @@ import functools
 from dataclasses import replace
 from typing import Any
 
-from vllmfit.core import defaults, memory
+from vllmfit.core import defaults, limits, memory
 from vllmfit.core.memory import Settings, SpecError
 from vllmfit.core.model.facts import GpuType, ModelArch
-from vllmfit.core.placement import affinity
+from vllmfit.core.placement import affinity, summary
 from vllmfit.core.placement.inputs import Request, settings_from_spec, where
 from vllmfit.core.placement.ledger import Decision, Ledger, NodeSet
-from vllmfit.core.placement.place import _decide
-from vllmfit.core.placement.search import _UNLIMITED, _is_mig_type, _pick
+from vllmfit.core.placement.place import _decide, replicas_bound
+from vllmfit.core.placement.search import _UNLIMITED, _is_mig_type, _pick, schedulable
 from vllmfit.core.spec.api import KvCacheSpec, VLLMDeploymentSpec
 
 # --- Suggestions (each re-checked against the ledger) --------------------------------------------
@@ -35,8 +35,37 @@ def _spec_update(spec: VLLMDeploymentSpec, fix: memory.Fix) -> dict[str, Any]:
     return update
 
 
-def _suggest(ledger: Ledger, req: Request, policy: memory.Policy) -> list[str]:
-    """Concrete changes that make `req` fit now, each verified with a fresh decision."""
+def _most_replicas(ledger: Ledger, req: Request, policy: memory.Policy, placed: int) -> int:
+    """The most replicas of `req` that fit now (0: none), each answer checked with a fresh decision.
+    Fewer always fit if more do, so it is a bisection, between the cheap bound (place.replicas_bound:
+    more never fit) and the replicas the refused decision placed (`placed`, usually the answer).
+    At most limits.MAX_REPLICA_FIX_DECISIONS decisions: past them, the most that were seen to fit.
+    Not looked for (0) when the bound is above defaults.SEARCHED_REPLICAS."""
+    s = settings_from_spec(req.spec, policy, ledger.kv_grant)
+    matching = schedulable(ledger, ledger.matching(req.spec.placement.node_selector,
+                                                   affinity.required_terms(req.spec)), req.spec)
+    lo, hi = 0, req.spec.replicas - 1  # lo fits (0: nothing to place), hi + 1 does not
+    if not req.spec.placement.node_name:
+        hi = min(hi, replicas_bound(ledger, req, s, matching)[0])
+    if hi > defaults.SEARCHED_REPLICAS:
+        return 0  # the refusal says how many the cluster could hold at most; placing them is not bounded
+    guess = min(placed, hi) if placed else hi
+    for _ in range(limits.MAX_REPLICA_FIX_DECISIONS):
+        if lo >= hi:
+            break
+        mid = guess if lo < guess <= hi else (lo + hi + 1) // 2
+        d = _decide(ledger, replace(req, spec=req.spec.model_copy(update={"replicas": mid})), policy, explain=False)
+        if d.admitted:
+            lo = mid
+        else:
+            hi = mid - 1
+            guess = len(d.replicas)  # the search placed these before one did not fit: most likely the answer
+    return lo
+
+
+def _suggest(ledger: Ledger, req: Request, policy: memory.Policy, placed: int = 0) -> list[str]:
+    """Concrete changes that make `req` fit now, each verified with a fresh decision. `placed`: the
+    replicas the refused decision placed."""
     out: list[str] = []
     spec, pin = req.spec, req.spec.placement
 
@@ -63,23 +92,15 @@ def _suggest(ledger: Ledger, req: Request, policy: memory.Policy) -> list[str]:
         if d and d.replicas:
             out.append(f"placement.nodeSelector: remove (fits on {d.replicas[0].node})")
     # 2. fewer replicas
-    if spec.replicas > 1:  # the most replicas that fit: fewer always fit if more do, so bisect
-        lo, hi = 0, spec.replicas - 1  # lo fits (0: nothing to place), hi + 1 does not
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if fits(replicas=mid):
-                lo = mid
-            else:
-                hi = mid - 1
-        if lo:
-            out.append(f"replicas: {lo}")
+    if spec.replicas > 1 and (lo := _most_replicas(ledger, req, policy, placed)):
+        out.append(f"replicas: {lo}")
     # 3. memory changes, sized on the roomiest group the deployment may use
     s = settings_from_spec(spec, policy, ledger.kv_grant)
     room = _roomiest(ledger, req, s)
     if room is not None:
         gpu, avail, budget = room
         # never a TP beyond the most GPUs of this type one node has (a TP group lives on one node)
-        max_tp = max((len(ledger.type_indices(nd, gpu)) for nd in ledger.nodes), default=1)
+        max_tp = summary.most_of_type(ledger, gpu)
         for fx in _memory_fixes(req.model, s, gpu, avail, budget, max_tp):
             # a budget policy change is a fit by its arithmetic, not a spec change; it is set on the
             # operator (--budget-utilization / --budget-reserve) or the node pool's labels

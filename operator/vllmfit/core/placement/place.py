@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from vllmfit.core import memory
+from vllmfit.core import defaults, memory
 from vllmfit.core.memory import Footprint, Settings, Sizing, SpecError, fmt_gib
 from vllmfit.core.model.facts import GpuType
-from vllmfit.core.placement import affinity
+from vllmfit.core.placement import affinity, summary
 from vllmfit.core.placement.inputs import (
     GpuSlot,
     NodeInfo,
@@ -28,7 +28,16 @@ from vllmfit.core.placement.reasons import (
     _policy_line,
     _why_not,
 )
-from vllmfit.core.placement.search import _Candidate, _node_matches, _search, _shrinkable, schedulable
+from vllmfit.core.placement.search import (
+    _Candidate,
+    _full_sizing,
+    _is_mig_type,
+    _min_need,
+    _node_matches,
+    _search,
+    _shrinkable,
+    schedulable,
+)
 
 
 def _check_pinned(
@@ -141,6 +150,9 @@ def _decide(
     too_large = _kv_too_large(ledger, req, s)
     if too_large:
         return Decision(req.key, "Rejected", reasons=(too_large,), message=f"{req.key}: {too_large}")
+    if not pin.node_name and (short := _too_few_groups(ledger, req, s, len(keep), matching)):
+        return Decision(req.key, "Unschedulable", reasons=(short,), message=short + "." + "".join(
+            f" {p[0].upper()}{p[1:]}." for p in [summary.policy_line(ledger, matching)] if p))
     attempt = _place_replicas(ledger, req, s, keep, matching, explain=explain)
     for _ in range(spec.replicas):
         if attempt.smaller is None:
@@ -204,6 +216,44 @@ def _kv_too_large(ledger: Ledger, req: Request, s: Settings) -> str | None:
     if not policies:
         return None
     return memory.kv_request_too_large(req.model, s, tuple(policies), policies=policies)
+
+
+def replicas_bound(ledger: Ledger, req: Request, s: Settings, matching: NodeSet | None) -> tuple[int, list[str]]:
+    """At most how many replicas of `req` the nodes of `matching` (None: all) could take now, from a
+    few bisections of the ledger's indices (summary.groups_bound, per GPU type, at the least a replica
+    needs there: `_min_need`), and the needs per type, as shown. No search places more (tested)."""
+    n = s.gpus
+    total, needs = 0, []
+    for t in ledger.gpu_types() if matching is None else matching.types:
+        if n > 1 and _is_mig_type(ledger, t):
+            continue
+        full = _full_sizing(req.model, s, t)
+        need = _min_need(req.model, s, t)
+        if isinstance(full, str) or need is None or not full.fits:
+            continue
+        groups = summary.groups_bound(ledger, t, n, need)
+        if not groups:
+            continue
+        total += groups
+        needs.append(f"{'at least ' if _shrinkable(s) else ''}{fmt_gib(need)} on each {t.product}")
+    return total, needs
+
+
+def _too_few_groups(ledger: Ledger, req: Request, s: Settings, kept: int, matching: NodeSet | None) -> str | None:
+    """The cheap bound checked before any search (docs/placement.md, "Bounded work per review"): when
+    the cluster has room for fewer replicas than asked, but for more than defaults.SEARCHED_REPLICAS
+    (a 405B model at TP 8 with 1,000 replicas), the refusal says so at once instead of placing
+    replica after replica until one does not fit. Otherwise the search runs (cheap), and its
+    reasons say where the replicas went and why the next did not fit."""
+    want = req.spec.replicas - kept
+    if want <= defaults.SEARCHED_REPLICAS:
+        return None
+    bound, needs = replicas_bound(ledger, req, s, matching)
+    if bound <= defaults.SEARCHED_REPLICAS or bound >= want:
+        return None
+    of = f" of {s.gpus} GPUs of one type on one node each" if s.gpus > 1 else ""
+    return (f"{want} {'more ' if kept else ''}replicas{of} do not fit: the GPUs of the {len(ledger.nodes)} nodes "
+            f"have room for at most {bound} ({'; '.join(needs)})")
 
 
 @dataclass

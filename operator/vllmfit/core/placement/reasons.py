@@ -11,15 +11,18 @@ the groups read "<count> <reason>", sorted as strings, joined with ", ". The per
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from vllmfit.core import memory
 from vllmfit.core.memory import Settings, fmt_gib
-from vllmfit.core.placement import affinity
+from vllmfit.core.model.facts import GpuType
+from vllmfit.core.placement import affinity, summary
 from vllmfit.core.placement.inputs import Request, gpu_label, refusal, where
 from vllmfit.core.placement.ledger import Ledger, NodeSet
-from vllmfit.core.placement.search import _UNLIMITED, _full_sizing, _is_mig_type, _min_need, _shrinkable
+from vllmfit.core.placement.search import _UNLIMITED, _full_sizing, _min_need, _shrinkable
 
 NO_NODE = "0/{} nodes are available"
 """kube-scheduler's NoNodeAvailableMsg."""
@@ -41,8 +44,8 @@ class _Why:
 
 
 _INDEXED_FROM = 16
-"""From this many nodes on, causes are read from the ledger's headroom indices (one pass over each
-GPU type's sorted list) instead of node by node; both give the same causes (tested)."""
+"""From this many nodes on, causes are counted from the node set's summary and the ledger's headroom
+indices (core.placement.summary) instead of node by node; both give the same causes (tested)."""
 
 
 def _why_not(
@@ -59,19 +62,32 @@ def _why_not(
     names = only if only is not None else ledger.nodes
     if indexed is None:
         indexed = only is None and len(ledger.nodes) >= _INDEXED_FROM
+    groups = _Groups()
+    causes: list[str] = []  # nodes where the budget policy is why they refuse (issue 31)
     if indexed:
-        whys = _indexed_causes(ledger, req, s, matching)
+        _indexed_causes(ledger, req, s, matching, groups)
+        causes = [g.best.node for g in groups.groups.values() if _policy_is_a_cause(ledger, g.best)]
     else:
-        whys = [_node_cause(ledger, req, s, name) for name in names if name in allowed]
+        for name in names:
+            if name in allowed:
+                groups.add(w := _node_cause(ledger, req, s, name))
+                if _policy_is_a_cause(ledger, w):
+                    causes.append(name)
     barred: dict[str, int] = {}  # the kube-scheduler's words for a cordon or a taint -> nodes
-    for name in names if matching is not None else ():
-        if name not in allowed and (why := refusal(ledger.nodes[name], req.spec)) is not None:
-            barred[why] = barred.get(why, 0) + 1
-    excluded = sum(1 for name in names if name not in allowed) - sum(barred.values()) if matching is not None else 0
-    policy = _policy_line(ledger, [w.node for w in whys if _policy_is_a_cause(ledger, w)])
+    excluded = 0
+    if matching is not None and indexed:
+        barred, excluded = summary.barred(ledger, matching, req.spec)
+    elif matching is not None:
+        for name in names:
+            if name not in allowed and (why := refusal(ledger.nodes[name], req.spec)) is not None:
+                barred[why] = barred.get(why, 0) + 1
+        excluded = sum(1 for name in names if name not in allowed) - sum(barred.values())
+    # the budget policy's line only where the policy is the cause (the indexed path judges each
+    # group by its best candidate, the node closest to fitting)
+    policy = _policy_line(ledger, sorted(set(causes)))
     most = ledger.most_of_one_type()
     whole = [memory.one_node_reason(s, most)] if s.gpus > 1 and 0 < most < s.gpus else []
-    return sorted(_grouped(whys, excluded, req, s, ledger) + [f"{n} {why}" for why, n in barred.items()]) + (
+    return sorted(groups.lines(excluded, req, s, ledger) + [f"{n} {why}" for why, n in barred.items()]) + (
         [policy] if policy else []) + whole
 
 
@@ -88,54 +104,70 @@ def _policy_is_a_cause(ledger: Ledger, w: _Why) -> bool:
 def _policy_line(ledger: Ledger, names: Iterable[str]) -> str:
     """The budget policies of these nodes and what they hold back of each GPU product: 'budget policy
     (default) 0.9 x capacity - 2.0 GiB holds back 9.9 GiB of each NVIDIA-H100-80GB-HBM3'."""
-    held: dict[tuple[str, str], dict[str, str]] = {}
-    for name in names:
-        for src, rule, product, h in ledger.nodes[name].held_back:
-            held.setdefault((src, rule), {})[product] = h
-    return "; ".join(
-        f"budget policy ({src}) {rule} holds back "
-        + ", ".join(f"{h} of each {p}" for p, h in sorted(per.items()))
-        for (src, rule), per in sorted(held.items())
-    )
+    return summary._policy_line(ledger, names)
 
 
-def _grouped(whys: list[_Why], excluded: int, req: Request, s: Settings, ledger: Ledger) -> list[str]:
-    groups: dict[tuple[object, ...], list[_Why]] = {}
-    shown: dict[int, str] = {}  # need -> as printed: GPU types whose need prints the same share a group
-    for w in whys:
+@dataclass
+class _Group:
+    """Nodes with one cause: how many, one of them (`first`), the best candidate (memory: the most
+    room, then the node name), the most GPUs of one type (few), the GPU products (memory)."""
+
+    count: int
+    first: _Why
+    best: _Why
+    most: int
+    products: set[str]
+
+
+class _Groups:
+    """Causes counted per group, as the kube-scheduler counts them: node by node (`add`) or many
+    nodes with the same cause at once (`add_many`, the indexed path)."""
+
+    def __init__(self) -> None:
+        self.groups: dict[tuple[object, ...], _Group] = {}
+        self.shown: dict[int, str] = {}  # need -> as printed: GPU types whose need prints the same share a group
+
+    def add(self, w: _Why, count: int = 1) -> None:
         if w.kind == "memory":
-            key: tuple[object, ...] = ("memory", shown.get(w.need) or shown.setdefault(w.need, fmt_gib(w.need)))
+            key: tuple[object, ...] = ("memory", self.shown.get(w.need) or self.shown.setdefault(w.need, fmt_gib(w.need)))
         else:
             key = ("small", w.product, w.text) if w.kind in ("small", "policy") else (w.kind,)
-        groups.setdefault(key, []).append(w)
-    needs = set(shown.values())
-    out = []
-    for key, members in groups.items():
-        best = members[0]
-        if key[0] == "memory":  # the best candidate, with its GPUs
-            best = min(members, key=lambda w: (-w.free, w.node))
-            if not best.gpus:
+        g = self.groups.get(key)
+        if g is None:
+            self.groups[key] = _Group(count, w, w, w.free, {w.product})
+            return
+        g.count += count
+        g.most = max(g.most, w.free)
+        g.products.add(w.product)
+        if (-w.free, w.node) < (-g.best.free, g.best.node):
+            g.best = w
+
+    def lines(self, excluded: int, req: Request, s: Settings, ledger: Ledger) -> list[str]:
+        many = len(set(self.shown.values())) > 1
+        out = []
+        for key, g in self.groups.items():
+            best = g.best
+            if key[0] == "memory" and not best.gpus:  # the best candidate, with its GPUs
                 best = replace(best, gpus=_best_group(ledger, best.node, best.product, s.gpus))
-        out.append(f"{len(members)} {_group_text(str(key[0]), members, best, s, len(needs) > 1)}")
-    if excluded:
-        out.append(f"{excluded} node(s) didn't match {_selector_words(req)}")
-    return sorted(out)
+            out.append(f"{g.count} {_group_text(str(key[0]), g, best, s, many)}")
+        if excluded:
+            out.append(f"{excluded} node(s) didn't match {_selector_words(req)}")
+        return sorted(out)
 
 
-def _group_text(kind: str, members: list[_Why], best: _Why, s: Settings, name_product: bool) -> str:
+def _group_text(kind: str, g: _Group, best: _Why, s: Settings, name_product: bool) -> str:
     n = s.gpus
     if kind == "nogpu":
         return "node(s) had no GPUs"
     if kind == "few":
-        most = max(w.free for w in members)
-        return f"node(s) had fewer than {n} GPUs of one type (at most {most})"
-    first = members[0]
+        return f"node(s) had fewer than {n} GPUs of one type (at most {g.most})"
+    first = g.first
     if first.kind == "policy":
         return f"node(s) refused by their {first.text}"
     if kind == "small":
         return f"node(s) with {first.product}: {first.text}"
     least = "at least " if _shrinkable(s) else ""
-    on = "/".join(sorted({w.product for w in members})) + ": " if name_product else ""
+    on = "/".join(sorted(g.products)) + ": " if name_product else ""
     if n == 1:
         return (f"GPU memory ({on}needs {least}{fmt_gib(first.need)}, largest budget left "
                 f"{fmt_gib(max(best.free, 0))} on {where(best.node, best.gpus)})")
@@ -202,54 +234,50 @@ def _best_group(ledger: Ledger, node: str, product: str, n: int) -> tuple[int, .
     return tuple(sorted(i for _, i in heads[:n]))
 
 
-def _indexed_causes(ledger: Ledger, req: Request, s: Settings, matching: NodeSet | None) -> list[_Why]:
-    """`_node_cause` for every node `matching` allows (None: all), from the ledger's indices: per
-    GPU type, one pass over its sorted headroom list (one GPU) or its group index (n GPUs). The
-    same rules: memory (least missing, the first type by product on ties) before too few GPUs
-    (the most of one type) before a type the model never runs on (the first by product)."""
+def _indexed_causes(ledger: Ledger, req: Request, s: Settings, matching: NodeSet | None, groups: _Groups) -> None:
+    """`_node_cause` for every node `matching` allows (None: all), counted into `groups` without
+    visiting the nodes: the node set's summary (core.placement.summary, kept until a node changes)
+    counts the nodes of one GPU type by type and GPU count, whose cause depends only on those; their
+    best candidate is the top of the ledger's headroom index of that type; nodes with several types
+    are answered node by node. The same rules: memory (least missing, the first type by product on
+    ties) before too few GPUs (the most of one type) before a type the model never runs on."""
     n = s.gpus
-    allowed = None if matching is None else matching.members
-    memory: dict[str, _Why] = {}
-    few: dict[str, _Why] = {}
-    small: dict[str, _Why] = {}
-    for t in ledger.gpu_types():  # by product, as _node_cause iterates them
-        if n > 1 and _is_mig_type(ledger, t):
-            continue
+    nodes = summary.nodes_of_set(ledger, matching, n)
+    for text, count in nodes.errors.items():
+        groups.add(_Why("policy", text=text), count)
+    if nodes.nogpu:
+        groups.add(_Why("nogpu"), nodes.nogpu)
+    for name in nodes.mixed:
+        groups.add(_node_cause(ledger, req, s, name))
+    for t, per_count in sorted(nodes.single.items(), key=lambda e: e[0].product):
         full = _full_sizing(req.model, s, t)
         need = _min_need(req.model, s, t)
         if isinstance(full, str) or need is None or not full.fits:
             text = full if isinstance(full, str) else "; ".join(full.reasons)
-            for _, nd, _ in ledger.free_index(t):
-                if nd not in small and (allowed is None or nd in allowed):
-                    small[nd] = _Why("small", t.product, node=nd, text=text)
+            groups.add(_Why("small", t.product, text=text), sum(per_count.values()))
             continue
-        if n == 1:
-            top: dict[str, int] = {}
-            idx: dict[str, int] = {}
-            for h, nd, i in ledger.free_index(t):  # ascending: the last of a node is its largest
-                if nd not in top or h > top[nd]:
-                    top[nd], idx[nd] = h, i
-            tops = ((nd, h, (idx[nd],)) for nd, h in top.items())
-        else:
-            tops = ((nd, h, ()) for h, nd in ledger.group_index(t, n))
-            for nd, types in ledger._by_type.items():
-                have = len(types.get(t, ()))
-                if 0 < have < n and (allowed is None or nd in allowed) and (nd not in few or have > few[nd].free):
-                    few[nd] = _Why("few", t.product, free=have, node=nd)
-        for nd, h, gpus in tops:
-            if allowed is not None and nd not in allowed:
-                continue
-            w = _Why("memory", t.product, need, h, nd, gpus, missing=need - h)
-            old = memory.get(nd)
-            if old is None or w.missing < old.missing:
-                memory[nd] = w
-    out = []
-    for nd in ledger.nodes if allowed is None else matching.names:  # type: ignore[union-attr]
-        w = memory.get(nd) or few.get(nd) or small.get(nd)
-        if ledger.nodes[nd].error:
-            w = _Why("policy", node=nd, text=ledger.nodes[nd].error)
-        out.append(w if w is not None else _Why("nogpu", node=nd))
-    return out
+        for have, count in sorted(per_count.items()):
+            if have < n:
+                groups.add(_Why("few", t.product, free=have), count)
+        placeable = sum(count for have, count in per_count.items() if have >= n)
+        if placeable:
+            groups.add(_top(ledger, t, n, need, nodes.only), placeable)
+
+
+def _top(ledger: Ledger, t: GpuType, n: int, need: int, only: dict[str, GpuType]) -> _Why:
+    """The memory cause of the single-type node of type t with the most room for a group of n
+    (ties: the first node by name, then the lowest GPU index), read from the top of the index."""
+    entries: list[Any] = ledger.free_index(t) if n == 1 else ledger.group_index(t, n)
+    for i in range(len(entries) - 1, -1, -1):
+        if only.get(entries[i][1]) == t:
+            top = entries[i][0]
+            break
+    else:  # unreachable: a node counted with n GPUs of type t is in its index
+        raise AssertionError(f"no {t.product} node in the index")
+    for e in entries[bisect.bisect_left(entries, (top,)):]:
+        if only.get(e[1]) == t:
+            return _Why("memory", t.product, need, top, e[1], (e[2],) if n == 1 else (), missing=need - top)
+    raise AssertionError("unreachable")
 
 
 def _node_why_not(ledger: Ledger, req: Request, s: Settings, name: str) -> str:

@@ -32,6 +32,13 @@ def _full_sizing(model: ModelArch, s: Settings, gpu: GpuType) -> Sizing | str:
 
 
 @functools.lru_cache(maxsize=8192)
+def _sized(model: ModelArch, s: Settings, gpu: GpuType, available: int) -> Sizing:
+    """memory.size, cached: a KV cache that grows into the room of a GPU, or unset values lowered to
+    it, depend only on these, and many GPUs have the same room (every empty GPU of a product)."""
+    return memory.size(model, s, gpu, available)
+
+
+@functools.lru_cache(maxsize=8192)
 def _min_need(model: ModelArch, s: Settings, gpu: GpuType) -> int | None:
     """The smallest per-GPU footprint this spec can take on this GPU type, for messages: unset
     values at their floor (context MIN_AUTO_MAX_MODEL_LEN, MIN_BATCHED_TOKENS; a default KV grant
@@ -188,7 +195,7 @@ def _search(
             if s.kv_grow:  # the KV cache grows into the room of the group's tightest GPU (a default
                 # grant: up to its caps, which `full` already holds, so best fit picks where they fit)
                 room = min(ledger._head[(hit[0], i)] for i in hit[1])
-                grown = memory.size(req.model, s, t, room)
+                grown = _sized(req.model, s, t, room)
                 sized = grown if grown.fits else full
             c = _Candidate(hit[0], hit[1], sized, hit[2] - sized.footprint.total)
             if best is None or _better(c, best, spread):
@@ -201,7 +208,7 @@ def _search(
         hit = _pick(ledger, t, n, -_UNLIMITED, nodes, True)
         if hit is None:
             continue
-        sized = memory.size(req.model, s, t, hit[2])
+        sized = _sized(req.model, s, t, hit[2])
         if sized.fits:
             c = _Candidate(hit[0], hit[1], sized, hit[2] - sized.footprint.total)
             if best is None or _better(c, best, spread):

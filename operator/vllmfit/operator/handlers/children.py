@@ -78,13 +78,14 @@ async def apply_service(core: client.CoreV1Api, manifest: dict[str, Any], owner:
                                             _content_type=MERGE_PATCH)  # type: ignore[call-arg]
 
 
-def children_state(rec: Record) -> tuple[Any, ...]:
-    """What the children of `rec` are built from (to skip rewriting them unchanged)."""
+def children_state(rec: Record, table: reservations.UuidTable | None = None) -> tuple[Any, ...]:
+    """What the children of `rec` are built from (to skip rewriting them unchanged). `table`: a
+    reservations.uuid_table of the store as it is, for a pass over many records."""
     req = rec.admitted_request
     store = get_store()
     # the gate is not part of it: a running replica is not restarted to add one (its GPUs get
     # their reservations all the same)
-    pinning = tuple((tuple(reservations.pins(store, rec.key, p) or ()),
+    pinning = tuple((tuple(reservations.pins(store, rec.key, p, table) or ()),
                      ((claims.desired(store, rec.key, p) or {}).get("metadata") or {}).get("name"),
                      store.backend_of(p.node),
                      builders.booked_text(store.committed.bookings_of(rec.key, p.replica)))

@@ -99,7 +99,8 @@ async def resync_once(store: Store) -> bool:
             if repair:
                 logger.warning("resync: rewriting statuses that differ from the records: %s", ", ".join(sorted(repair)))
             fx.mark.update(repair)
-            fx.sync.update(k for k, r in store.records.items() if r.admitted and r.synced != children_state(r)
+            table = reservations.uuid_table(store)
+            fx.sync.update(k for k, r in store.records.items() if r.admitted and r.synced != children_state(r, table)
                            and r.admitted_request is not None)
             await retry_waiting(store, fx)
         undecided = [r.body for r in store.records.values() if not (r.written or {}).get("phase")]

@@ -185,8 +185,9 @@ def rebook_reported(store: Store, fx: Effects) -> list[str]:
                 fx.events.append((store.records[k].body, "Normal", "Rebooked", message or ""))
             fx.sync.add(k)
             fx.mark.update({k} | builders.neighbours(store.ledger, builders.gpus_of(store.ledger, k)))
+    table = reservations.uuid_table(store)
     for k, rec in store.records.items():  # pins learned from the reports, a whole-node holder gone or back
-        if rec.admitted and rec.synced is not None and rec.synced != children_state(rec):
+        if rec.admitted and rec.synced is not None and rec.synced != children_state(rec, table):
             fx.sync.add(k)
     return retire
 

@@ -1,0 +1,149 @@
+"""What a set of nodes has, summed once per set of nodes instead of once per GPU per review (issue 32).
+
+Derived, read-only views of a ledger's nodes: built on first use and kept in the ledger's
+selection cache (`Ledger._selected`), which is cleared whenever a node is added, changed or
+removed, so they are as current as the nodes themselves. Headroom is not summed here: it changes
+with every booking and is read from the ledger's own sorted indices (`free_index`, `group_index`).
+
+- `nodes_of_set`: per node set, the nodes with one GPU type (counted per type and per GPU count)
+  and the few with several types (answered node by node), the nodes with an invalid budget policy
+  (counted per message) and the GPU-less ones; what a refusal's reasons count.
+- `policy_line`: the budget policies of a node set and what they hold back of each product.
+- `barred`: the nodes a spec's tolerations keep out of a node set, counted per cause.
+- `most_of_type`: the most GPUs of one type any node has (the largest TP a fix may suggest).
+- `groups_bound`: an upper bound on how many GPU groups with a given room the cluster has,
+  from the sorted indices (a few bisections), so that a spec asking for more replicas than that
+  is refused before any search (docs/placement.md, "Bounded work per review").
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from vllmfit.core.model.facts import GpuType
+from vllmfit.core.placement.inputs import refusal
+from vllmfit.core.placement.ledger import Ledger, NodeSet
+from vllmfit.core.placement.taints import tolerations_of
+from vllmfit.core.spec.api import VLLMDeploymentSpec
+
+
+@dataclass
+class NodesOfSet:
+    """The nodes of a set (None: all) for a group of `gpus` GPUs, by what their causes depend on.
+
+    single[t][c]: how many nodes have only GPU type t (c of them); the cause of such a node
+    depends on t, c and the spec, and its room on the ledger's indices. mixed: nodes with
+    several types (MIG slices beside whole GPUs, mixed products): answered node by node.
+    errors[text]: nodes whose budget policy is invalid. nogpu: nodes without a usable GPU.
+    """
+
+    single: dict[GpuType, dict[int, int]] = field(default_factory=dict)
+    mixed: list[str] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+    nogpu: int = 0
+    only: dict[str, GpuType] = field(default_factory=dict)  # node -> its one type
+
+
+def nodes_of_set(ledger: Ledger, matching: NodeSet | None, gpus: int) -> NodesOfSet:
+    """`NodesOfSet` of `matching` (None: every node) for groups of `gpus` GPUs (MIG slices count
+    for one GPU only, as placement uses them). Cached until a node changes."""
+    multi = gpus > 1
+    key = ("summary", None if matching is None else matching.names, multi)
+    cached = ledger._selected.get(key)
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    out = NodesOfSet()
+    for name in ledger.nodes if matching is None else matching.names:
+        node = ledger.nodes[name]
+        if node.error:
+            out.errors[node.error] = out.errors.get(node.error, 0) + 1
+            continue
+        types: dict[GpuType, int] = {}
+        for sl in node.gpus:
+            if not (multi and sl.mig):
+                types[sl.gpu] = types.get(sl.gpu, 0) + 1
+        if not types:
+            out.nogpu += 1
+        elif len(types) > 1:
+            out.mixed.append(name)
+        else:
+            ((t, c),) = types.items()
+            per = out.single.setdefault(t, {})
+            per[c] = per.get(c, 0) + 1
+            out.only[name] = t
+    ledger._selected[key] = out  # type: ignore[assignment]
+    return out
+
+
+def policy_line(ledger: Ledger, matching: NodeSet | None) -> str:
+    """The budget policies of the nodes of `matching` (None: all) that have a valid one, and what
+    they hold back of each GPU product: 'budget policy (default) 0.9 x capacity - 2.0 GiB holds
+    back 9.9 GiB of each NVIDIA-H100-80GB-HBM3'. Cached until a node changes."""
+    key = ("policy", None if matching is None else matching.names)
+    if key not in ledger._selected:
+        ledger._selected[key] = _policy_line(ledger, (  # type: ignore[assignment]
+            n for n in (ledger.nodes if matching is None else matching.names) if not ledger.nodes[n].error))
+    return ledger._selected[key]  # type: ignore[return-value]
+
+
+def _policy_line(ledger: Ledger, names: Iterable[str]) -> str:
+    held: dict[tuple[str, str], dict[str, str]] = {}
+    for name in names:
+        for src, rule, product, h in ledger.nodes[name].held_back:
+            held.setdefault((src, rule), {})[product] = h
+    return "; ".join(
+        f"budget policy ({src}) {rule} holds back "
+        + ", ".join(f"{h} of each {p}" for p, h in sorted(per.items()))
+        for (src, rule), per in sorted(held.items())
+    )
+
+
+def barred(ledger: Ledger, matching: NodeSet, spec: VLLMDeploymentSpec) -> tuple[dict[str, int], int]:
+    """The nodes outside `matching`: ({a cordon's or taint's words: nodes}, how many others, those
+    a selector or affinity excludes). Cached per tolerations until a node changes."""
+    key = ("barred", matching.names, tolerations_of(spec))
+    if key not in ledger._selected:
+        why: dict[str, int] = {}
+        for name in ledger.nodes:
+            if name not in matching.members and (w := refusal(ledger.nodes[name], spec)) is not None:
+                why[w] = why.get(w, 0) + 1
+        excluded = len(ledger.nodes) - len(matching.members) - sum(why.values())
+        ledger._selected[key] = (why, excluded)  # type: ignore[assignment]
+    return ledger._selected[key]  # type: ignore[return-value]
+
+
+def most_of_type(ledger: Ledger, t: GpuType) -> int:
+    """The most whole GPUs of type t one node has (at least 1). Cached until a node changes."""
+    key = ("most", t)
+    if key not in ledger._selected:
+        ledger._selected[key] = max(  # type: ignore[assignment]
+            (len(ledger.type_indices(nd, t)) for nd in ledger.nodes), default=1) or 1
+    return ledger._selected[key]  # type: ignore[return-value]
+
+
+UNBOUNDED = 1 << 62
+"""groups_bound of a need of nothing."""
+
+
+def groups_bound(ledger: Ledger, t: GpuType, gpus: int, need: int) -> int:
+    """At most how many groups of `gpus` GPUs of type t (on one node each) needing `need` bytes on
+    every GPU the cluster has room for now. Replicas share GPUs, so a GPU with headroom h holds at
+    most h // need of them, never more than the roomiest GPU's; the GPUs with room for one
+    (a bisection of the sorted headroom index) hold at most that many each. A group takes one
+    such place on each of its GPUs, on one node: for several GPUs, no more than the nodes whose
+    group index says they hold one, times what the largest node of the type holds. Placing
+    replicas one after the other only uses room up, so no search places more (tested)."""
+    free = ledger.free_index(t)
+    if need <= 0:
+        return UNBOUNDED
+    if not free or free[-1][0] < need:
+        return 0
+    each = free[-1][0] // need  # places for one replica on the roomiest GPU
+    places = (len(free) - bisect.bisect_left(free, (need,))) * each
+    if gpus == 1:
+        return places
+    groups = ledger.group_index(t, gpus)
+    nodes = len(groups) - bisect.bisect_left(groups, (need,))
+    return min(places // gpus, nodes * (most_of_type(ledger, t) * each // gpus))

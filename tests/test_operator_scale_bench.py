@@ -1,0 +1,32 @@
+"""benchmarks/operator_scale.py runs in its quick mode (5 nodes, 20 deployments, KMock in a child
+process) and ends with one JSON line whose keys end in units, so that it cannot rot again
+(issue 32: it waited out its 600 s for a RuntimeClass its emulator did not have, and reported NaN)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "operator_scale.py"
+
+
+def _run(*args: str) -> dict:
+    out = subprocess.run([sys.executable, str(BENCH), "--quick", *args], capture_output=True, text=True,
+                         check=True, timeout=240).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_operator_scale_quick_settles_within_budget() -> None:
+    r = _run()
+    assert r["timed_out_runs_count"] == 0 and r["all_final_s"] is not None and r["children_s"] is not None
+    assert r["admitted_count"] + r["unschedulable_count"] + r["rejected_count"] == r["deployments"] == 20
+    assert r["admitted_count"] > 0
+    assert r["overbooked_gpus_count"] == 0  # against the operator's own (counted) budget
+
+
+def test_operator_scale_quick_waits_for_the_runtimeclass() -> None:
+    r = _run("--without-runtimeclass")
+    assert r["timed_out_runs_count"] == 0 and r["unblocked_s"] is not None  # written once it exists
+    assert r["waiting_cpu_percent"] is not None
