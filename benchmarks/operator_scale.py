@@ -123,7 +123,7 @@ def deployments(n: int, rnd: random.Random) -> list[dict[str, Any]]:
 def budget_of(product: str) -> int:
     """A GPU's budget under the policy the operator books against (its options: `counted` unless
     --budget-policy / --budget-utilization / --budget-reserve say otherwise)."""
-    from vllmfit.operator.state import get_store
+    from vllmfit.operator.booking.state import get_store
     from vllmfit.sources import catalog
 
     return get_store().options.budget.budget(catalog.gpu_for_label(product, None).cuda_total_bytes)
@@ -140,7 +140,7 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
     from kubernetes_asyncio import client
 
     from vllmfit.operator import handlers
-    from vllmfit.operator.state import get_store
+    from vllmfit.operator.booking.state import get_store
 
     port = free_port()
     ready = mp.get_context("spawn").Event()

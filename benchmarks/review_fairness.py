@@ -42,7 +42,7 @@ from webhook_harness import vllmd
 from webhook_latency import WORST, build_store
 
 from vllmfit.core import defaults
-from vllmfit.operator import webhook
+from vllmfit.operator.admission import webhook
 
 HONEST = {"model": "meta-llama/Llama-3.1-8B-Instruct", "maxModelLen": 8192, "maxNumSeqs": 16}
 NOWHERE = {"model": "meta-llama/Llama-3.1-405B-Instruct", "maxModelLen": 8192}

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "tests" / "webhook"))
 from webhook_harness import FakeStore, Harness, admission_review, gfd_node, vllmd
 
 from vllmfit.core import limits, placement
-from vllmfit.operator import webhook
+from vllmfit.operator.admission import webhook
 from vllmfit.sources import catalog
 
 MIX = [

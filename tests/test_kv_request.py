@@ -328,7 +328,7 @@ def test_the_operators_default_kv_grant_reaches_its_ledger(monkeypatch) -> None:
     import argparse
 
     from vllmfit.operator import main as opmain
-    from vllmfit.operator.state import Store
+    from vllmfit.operator.booking.state import Store
 
     monkeypatch.setenv("VLLMFIT_DEFAULT_KV_GRANT", "room")
     monkeypatch.setenv("VLLMFIT_DEFAULT_KV_REQUESTS", "2")

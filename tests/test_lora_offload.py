@@ -17,7 +17,8 @@ from vllmfit.core.memory.lora import lora_activation_bytes, lora_bytes
 from vllmfit.core.memory.versions import parse_version
 from vllmfit.core.model.config import parse_hf_config
 from vllmfit.core.spec import api, extraargs
-from vllmfit.operator import builders, webhook
+from vllmfit.operator.admission import webhook
+from vllmfit.operator.rendering import builders
 from vllmfit.sources import catalog
 
 DATA = Path(__file__).parent / "data" / "hf-configs"

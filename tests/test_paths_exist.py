@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TOP = ("operator", "tests", "benchmarks", "docs", "examples", "charts", "crds", "catalog", "e2e", "requirements", ".ci",
        "core", "cli", "agent", "backends", "sources")
 PACKAGE = ROOT / "operator" / "vllmfit"
-"""Docs also name modules from the package root ('operator/state.py', 'core/spec/api.py')."""
+"""Docs also name modules from the package root ('operator/booking/state.py', 'core/spec/api.py')."""
 PATH = re.compile(r"(?<![\w./~-])((?:" + "|".join(re.escape(t) for t in TOP) + r")/[\w./-]*\w)")
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 MACHINE = re.compile(r"(?<![\w.>-])/(?:work|home/(?!kubernetes)[a-z]|Users|mnt/data)[\w/.-]*")

@@ -12,7 +12,7 @@ from typing import Any
 from vllmfit.backends import binding
 from vllmfit.core import defaults
 from vllmfit.core.spec import api, validate
-from vllmfit.operator import builders
+from vllmfit.operator.rendering import builders
 
 MIB = defaults.MIB
 FLAGS = api.Flags(max_model_len=8192, max_num_seqs=8, gpu_memory_utilization=0.5)

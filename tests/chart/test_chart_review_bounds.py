@@ -9,7 +9,7 @@ import yaml
 
 from vllmfit import main as cli
 from vllmfit.core import defaults
-from vllmfit.operator import webhook
+from vllmfit.operator.admission import webhook
 
 from .conftest import CHART, one
 

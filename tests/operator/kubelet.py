@@ -22,7 +22,7 @@ from typing import Any
 
 from opkit import DEPLOYMENTS, PODS, VD, Cluster, budget
 
-from vllmfit.operator import builders
+from vllmfit.operator.rendering import builders
 
 
 @dataclass

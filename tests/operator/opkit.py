@@ -25,7 +25,7 @@ from kubernetes_asyncio import client
 from vllmfit.core import placement
 from vllmfit.core.spec import api
 from vllmfit.operator import handlers  # registers the handlers in Kopf's default registry
-from vllmfit.operator.state import get_store
+from vllmfit.operator.booking.state import get_store
 
 VD = f"{api.GROUP}/{api.VERSION}/{api.PLURAL}"
 DEPLOYMENTS = "apps/v1/deployments"

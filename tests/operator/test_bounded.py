@@ -14,7 +14,7 @@ from opkit import Cluster, Operator, node, vd
 
 from vllmfit.core import defaults, placement
 from vllmfit.core.spec import api
-from vllmfit.operator import bounded, webhook
+from vllmfit.operator.admission import bounded, webhook
 from vllmfit.sources import catalog
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
@@ -80,7 +80,7 @@ async def test_the_operator_rejects_a_spec_too_costly_to_decide(spinning: thread
 
 
 async def test_the_webhook_denies_a_spec_too_costly_to_decide(spinning: threading.Event) -> None:
-    from vllmfit.operator.state import Store
+    from vllmfit.operator.booking.state import Store
 
     store = Store()
     store.rebuild([node("gpu-a", gpus=1)], [])

@@ -10,8 +10,9 @@ import pytest
 from vllmfit.core import defaults, placement
 from vllmfit.core.memory import Footprint
 from vllmfit.core.spec import api
-from vllmfit.operator import builders, report
-from vllmfit.operator.record import Record
+from vllmfit.operator.booking import report
+from vllmfit.operator.booking.record import Record
+from vllmfit.operator.rendering import builders
 from vllmfit.sources import catalog
 
 GIB = 1 << 30

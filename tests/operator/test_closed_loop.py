@@ -23,7 +23,7 @@ from test_reservations import DevicePlugin, U, gates, replica_pod
 from vllmfit import main as cli_main
 from vllmfit.core import defaults, memory
 from vllmfit.core.defaults import GIB, MIB
-from vllmfit.operator.state import get_store
+from vllmfit.operator.booking.state import get_store
 from vllmfit.sources import catalog
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"

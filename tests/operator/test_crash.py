@@ -31,8 +31,8 @@ from opkit import (
 )
 
 from vllmfit.core.spec import api
-from vllmfit.operator import builders
-from vllmfit.operator.state import get_store
+from vllmfit.operator.booking.state import get_store
+from vllmfit.operator.rendering import builders
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 @pytest.fixture

@@ -33,8 +33,8 @@ from kubelet import Kubelet, exists, phase, placed, placement_of
 from opkit import DEPLOYMENTS, PODS, TEST_AGENT, VD, Cluster, Operator, node, vd
 
 from vllmfit.core.spec import api
-from vllmfit.operator import builders
-from vllmfit.operator.state import Options, get_store
+from vllmfit.operator.booking.state import Options, get_store
+from vllmfit.operator.rendering import builders
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 BIG = {"maxModelLen": 32768, "kvCache": {"concurrency": 16}}  # more than half of an H100's budget

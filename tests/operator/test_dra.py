@@ -20,7 +20,7 @@ from opkit import DEPLOYMENTS, H100, PODS, Cluster, Emulator, Operator, node, vd
 from reservationkit import U, asked, gpu_node, replica_pod
 
 from vllmfit.backends import dra
-from vllmfit.operator.state import get_store
+from vllmfit.operator.booking.state import get_store
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 GIB, MIB = 1 << 30, 1 << 20

@@ -33,7 +33,7 @@ from typing import Any
 
 from vllmfit.backends import reservation as rsv
 from vllmfit.core.spec import api
-from vllmfit.operator import builders
+from vllmfit.operator.rendering import builders
 
 NODE = "gpu-a"
 UUID = "GPU-aaaaaaaa-0000-0000-0000-000000000000"

@@ -1,6 +1,6 @@
 """The drain of a resize in place (issue 22, item 1): a replica that keeps its GPU but gets a
 smaller footprint keeps the difference booked, held only by its pods written for the old booking
-(`vllmfit.dev/booked`), until they are gone. Pure functions of operator/draining.py, on a ledger
+(`vllmfit.dev/booked`), until they are gone. Pure functions of operator/booking/draining.py, on a ledger
 with one H100 and hand-made bookings (GiB numbers chosen to be read at a glance)."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from typing import Any
 
 from vllmfit.core.memory import Footprint
 from vllmfit.core.placement import Booking, GpuSlot, Ledger, NodeInfo
-from vllmfit.operator import builders, draining
+from vllmfit.operator.booking import draining
+from vllmfit.operator.rendering import builders
 from vllmfit.sources import catalog
 
 GiB = 1 << 30

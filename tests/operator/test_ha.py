@@ -12,8 +12,8 @@ from typing import Any
 from kubernetes_asyncio import client
 from opkit import DEPLOYMENTS, Cluster, Operator, node, vd
 
-from vllmfit.operator import builders
-from vllmfit.operator.state import get_store
+from vllmfit.operator.booking.state import get_store
+from vllmfit.operator.rendering import builders
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 BIG = {"maxModelLen": 32768, "kvCache": {"concurrency": 16}}  # more than half of an H100's budget

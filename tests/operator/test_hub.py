@@ -13,8 +13,8 @@ from huggingface_hub import constants
 
 from vllmfit.core.model import config as modelconfig
 from vllmfit.core.spec import api
-from vllmfit.operator.record import ModelResolutionError
-from vllmfit.operator.state import Store
+from vllmfit.operator.booking.record import ModelResolutionError
+from vllmfit.operator.booking.state import Store
 from vllmfit.sources import hub
 
 CONFIG: dict[str, Any] = {

@@ -14,9 +14,9 @@ from typing import Any
 
 from opkit import DEPLOYMENTS, PODS, Cluster, Operator, node, vd
 
-from vllmfit.operator import builders
+from vllmfit.operator.booking.state import get_store
 from vllmfit.operator.handlers.writes import settle_drains
-from vllmfit.operator.state import get_store
+from vllmfit.operator.rendering import builders
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 BIG = {"maxModelLen": 32768, "kvCache": {"concurrency": 16}}  # more than half of an H100's budget
@@ -167,7 +167,7 @@ def _restart_inputs() -> tuple[dict[str, Any], dict[str, Any]]:
     from test_state import admitted_status, body
     from test_state import node as bare_node
 
-    from vllmfit.operator.state import Store
+    from vllmfit.operator.booking.state import Store
 
     live = Store()
     live.rebuild([bare_node("gpu-a", 1)], [])
@@ -188,7 +188,7 @@ def child(owner: dict[str, Any], where: str, uid: str | None = None) -> dict[str
 def test_a_status_alone_books_nothing_at_restart() -> None:
     """A forged Admitted status (or one whose Deployment was never written) is not restored: the
     deployment is decided again. With its Deployment owned by it at the booked place, it is."""
-    from vllmfit.operator.state import Store
+    from vllmfit.operator.booking.state import Store
 
     a, gpu = _restart_inputs()
     for children, booked in (([], False), ([child(a, "gpu-a:0", uid="someone-else")], False),
@@ -201,8 +201,8 @@ def test_a_status_alone_books_nothing_at_restart() -> None:
 
 
 def test_a_pod_nothing_books_is_a_drain_at_restart_until_it_is_gone() -> None:
-    from vllmfit.operator import draining
-    from vllmfit.operator.state import Store
+    from vllmfit.operator.booking import draining
+    from vllmfit.operator.booking.state import Store
 
     a, gpu = _restart_inputs()
     pod = child(a, "gpu-a:0") | {"status": {"phase": "Running"}}
@@ -219,7 +219,7 @@ def test_a_pod_nothing_books_is_a_drain_at_restart_until_it_is_gone() -> None:
 
 def test_refused_node_data_at_restart_moves_nothing() -> None:
     """Bad node data at start-up degrades as it does live: what is booked there stays."""
-    from vllmfit.operator.state import Store
+    from vllmfit.operator.booking.state import Store
 
     a, gpu = _restart_inputs()
     bad = {"metadata": {"name": "gpu-a", "labels": {**gpu["metadata"]["labels"], "nvidia.com/gpu.count": "nan"}}}
@@ -239,8 +239,8 @@ async def test_a_booking_whose_status_cannot_be_written_because_the_object_is_go
     from test_state import node as bare_node
 
     from vllmfit.core import placement
+    from vllmfit.operator.booking.state import get_store
     from vllmfit.operator.handlers import common, decide, writes
-    from vllmfit.operator.state import get_store
     from vllmfit.sources import catalog
 
     store = get_store()

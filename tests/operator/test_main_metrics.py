@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from vllmfit import main as cli
 from vllmfit.core import memory
 from vllmfit.operator import main
-from vllmfit.operator.state import get_store
+from vllmfit.operator.booking.state import get_store
 from vllmfit.sources import catalog
 
 GIB = 1 << 30
@@ -164,7 +164,7 @@ def test_the_operators_settings_are_read_once_from_its_flags(monkeypatch):
     nothing itself, and its own defaults are the flags' defaults (the same named values)."""
     from vllmfit import main as cli
     from vllmfit.operator import main as operator_main
-    from vllmfit.operator.state import Options
+    from vllmfit.operator.booking.state import Options
 
     monkeypatch.setenv("VLLMFIT_RESYNC_SECONDS", "7")
     monkeypatch.setenv("VLLMFIT_DRA_DRIVER", "gpu.example.com")

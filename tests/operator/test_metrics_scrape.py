@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vllmfit.core import defaults, memory
 from vllmfit.operator import metrics
-from vllmfit.operator.state import get_store
+from vllmfit.operator.booking.state import get_store
 from vllmfit.sources import catalog
 
 ROOT = Path(__file__).resolve().parents[2]

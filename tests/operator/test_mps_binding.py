@@ -13,8 +13,8 @@ from opkit import DEPLOYMENTS, Cluster, node, vd
 
 from vllmfit.backends import binding
 from vllmfit.core import defaults
-from vllmfit.operator import builders
-from vllmfit.operator.state import get_store
+from vllmfit.operator.booking.state import get_store
+from vllmfit.operator.rendering import builders
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 

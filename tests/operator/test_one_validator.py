@@ -19,9 +19,9 @@ import yaml
 from opkit import Cluster
 
 from vllmfit import main as cli
-from vllmfit.operator import webhook
+from vllmfit.operator.admission import webhook
+from vllmfit.operator.booking.state import Options
 from vllmfit.operator.handlers import common
-from vllmfit.operator.state import Options
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SIDE = {"name": "proxy", "image": "busybox:1.36"}

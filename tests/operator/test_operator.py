@@ -12,9 +12,10 @@ from opkit import DEPLOYMENTS, H100, SERVICES, VD, Cluster, Operator, node, used
 
 from vllmfit.core import defaults
 from vllmfit.core.spec import api
-from vllmfit.operator import builders, report
+from vllmfit.operator.booking import report
+from vllmfit.operator.booking.state import get_store
 from vllmfit.operator.handlers import common, decide, startup
-from vllmfit.operator.state import get_store
+from vllmfit.operator.rendering import builders
 from vllmfit.sources import catalog
 
 GIB = 1 << 30
@@ -490,7 +491,7 @@ async def test_a_status_written_by_the_previous_active_replica_is_booked_not_dou
     """Fail-over: the object was admitted by a peer (its handling annotation and its status are
     there); this operator never saw it being created, and must still count its GPU memory."""
     from vllmfit.core import placement as pl
-    from vllmfit.operator.state import Store
+    from vllmfit.operator.booking.state import Store
 
     await cluster.create(node("gpu-a", gpus=1))
     peer = Store()  # what the other replica decided

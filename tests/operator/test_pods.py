@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from vllmfit.operator import pods
+from vllmfit.operator.booking import pods
 
 BASE: dict[str, Any] = {
     "apiVersion": "v1",

@@ -15,7 +15,7 @@ from vllmfit.core import defaults, placement
 from vllmfit.core.memory import SpecError
 from vllmfit.core.placement import affinity
 from vllmfit.core.spec import api
-from vllmfit.operator import builders, podtemplate
+from vllmfit.operator.rendering import builders, podtemplate
 
 FLAGS = api.Flags(max_model_len=8192, max_num_seqs=8, gpu_memory_utilization=0.5)
 GIB = 1 << 30

@@ -10,8 +10,8 @@ from kubernetes_asyncio import client
 from opkit import DEPLOYMENTS, VD, Cluster, Operator, node, vd
 
 from vllmfit.core.spec import api
+from vllmfit.operator.booking.state import get_store
 from vllmfit.operator.handlers import startup
-from vllmfit.operator.state import get_store
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 BIG = {"maxModelLen": 32768, "kvCache": {"concurrency": 8}}  # one per H100

@@ -15,7 +15,7 @@ from opkit import DEPLOYMENTS, PODS, VD, Cluster, Operator, vd
 from reservationkit import U, asked, gpu_node, replica_pod, reservations
 
 from vllmfit.backends import reservation as rsv
-from vllmfit.operator.state import get_store
+from vllmfit.operator.booking.state import get_store
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 class DevicePlugin:

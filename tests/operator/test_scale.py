@@ -18,7 +18,7 @@ from opkit import DEPLOYMENTS, Cluster, Operator, node, vd
 
 from vllmfit.cli import crdgen
 from vllmfit.core.spec import api
-from vllmfit.operator.state import get_store
+from vllmfit.operator.booking.state import get_store
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"  # two fit on one H100 next to each other, not three
 SCALE = crdgen.render_crd()["spec"]["versions"][0]["subresources"]["scale"]

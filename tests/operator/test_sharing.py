@@ -16,7 +16,7 @@ import yaml
 from opkit import Cluster, Operator
 
 from vllmfit.main import main
-from vllmfit.operator.state import get_store
+from vllmfit.operator.booking.state import get_store
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "sharing"
 

@@ -22,7 +22,8 @@ import pytest
 from opkit import node, vd
 
 from vllmfit.core import placement
-from vllmfit.operator import state, webhook
+from vllmfit.operator.admission import webhook
+from vllmfit.operator.booking import state
 from vllmfit.operator.handlers.common import Effects, parse
 from vllmfit.operator.handlers.decide import apply_decision
 from vllmfit.sources import catalog

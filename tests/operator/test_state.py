@@ -13,10 +13,10 @@ import pytest
 from vllmfit.core import defaults, placement
 from vllmfit.core.observe import inventory
 from vllmfit.core.spec import api
-from vllmfit.operator import report
+from vllmfit.operator.booking import report
+from vllmfit.operator.booking.record import ModelResolutionError, pruned, record_from_object
+from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers import common, decide, nodes
-from vllmfit.operator.record import ModelResolutionError, pruned, record_from_object
-from vllmfit.operator.state import Store
 from vllmfit.sources import catalog
 
 H100 = "NVIDIA-H100-80GB-HBM3"

@@ -75,7 +75,7 @@ def test_a_kv_request_no_gpu_can_hold_is_one_line_with_the_largest_that_fits() -
 
 
 def test_status_shows_what_was_granted() -> None:
-    from vllmfit.operator import report
+    from vllmfit.operator.booking import report
 
     ledger = placement.Ledger([node("n", H100, 1)])
     d = placement.decide(ledger, request("d", LLAMA_8B, maxModelLen=16384,

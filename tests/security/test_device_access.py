@@ -15,7 +15,8 @@ import pytest
 
 from vllmfit.backends import binding
 from vllmfit.core.spec import api, validate
-from vllmfit.operator import builders, podtemplate, webhook
+from vllmfit.operator.admission import webhook
+from vllmfit.operator.rendering import builders, podtemplate
 
 FLAGS = api.Flags(max_model_len=8192, max_num_seqs=8, gpu_memory_utilization=0.5)
 SIDECAR = {"name": "proxy", "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"}

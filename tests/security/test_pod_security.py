@@ -18,7 +18,7 @@ import pytest
 from vllmfit.backends import binding
 from vllmfit.backends import reservation as rsv
 from vllmfit.core.spec import api, validate
-from vllmfit.operator import builders
+from vllmfit.operator.rendering import builders
 
 Pod = Mapping[str, Any]
 Meta = Mapping[str, Any]

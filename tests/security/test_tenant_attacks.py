@@ -26,9 +26,9 @@ from opkit import DEPLOYMENTS, H100, PODS, Cluster, Operator, node, vd
 
 from vllmfit.backends import reservation as rsv
 from vllmfit.core import defaults
-from vllmfit.operator import reservations as reservations_mod
+from vllmfit.operator.binding import reservations as reservations_mod
+from vllmfit.operator.booking.state import get_store
 from vllmfit.operator.handlers.sweep import sweep
-from vllmfit.operator.state import get_store
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 U = [f"GPU-{i:08d}-0000-0000-0000-000000000000" for i in range(4)]

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from webhook_harness import FakeStore, Harness, admission_review, gfd_node, vllmd
 
-from vllmfit.operator import webhook
+from vllmfit.operator.admission import webhook
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SIDE = {"name": "proxy", "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"}

@@ -20,7 +20,7 @@ from cryptography import x509
 from kubernetes_asyncio import client as kclient
 from webhook_harness import MWC, NAMES, VWC, parser, webhook_configuration
 
-from vllmfit.operator import certs, webhook
+from vllmfit.operator.admission import certs, webhook
 
 SVC, NS = "vllmfit-webhook", "vllmfit-system"
 DNS = ["vllmfit-webhook", "vllmfit-webhook.vllmfit-system", "vllmfit-webhook.vllmfit-system.svc",

@@ -28,7 +28,7 @@ from webhook_harness import (
 )
 
 from vllmfit.core.errors import UserError
-from vllmfit.operator import certs, webhook, webhookserver
+from vllmfit.operator.admission import certs, webhook, webhookserver
 
 MODEL_8B = "meta-llama/Llama-3.1-8B-Instruct"
 NAMES = ("kube-apiserver", "apiserver.example.internal")

@@ -20,7 +20,7 @@ from vllmfit.core import memory, placement
 from vllmfit.core.defaults import GIB
 from vllmfit.core.memory import fmt_gib
 from vllmfit.core.spec import api
-from vllmfit.operator import webhook
+from vllmfit.operator.admission import webhook
 from vllmfit.sources import catalog
 
 MODEL_8B = "meta-llama/Llama-3.1-8B-Instruct"

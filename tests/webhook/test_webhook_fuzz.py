@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from webhook_harness import FUZZ_COUNTS, FakeStore, Harness, admission_review, gfd_node
 
 from vllmfit.core.spec import api
-from vllmfit.operator import webhook
+from vllmfit.operator.admission import webhook
 from vllmfit.sources import catalog
 
 EXAMPLES = int(os.environ.get("VLLMFIT_FUZZ_EXAMPLES", "300"))

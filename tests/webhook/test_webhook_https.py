@@ -27,7 +27,7 @@ from vllmfit.core import memory, placement
 from vllmfit.core.defaults import GIB
 from vllmfit.core.memory import fmt_gib
 from vllmfit.core.spec import api
-from vllmfit.operator import certs, webhook
+from vllmfit.operator.admission import certs, webhook
 from vllmfit.sources import catalog
 
 MODEL_8B = "meta-llama/Llama-3.1-8B-Instruct"
@@ -314,8 +314,8 @@ def test_no_webhook_registers_nothing():
 
 
 def test_the_operators_store_and_default_image(tmp_path):
-    """The real vllmfit.operator.state.Store behind the webhook, and --default-image in the patch."""
-    state = pytest.importorskip("vllmfit.operator.state")
+    """The real vllmfit.operator.booking.state.Store behind the webhook, and --default-image in the patch."""
+    state = pytest.importorskip("vllmfit.operator.booking.state")
     store = state.Store()
     store.ledger = FakeStore(NODES).ledger
     store.publish()  # the writer changed it: commit

@@ -23,7 +23,7 @@ import pytest
 from webhook_harness import FakeStore, Harness, admission_review, gfd_node, vllmd
 
 from vllmfit.core import defaults
-from vllmfit.operator import webhook
+from vllmfit.operator.admission import webhook
 
 MODEL_8B = "meta-llama/Llama-3.1-8B-Instruct"
 READ_TIMEOUT_S = 1.0  # the test server's; the default (5 s) is checked below

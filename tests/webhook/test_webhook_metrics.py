@@ -9,7 +9,8 @@ import pytest
 from prometheus_client import REGISTRY
 from webhook_harness import FakeStore, Harness, admission_review, gfd_node, vllmd
 
-from vllmfit.operator import metrics, webhook
+from vllmfit.operator import metrics
+from vllmfit.operator.admission import webhook
 
 MODEL_8B = "meta-llama/Llama-3.1-8B-Instruct"
 

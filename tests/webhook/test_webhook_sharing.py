@@ -16,7 +16,7 @@ from webhook_harness import FakeStore
 from vllmfit.core import memory, placement
 from vllmfit.core.spec import api
 from vllmfit.main import main
-from vllmfit.operator import webhook
+from vllmfit.operator.admission import webhook
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "sharing"
 

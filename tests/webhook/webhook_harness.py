@@ -1,5 +1,5 @@
 """A running webhook for the tests and the benchmark: KMock as the API server and a Kopf operator
-with only the webhook registered (vllmfit.operator.webhook.setup), in a background thread with its
+with only the webhook registered (vllmfit.operator.admission.webhook.setup), in a background thread with its
 own event loop, serving HTTPS on 127.0.0.1 with certificates made by certs.py and kept in a KMock
 Secret. Tests talk to it with plain (sync or async) HTTP clients from the main thread.
 """
@@ -31,7 +31,7 @@ from kubernetes_asyncio import client as kclient
 
 from vllmfit.core import placement
 from vllmfit.core.spec import api
-from vllmfit.operator import certs, webhook
+from vllmfit.operator.admission import certs, webhook
 from vllmfit.sources import catalog
 
 RESOURCE = f"{api.GROUP}/{api.VERSION}/{api.PLURAL}"
@@ -45,7 +45,7 @@ H100 = "NVIDIA-H100-80GB-HBM3"
 
 
 class ModelResolutionError(LookupError):
-    """The test double's stand-in for vllmfit.operator.record.ModelResolutionError."""
+    """The test double's stand-in for vllmfit.operator.booking.record.ModelResolutionError."""
 
 
 def gfd_node(name: str, count: int = 8, product: str = H100) -> dict[str, Any]:

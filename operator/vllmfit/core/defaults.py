@@ -160,7 +160,7 @@ STARTUP_PROBE_PERIOD_SECONDS = 20
 VLLM_RUN_AS_USER = 1000
 """uid (and gid, fsGroup) the generated vLLM pods run as: the restricted Pod Security Standard
 needs a non-root user, and the vLLM image sets none (it would run as root). A podTemplate
-securityContext overrides it (operator/builders.py, docs/operator.md)."""
+securityContext overrides it (operator/rendering/builders.py, docs/operator.md)."""
 VLLM_HOME = "/tmp"
 """$HOME of the vLLM container: writable by any uid, so the caches vLLM, Hugging Face, torch and
 Triton keep under ~/.cache work without root (the image's /root is not readable by uid 1000)."""
@@ -211,7 +211,7 @@ REVIEW_PER_NAMESPACE = 2
 """Reviews of one namespace deciding at once; a review past its budget keeps its place until its
 thread ends, so abandoned work counts against its own namespace."""
 
-# Admission webhook transport limits (operator/webhook.py Server). An AdmissionReview carries the
+# Admission webhook transport limits (operator/admission/webhook.py Server). An AdmissionReview carries the
 # object (and oldObject), far below 1 MiB for a VLLMDeployment; a client that has not sent its
 # whole body within 5 s is dropped (HTTP 408; kube-apiserver sends a review at once). At most
 # WEBHOOK_MAX_CONCURRENT reviews are read or decided at once (so at most that many bodies are
@@ -220,7 +220,7 @@ WEBHOOK_MAX_BODY_BYTES = 1024 * 1024
 WEBHOOK_READ_TIMEOUT_S = 5.0
 WEBHOOK_MAX_CONCURRENT = 32
 
-# Connections to the admission webhook (operator/webhook.py Server, docs/webhook.md). asyncio gives
+# Connections to the admission webhook (operator/admission/webhook.py Server, docs/webhook.md). asyncio gives
 # every accepted TLS connection a 256 KiB read buffer before the handshake starts: 1,000 idle TCP
 # connections grew the operator by 299 MiB, so without a cap a flood of connections that never
 # speak gets it OOM-killed. Beyond WEBHOOK_MAX_CONNECTIONS open connections (counted from accept,

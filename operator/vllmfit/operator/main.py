@@ -1,7 +1,7 @@
 """`vllmfit operator`: run the operator against the in-cluster config or the current kubeconfig.
 
 Equivalent to `kopf run --all-namespaces --standalone -m vllmfit.operator` plus the metrics
-server, the liveness endpoint and the admission webhook (when vllmfit.operator.webhook is there).
+server, the liveness endpoint and the admission webhook (when vllmfit.operator.admission.webhook is there).
 Kopf and the Kubernetes client are imported only when the command runs.
 """
 
@@ -28,7 +28,7 @@ def peering_priority(name: str) -> int:
 
 def _webhook() -> Any:
     try:
-        from vllmfit.operator import webhook
+        from vllmfit.operator.admission import webhook
     except ImportError:
         return None
     return webhook
@@ -240,7 +240,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
     """The operator's settings (state.Options), read once from its flags, whose defaults come
     from the environment and core.defaults (add_parser): the one place they are read."""
     from vllmfit.backends import reservation as rsv
-    from vllmfit.operator.state import Options
+    from vllmfit.operator.booking.state import Options
 
     return Options(
         namespace=args.namespace, default_image=args.default_image, resync_seconds=args.resync_seconds,
@@ -263,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from vllmfit.operator import handlers, metrics
-    from vllmfit.operator.state import get_store
+    from vllmfit.operator.booking.state import get_store
 
     options = options_from_args(args)  # before anything starts: a bad policy is one line and exit code 2
     kopf.configure(verbose=args.verbose)

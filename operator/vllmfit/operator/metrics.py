@@ -89,8 +89,8 @@ class StoreCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         from vllmfit.core.observe.attribution import split_unit_index
-        from vllmfit.operator import report
-        from vllmfit.operator.state import get_store
+        from vllmfit.operator.booking import report
+        from vllmfit.operator.booking.state import get_store
 
         store = get_store()
         ledger = store.committed  # a committed snapshot: never half-changed

@@ -311,9 +311,8 @@ class Ledger:
         return self._share()
 
     def scratch(self) -> Ledger:
-        """A mutable copy for one computation on a snapshot (`decide` on it): unlike `fork`,
-        this ledger keeps changing its own containers in place, so use it only while this
-        ledger does not change (a frozen snapshot never does) and drop it after."""
+        """A mutable copy for one computation on a snapshot (`decide` on it); unlike `fork`, use
+        it only while this ledger does not change (a frozen one never does), then drop it."""
         new = object.__new__(Ledger)
         new.__dict__.update(self.__dict__)
         new.frozen, new._shared, new._owned = False, True, set()
@@ -435,11 +434,8 @@ class Ledger:
         """[(n-th largest headroom, node)] sorted, for nodes with at least n GPUs of type t."""
         found = self._groups.get((t, n))
         if found is None:
-            # Built whole, then published in one assignment: a snapshot read by several threads
-            # never shows a half-built index; the same state gives the same index, so a snapshot
-            # and the ledgers sharing its accounting may share it too.
-            # A ledger that changed its accounting since it was shared has its own tables
-            # (_changing), so what it builds here is never seen by one in another state.
+            # Built whole, then published in one assignment (no thread sees it half built); a
+            # ledger that changed its accounting since it was shared has its own tables (_changing).
             keys = {node: k for node in sorted(self._by_type) if (k := self._node_group_key(node, t, n)) is not None}
             found = sorted((k, node) for node, k in keys.items())
             self._group_key[(t, n)] = keys

@@ -2,7 +2,7 @@
 Security Standards (https://kubernetes.io/docs/concepts/security/pod-security-standards/, "Baseline"
 and "Restricted"), applied to what a podTemplate writes, plus no privilege escalation at any level.
 vllmfit's generated pods carry the restricted defaults and a template is merged over them field by
-field (vllmfit.operator.podtemplate), so checking what the template writes is checking the pod."""
+field (vllmfit.operator.rendering.podtemplate), so checking what the template writes is checking the pod."""
 
 from __future__ import annotations
 

@@ -14,10 +14,13 @@ from kubernetes_asyncio.client import ApiException
 from vllmfit.backends import binding
 from vllmfit.backends import reservation as rsv
 from vllmfit.core.spec import api
-from vllmfit.operator import builders, claims, draining, report, reservations, runtimeclasses
+from vllmfit.operator.binding import claims, reservations
+from vllmfit.operator.binding import runtime_classes as runtimeclasses
+from vllmfit.operator.booking import draining, report
+from vllmfit.operator.booking.record import Record
+from vllmfit.operator.booking.state import Store, get_store
 from vllmfit.operator.handlers.common import JSON_PATCH, MERGE_PATCH, gone_ok, now, post_event
-from vllmfit.operator.record import Record
-from vllmfit.operator.state import Store, get_store
+from vllmfit.operator.rendering import builders
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ from kubernetes_asyncio.client import ApiException
 
 from vllmfit.core import errors
 from vllmfit.core.spec import api, validate
-from vllmfit.operator import builders, models
+from vllmfit.operator.booking import models
+from vllmfit.operator.rendering import builders
 
 logger = logging.getLogger(__name__)
 

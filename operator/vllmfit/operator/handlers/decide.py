@@ -7,11 +7,14 @@ import logging
 
 from vllmfit.core import defaults, memory, placement
 from vllmfit.core.placement import Decision, Request
-from vllmfit.operator import bounded, builders, draining, metrics, pods, report, webhook
+from vllmfit.operator import metrics
+from vllmfit.operator.admission import bounded
+from vllmfit.operator.booking import changes, draining, pods, report
+from vllmfit.operator.booking.record import ModelResolutionError, Record
+from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.children import children_state
 from vllmfit.operator.handlers.common import Effects, Invalid, checked, now
-from vllmfit.operator.record import ModelResolutionError, Record
-from vllmfit.operator.state import Store
+from vllmfit.operator.rendering import builders
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +67,7 @@ def scale_keep(store: Store, rec: Record, req: Request) -> list[placement.Replic
     old = rec.admitted_request
     if not rec.admitted or old is None or rec.flags is None:
         return []
-    if webhook.memory_changes(old.spec, req.spec) not in ([], ["replicas"]):
+    if changes.memory_changes(old.spec, req.spec) not in ([], ["replicas"]):
         return []  # a change of what a replica needs or where it may run: decided afresh
     below = min(old.spec.replicas, req.spec.replicas)
     return placement.held_replicas(store.ledger, rec.key, below, builders.to_memory_flags(rec.flags))

@@ -8,9 +8,9 @@ from typing import Any
 
 import kopf
 
-from vllmfit.operator import claims
+from vllmfit.operator.binding import claims
+from vllmfit.operator.booking.state import Store, get_store
 from vllmfit.operator.handlers.writes import refresh_nodes
-from vllmfit.operator.state import Store, get_store
 
 logger = logging.getLogger(__name__)
 

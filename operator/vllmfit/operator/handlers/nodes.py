@@ -15,12 +15,16 @@ from vllmfit.core import defaults, memory, placement
 from vllmfit.core.observe import attribution, inventory
 from vllmfit.core.placement import observed
 from vllmfit.core.spec import api
-from vllmfit.operator import bounded, builders, learning, metrics, report, reservations
+from vllmfit.operator import metrics
+from vllmfit.operator.admission import bounded
+from vllmfit.operator.binding import reservations
+from vllmfit.operator.booking import learning, report
+from vllmfit.operator.booking.measured import in_use, replica_pods, started
+from vllmfit.operator.booking.state import Store, get_store
 from vllmfit.operator.handlers.common import Effects, now
 from vllmfit.operator.handlers.decide import apply_decision, resolve_requests_on, retry_waiting, update_node
 from vllmfit.operator.handlers.writes import finish
-from vllmfit.operator.measured import in_use, replica_pods, started
-from vllmfit.operator.state import Store, get_store
+from vllmfit.operator.rendering import builders
 from vllmfit.sources import catalog
 
 logger = logging.getLogger(__name__)

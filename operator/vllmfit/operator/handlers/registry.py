@@ -14,7 +14,6 @@ from __future__ import annotations
 import kopf
 
 from vllmfit.backends import reservation as rsv
-from vllmfit.operator import builders
 from vllmfit.operator.handlers import (
     dra_objects,
     nodes,
@@ -26,6 +25,7 @@ from vllmfit.operator.handlers import (
 )
 from vllmfit.operator.handlers.common import RESOURCE
 from vllmfit.operator.metrics import counted
+from vllmfit.operator.rendering import builders
 
 OURS = {builders.MANAGED_BY: "vllmfit"}
 REPLICA_PODS = {builders.LABEL_DEPLOYMENT: kopf.PRESENT, **OURS}

@@ -12,11 +12,14 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
 
 from vllmfit.backends import dra
-from vllmfit.operator import bounded, builders, draining, pods, report, reservations
+from vllmfit.operator.admission import bounded
+from vllmfit.operator.binding import reservations
+from vllmfit.operator.booking import draining, pods, report
+from vllmfit.operator.booking.state import Store, get_store
 from vllmfit.operator.handlers.common import SETTLING, Effects, now, post_event
 from vllmfit.operator.handlers.decide import apply_decision, refresh_ready, update_node
 from vllmfit.operator.handlers.writes import finish, settle_drains
-from vllmfit.operator.state import Store, get_store
+from vllmfit.operator.rendering import builders
 
 logger = logging.getLogger(__name__)
 

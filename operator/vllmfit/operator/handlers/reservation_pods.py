@@ -9,10 +9,10 @@ import kopf
 from kubernetes_asyncio import client
 
 from vllmfit.backends import reservation as rsv
-from vllmfit.operator import reservations
+from vllmfit.operator.binding import reservations
+from vllmfit.operator.booking.state import get_store
 from vllmfit.operator.handlers.common import gone_ok, post_event
 from vllmfit.operator.handlers.writes import place
-from vllmfit.operator.state import get_store
 
 logger = logging.getLogger(__name__)
 

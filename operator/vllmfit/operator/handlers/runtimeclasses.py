@@ -1,4 +1,4 @@
-"""RuntimeClasses: the cluster's are kept (vllmfit.operator.runtimeclasses); replicas refused for
+"""RuntimeClasses: the cluster's are kept (vllmfit.operator.binding.runtime_classes); replicas refused for
 want of the configured one are written once it is created."""
 
 from __future__ import annotations
@@ -7,11 +7,12 @@ from typing import Any
 
 import kopf
 
-from vllmfit.operator import builders, report
-from vllmfit.operator import runtimeclasses as rcs
+from vllmfit.operator.binding import runtime_classes as rcs
+from vllmfit.operator.booking import report
+from vllmfit.operator.booking.state import get_store
 from vllmfit.operator.handlers.children import sync_children
 from vllmfit.operator.handlers.common import now
-from vllmfit.operator.state import get_store
+from vllmfit.operator.rendering import builders
 
 
 async def on_runtimeclass(type: str | None, body: kopf.Body, **_: Any) -> None:

@@ -15,15 +15,17 @@ from kubernetes_asyncio.client import ApiException
 
 from vllmfit import __version__
 from vllmfit.core.spec import api
-from vllmfit.operator import claims, learning, metrics, reservations
+from vllmfit.operator import metrics
+from vllmfit.operator.binding import claims, reservations
+from vllmfit.operator.booking import learning
+from vllmfit.operator.booking.record import key_of
+from vllmfit.operator.booking.state import Store, get_store
 from vllmfit.operator.handlers.children import children_state
 from vllmfit.operator.handlers.common import Effects
 from vllmfit.operator.handlers.decide import retry_waiting
 from vllmfit.operator.handlers.sweep import list_cluster, list_ours, sweep
 from vllmfit.operator.handlers.vllmdeployments import reconcile
 from vllmfit.operator.handlers.writes import finish, settle_drains
-from vllmfit.operator.record import key_of
-from vllmfit.operator.state import Store, get_store
 
 logger = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
 
-from vllmfit.operator import builders
+from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.common import RESOURCE, gone_ok
-from vllmfit.operator.state import Store
+from vllmfit.operator.rendering import builders
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,11 @@ import kopf
 from kubernetes_asyncio import client
 
 from vllmfit.core.placement import Request
-from vllmfit.operator import bounded, builders, draining, metrics
+from vllmfit.operator import metrics
+from vllmfit.operator.admission import bounded
+from vllmfit.operator.booking import draining
+from vllmfit.operator.booking.record import ModelResolutionError, key_of
+from vllmfit.operator.booking.state import Store, get_store
 from vllmfit.operator.handlers.children import children_state
 from vllmfit.operator.handlers.common import Effects, Invalid, checked, now
 from vllmfit.operator.handlers.decide import (
@@ -24,8 +28,7 @@ from vllmfit.operator.handlers.decide import (
 )
 from vllmfit.operator.handlers.sweep import lead, sweep
 from vllmfit.operator.handlers.writes import finish, settle_drains
-from vllmfit.operator.record import ModelResolutionError, key_of
-from vllmfit.operator.state import Store, get_store
+from vllmfit.operator.rendering import builders
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +143,7 @@ async def children_of(store: Store, body: Mapping[str, Any]) -> list[dict[str, A
 async def forget(store: Store, body: Mapping[str, Any]) -> None:
     """The object is going or gone: stop its Deployments and bare pods first, then free its GPUs
     (so a crash in between leaves its booking, never a pod on GPUs booked to another) once its
-    pods are gone: until then its replicas are drains (vllmfit.operator.draining, settled by
+    pods are gone: until then its replicas are drains (vllmfit.operator.booking.draining, settled by
     writes.settle_drains from the pods the API lists); its neighbours' headroom grows then and
     waiting specs get another chance."""
     key = key_of(body)

@@ -1,6 +1,6 @@
 """How webhook reviews are bounded and shared between tenants (issue 29): the time budget of one
 review, the fail-open setting, and the per-namespace count of reviews deciding. The review itself
-is operator/webhook.py's (`review`, `late`)."""
+is operator/admission/webhook.py's (`review`, `late`)."""
 
 from __future__ import annotations
 

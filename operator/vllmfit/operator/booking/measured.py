@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from vllmfit.core.observe import attribution
 from vllmfit.core.placement import observed
-from vllmfit.operator.state import Store
+from vllmfit.operator.booking.state import Store
 
 
 def replica_pods(store: Store) -> dict[str, str]:

@@ -20,7 +20,7 @@ from vllmfit.backends.binding import GPU_RESOURCE
 from vllmfit.core import defaults, limits, memory
 from vllmfit.core.placement import Booking, Ledger
 from vllmfit.core.spec import api, extraargs, names, validate
-from vllmfit.operator import podtemplate
+from vllmfit.operator.rendering import podtemplate
 from vllmfit.sources import catalog
 
 PORT = 8000
@@ -30,7 +30,7 @@ LABEL_REPLICA = f"{api.GROUP}/replica"
 ANNOTATION_PLACEMENT = f"{api.GROUP}/placement"
 ANNOTATION_PINNING = f"{api.GROUP}/pinning"
 # the bytes a replica's pod template was written for, per GPU ("0=123,1=123"): tells a resized
-# replica's old pod from its new one at the same placement (operator/draining.py)
+# replica's old pod from its new one at the same placement (operator/booking/draining.py)
 ANNOTATION_BOOKED = f"{api.GROUP}/booked"
 MAX_NAME = limits.MAX_DEPLOYMENT_NAME  # <name>-<replica> must stay a DNS label (63) with room for 6 digits
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from vllmfit.core.spec import api
-from vllmfit.operator import report
+from vllmfit.operator.booking import report
 
 logger = logging.getLogger(__name__)
 

@@ -23,8 +23,9 @@ from kubernetes_asyncio.client import ApiException
 
 from vllmfit.backends import reservation as rsv
 from vllmfit.core.spec import api
-from vllmfit.operator import builders, measured, report
-from vllmfit.operator.state import Store
+from vllmfit.operator.booking import measured, report
+from vllmfit.operator.booking.state import Store
+from vllmfit.operator.rendering import builders
 
 logger = logging.getLogger(__name__)
 

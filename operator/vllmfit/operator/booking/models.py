@@ -10,7 +10,7 @@ from typing import Any
 from vllmfit.core.model.config import parse_hf_config
 from vllmfit.core.model.facts import ModelArch, ModelConfigError
 from vllmfit.core.spec import api, validate
-from vllmfit.operator.record import ModelResolutionError
+from vllmfit.operator.booking.record import ModelResolutionError
 from vllmfit.sources import catalog
 
 

@@ -10,9 +10,9 @@ from typing import Any
 
 from vllmfit.core.placement import Request
 from vllmfit.core.spec import api
-from vllmfit.operator.pods import PodHealth
+from vllmfit.operator.booking.pods import PodHealth
 
-logger = logging.getLogger("vllmfit.operator.state")
+logger = logging.getLogger("vllmfit.operator.booking.state")
 
 
 class ModelResolutionError(Exception):

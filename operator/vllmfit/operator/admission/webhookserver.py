@@ -1,6 +1,6 @@
 """The admission webhooks' HTTPS server: Kopf's aiohttp server with limits, client
 authentication and a guard that answers every request with an AdmissionReview or a plain 4xx
-(never a 500). What a review decides is `vllmfit.operator.webhook`; this is the transport.
+(never a 500). What a review decides is `vllmfit.operator.admission.webhook`; this is the transport.
 docs/webhook.md ("Who can reach the webhook", "Client authentication") says why each limit is
 there and what was measured.
 """

@@ -10,7 +10,7 @@ from vllmfit.core import defaults, memory
 from vllmfit.core.memory import fmt_gib
 from vllmfit.core.placement import Booking, Decision, Ledger
 from vllmfit.core.spec import api
-from vllmfit.operator.record import Record
+from vllmfit.operator.booking.record import Record
 
 
 def placement_from(decision: Decision, ledger: Ledger) -> list[api.ReplicaPlacement]:

@@ -31,7 +31,7 @@ from typing import Any
 
 from vllmfit.core.memory import Footprint
 from vllmfit.core.placement import Booking, Ledger
-from vllmfit.operator.builders import (
+from vllmfit.operator.rendering.builders import (
     ANNOTATION_BOOKED,
     ANNOTATION_PLACEMENT,
     LABEL_DEPLOYMENT,

@@ -21,7 +21,7 @@ from kubernetes_asyncio.client import ApiException
 
 from vllmfit.backends import dra
 from vllmfit.core.spec import api
-from vllmfit.operator.state import Store
+from vllmfit.operator.booking.state import Store
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import logging
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
 
-from vllmfit.operator.state import Store
+from vllmfit.operator.booking.state import Store
 
 logger = logging.getLogger(__name__)
 

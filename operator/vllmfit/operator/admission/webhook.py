@@ -14,7 +14,7 @@
 The webhook is advisory: two objects admitted in the same instant may not both fit; the operator's
 serialized allocation is authoritative (docs/webhook.md). The pure part (parse, defaults_patch,
 is_shrink, check) has no Kopf in it; `register`/`setup` are the thin shell, and the HTTPS
-server with its limits and client authentication is `vllmfit.operator.webhookserver`.
+server with its limits and client authentication is `vllmfit.operator.admission.webhookserver`.
 """
 
 from __future__ import annotations
@@ -37,11 +37,13 @@ from pydantic import BaseModel, ValidationError
 
 from vllmfit.core import defaults, placement
 from vllmfit.core.errors import UserError
-from vllmfit.core.placement import affinity
 from vllmfit.core.spec import api, validate
-from vllmfit.operator import bounded, builders, certs, models
-from vllmfit.operator.admission import Admission
-from vllmfit.operator.webhookserver import MUTATE_ID, VALIDATE_ID, Server, clip
+from vllmfit.operator.admission import bounded, certs
+from vllmfit.operator.admission.fairness import Admission
+from vllmfit.operator.admission.webhookserver import MUTATE_ID, VALIDATE_ID, Server, clip
+from vllmfit.operator.booking import models
+from vllmfit.operator.booking.changes import memory_changes
+from vllmfit.operator.rendering import builders
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +56,7 @@ FAIL_OPEN = "allowed unchecked (the operator runs with --webhook-fail-open); the
 
 
 class Store(Protocol):
-    """What the webhook needs from vllmfit.operator.state.Store."""
+    """What the webhook needs from vllmfit.operator.booking.state.Store."""
 
     ready: asyncio.Event
 
@@ -151,24 +153,9 @@ def defaults_patch(spec: Mapping[str, Any], model: type[BaseModel] = api.VLLMDep
     return out
 
 
-NOT_MEMORY = frozenset({"env", "resources", "hf_token_secret_ref", "extra_args"})
 """Spec fields that change neither the memory a deployment needs nor where it may run."""
 SMALLER_NEEDS_LESS = frozenset(
     {"replicas", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"})
-
-
-def memory_changes(old: api.VLLMDeploymentSpec, new: api.VLLMDeploymentSpec) -> list[str]:
-    """Fields whose change needs a new fit check (everything but env, resources, secrets, args,
-    and a podTemplate change that leaves its required node affinity as it was)."""
-    return [n for n in type(new).model_fields if n not in NOT_MEMORY and getattr(old, n) != getattr(new, n)
-            and not (n == "pod_template" and _node_terms(old) == _node_terms(new))]
-
-
-def _node_terms(spec: api.VLLMDeploymentSpec) -> object:
-    try:
-        return affinity.required_terms(spec)
-    except ValueError as e:
-        return str(e)
 
 
 def is_shrink(old: api.VLLMDeploymentSpec, new: api.VLLMDeploymentSpec) -> bool:
@@ -351,7 +338,7 @@ def _observe(webhook: str, outcome: str, t0: float) -> None:
 
 
 def _default_store() -> Store:
-    from vllmfit.operator import state
+    from vllmfit.operator.booking import state
 
     return state.get_store()
 
@@ -359,7 +346,7 @@ def _default_store() -> Store:
 def register(registry: kopf.OperatorRegistry | None = None, store: Store | None = None,
              default_image: str | None = None, admission: Admission | None = None) -> None:
     """Register the two admission handlers (ids = URL paths) in `registry` (Kopf's default if None).
-    `store=None` reads vllmfit.operator.state.get_store() on each request. `default_image`: the
+    `store=None` reads vllmfit.operator.booking.state.get_store() on each request. `default_image`: the
     operator's --default-image, written by the mutating webhook instead of the pydantic default.
     `admission`: the bounds and fairness of reviews (one per webhook; default: fail closed)."""
     overrides = {"image": default_image} if default_image else {}

@@ -36,10 +36,11 @@ from vllmfit.core import defaults, memory, placement
 from vllmfit.core.model.facts import ModelArch
 from vllmfit.core.placement import Ledger, Request
 from vllmfit.core.spec import api, validate
-from vllmfit.operator import builders, draining, models
-from vllmfit.operator.pods import PodHealth
-from vllmfit.operator.record import Record, key_of, pruned, record_from_object
-from vllmfit.operator.statuswriter import StatusWriter
+from vllmfit.operator.booking import draining, models
+from vllmfit.operator.booking.pods import PodHealth
+from vllmfit.operator.booking.record import Record, key_of, pruned, record_from_object
+from vllmfit.operator.booking.statuswriter import StatusWriter
+from vllmfit.operator.rendering import builders
 from vllmfit.sources import catalog
 
 logger = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ class Store(StatusWriter):
         self._busy = False
         self._writer: asyncio.Task[None] | None = None
         self.tasks: list[asyncio.Task[None]] = []  # other background tasks (resync), stopped with the writer
-        # placement backends (vllmfit.operator.reservations)
+        # placement backends (vllmfit.operator.binding.reservations)
         self.reservations: dict[str, rsv.Reservation] = {}  # reservation pod name -> what it holds
         self.gated: dict[tuple[str, str], tuple[str, list[str], list[dict[str, Any]]]] = {}  # pod -> node, pins, gates
         self.whole: dict[tuple[str, int], str] = {}  # (deployment, replica) written with device-plugin limits -> node

@@ -21,7 +21,7 @@ from kubernetes_asyncio.client import ApiException
 from vllmfit.core import defaults
 from vllmfit.core.errors import UserError
 from vllmfit.core.memory import learned
-from vllmfit.operator.state import Store
+from vllmfit.operator.booking.state import Store
 
 logger = logging.getLogger(__name__)
 MERGE_PATCH = "application/merge-patch+json"
