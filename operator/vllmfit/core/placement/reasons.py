@@ -63,16 +63,15 @@ def _why_not(
     if indexed is None:
         indexed = only is None and len(ledger.nodes) >= _INDEXED_FROM
     groups = _Groups()
-    causes: list[str] = []  # nodes where the budget policy is why they refuse (issue 31)
     if indexed:
         _indexed_causes(ledger, req, s, matching, groups)
-        causes = [g.best.node for g in groups.groups.values() if _policy_is_a_cause(ledger, g.best)]
     else:
         for name in names:
             if name in allowed:
-                groups.add(w := _node_cause(ledger, req, s, name))
-                if _policy_is_a_cause(ledger, w):
-                    causes.append(name)
+                groups.add(_node_cause(ledger, req, s, name))
+    # the budget policy is a cause where a group's best candidate (the node closest to fitting) is
+    # short by no more than its policy holds back (issue 31); both paths judge the same groups
+    causes = sorted({g.best.node for g in groups.groups.values() if _policy_is_a_cause(ledger, g.best)})
     barred: dict[str, int] = {}  # the kube-scheduler's words for a cordon or a taint -> nodes
     excluded = 0
     if matching is not None and indexed:
@@ -82,9 +81,7 @@ def _why_not(
             if name not in allowed and (why := refusal(ledger.nodes[name], req.spec)) is not None:
                 barred[why] = barred.get(why, 0) + 1
         excluded = sum(1 for name in names if name not in allowed) - sum(barred.values())
-    # the budget policy's line only where the policy is the cause (the indexed path judges each
-    # group by its best candidate, the node closest to fitting)
-    policy = _policy_line(ledger, sorted(set(causes)))
+    policy = _policy_line(ledger, causes)
     most = ledger.most_of_one_type()
     whole = [memory.one_node_reason(s, most)] if s.gpus > 1 and 0 < most < s.gpus else []
     return sorted(groups.lines(excluded, req, s, ledger) + [f"{n} {why}" for why, n in barred.items()]) + (
