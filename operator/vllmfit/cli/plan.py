@@ -83,9 +83,11 @@ def resolve_model(
 def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = True,
                budget: memory.BudgetPolicy = memory.DEFAULT_POLICY,
                kv_grant: memory.KvGrant = memory.DEFAULT_KV_GRANT,
-               learned: Sequence[memory.learned.Record] = ()) -> placement.Plan:
+               learned: Sequence[memory.learned.Record] = (),
+               tenancy: validate.Policy = validate.DEFAULT_POLICY) -> placement.Plan:
     """Nodes and deployments -> a Plan. decide=False (status): only what the statuses say.
-    `learned`: the records of --calibration (a configuration that over-ran books what it used)."""
+    `learned`: the records of --calibration (a configuration that over-ran books what it used);
+    `tenancy`: what a podTemplate may reach, as the operator's --pod-security-level etc. set it."""
     errors = list(objs.errors)
     deployments: dict[str, VLLMDeployment] = {}
     places: dict[str, str] = {}  # key -> "VLLMDeployment ns/name (file document N)"
@@ -102,7 +104,7 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
         if dep.key in deployments:
             errors.append(f"{where}: duplicate of an earlier {KIND} {dep.key}; ignored")
             continue
-        problems = validate.problems(dep, catalog_model=catalog.knows(dep.spec.model),
+        problems = validate.problems(dep, catalog_model=catalog.knows(dep.spec.model), policy=tenancy,
                                      sources=env_sources(objs, dep))
         if problems:  # the one validator: the webhook and the operator would refuse it the same way
             errors.append(f"{where}: {'; '.join(problems)}")
@@ -280,10 +282,10 @@ def emit(plan: placement.Plan, output: str, out_file: str | None, title: str) ->
 def run_plan(args: argparse.Namespace) -> int:
     objs = read_objects(read_files(args.filename))
     from vllmfit.cli import calibration
-    from vllmfit.cli.policy import budget_from_args, kv_grant_from_args
+    from vllmfit.cli.policy import budget_from_args, kv_grant_from_args, tenancy_from_args
 
     learned = calibration.read(args.calibration) if args.calibration else []
-    plan = build_plan(objs, policy=args.policy, budget=budget_from_args(args), kv_grant=kv_grant_from_args(args),
+    plan = build_plan(objs, policy=args.policy, budget=budget_from_args(args), kv_grant=kv_grant_from_args(args), tenancy=tenancy_from_args(args),
                       learned=learned)
     if not plan.ledger.nodes and not plan.decisions:
         detail = f": {plan.errors[0]}" if plan.errors else ""
@@ -328,10 +330,11 @@ def add_parser(subparsers: Any) -> None:
         help="memory model: vllm (what vLLM does, default) or adr (ADR-0002 formulas)",
     )
     from vllmfit.cli import calibration
-    from vllmfit.cli.policy import add_budget_args, add_kv_grant_args
+    from vllmfit.cli.policy import add_budget_args, add_kv_grant_args, add_tenancy_args
 
     add_budget_args(p)  # the cluster-wide budget policy; node labels still override it per node pool
     add_kv_grant_args(p)  # the cluster's default KV grant (the operator's --default-kv-grant)
+    add_tenancy_args(p)  # what a podTemplate may reach (the operator's --pod-security-level, ...)
     calibration.add_argument(p)
     p.set_defaults(func=run_plan)
 

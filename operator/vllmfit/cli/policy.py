@@ -1,6 +1,6 @@
-"""The cluster-wide choices that `estimate` and `plan` both take, as the operator's flags take them:
-the budget policy (what vllmfit hands out of each GPU) and the default KV grant (a spec without
-kvCache or maxNumSeqs). One parser each, so the two subcommands cannot word them differently."""
+"""The cluster-wide choices that `estimate` and `plan` take, as the operator's flags take them:
+the budget policy (what vllmfit hands out of each GPU), the default KV grant (a spec without
+kvCache or maxNumSeqs) and, for `plan`, what a tenant's podTemplate may reach. One parser each, so the two subcommands cannot word them differently."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import argparse
 
 from vllmfit.core import defaults, memory
 from vllmfit.core.errors import UserError
+from vllmfit.core.spec import validate
 
 
 def add_budget_args(p: argparse.ArgumentParser) -> None:
@@ -63,3 +64,21 @@ def kv_grant_from_args(args: argparse.Namespace) -> memory.KvGrant:
     if bad:
         raise UserError(bad.replace("default KV grant requests", "--default-kv-requests"))
     return grant
+
+
+def add_tenancy_args(p: argparse.ArgumentParser) -> None:
+    """What a podTemplate may reach (`plan`; the operator's flags of the same names, chart `tenants.*`),
+    so that `plan` refuses exactly what the cluster's webhook and operator refuse."""
+    g = p.add_argument_group("tenants (docs/webhook.md, \"What a tenant may write\")")
+    g.add_argument("--pod-security-level", choices=("baseline", "restricted"), default=validate.DEFAULT_POLICY.level,
+                   help="the Pod Security level no podTemplate may go beyond (default %(default)s)")
+    g.add_argument("--allow-host-path", action="append", default=[], metavar="PATH",
+                   help="a host path a podTemplate's hostPath volume may mount (it or below it; repeatable; default none)")
+    g.add_argument("--allow-csi-driver", action="append", default=[], metavar="DRIVER",
+                   help="a CSI driver a podTemplate's inline csi volume may use (repeatable; default none)")
+
+
+def tenancy_from_args(args: argparse.Namespace) -> validate.Policy:
+    return validate.Policy(level=getattr(args, "pod_security_level", validate.DEFAULT_POLICY.level),
+                           host_paths=tuple(getattr(args, "allow_host_path", ()) or ()),
+                           csi_drivers=tuple(getattr(args, "allow_csi_driver", ()) or ()))
