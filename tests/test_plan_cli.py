@@ -218,3 +218,12 @@ spec: {model: meta-llama/Llama-3.1-8B-Instruct, gpuMemoryUtilization: 0.9, maxMo
     data = json.loads(capsys.readouterr().out)
     [g], [d] = data["gpus"], data["deployments"]
     assert d["phase"] == "Admitted" and g["used_bytes"] == g["budget_bytes"] == math.ceil(0.9 * 85031714816) + CTX
+
+
+def test_html_names_the_rule_that_granted_each_kv_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 33: the HTML report, like the text and JSON, says which rule granted the KV cache (the
+    six-small example: maxNumSeqs 4 x maxModelLen 1024 = 4,096 tokens each)."""
+    target = tmp_path / "plan.html"
+    six = str(Path(EXAMPLE).parent / "sharing" / "six-small.yaml")
+    assert cli.main(["plan", "-f", six, "-o", "html", "--out-file", str(target)]) == 0
+    assert target.read_text().count("4096 tokens (maxNumSeqs 4 x maxModelLen 1024)") == 6
