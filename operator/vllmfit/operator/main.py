@@ -242,11 +242,12 @@ def options_from_args(args: argparse.Namespace) -> Any:
     from vllmfit.backends import reservation as rsv
     from vllmfit.operator.booking.state import Options
 
+    policy, mps = tenancy(args)
     return Options(
         namespace=args.namespace, default_image=args.default_image, resync_seconds=args.resync_seconds,
         placement_backend=args.placement_backend, dra_driver=args.dra_driver, dra_device_class=args.dra_device_class,
         budget=budget_policy(args), kv_grant=kv_grant(args),
-        tenancy=tenancy(args)[0], mps=tenancy(args)[1],
+        tenancy=policy, mps=mps,
         reservation=rsv.Config(
             namespace=args.namespace or "default", image=args.reservation_image or rsv.Config().image,
             priority_class=args.reservation_priority_class, runtime_class=args.reservation_runtime_class,
