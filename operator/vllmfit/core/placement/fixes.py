@@ -129,16 +129,15 @@ def _beyond_caps_fix(ledger: Ledger, req: Request, policy: memory.Policy) -> str
     keys = ledger.beyond_caps()
     if not keys:
         return None
-    held = {key: ledger.release(key) for key in keys}
+    held = {key: ledger.bookings_of(key) for key in keys}
     try:
         for key, bookings in held.items():
-            ledger._add(key, [replace(b, footprint=replace(b.footprint, kv_cache=b.footprint.kv_cache - b.kv_beyond),
-                                      kv_beyond=0) for b in bookings])
+            ledger.restore(key, [replace(b, footprint=replace(b.footprint, kv_cache=b.footprint.kv_cache - b.kv_beyond),
+                                         kv_beyond=0) for b in bookings])
         d = _decide(ledger, req, policy, explain=False)
     finally:
         for key, bookings in held.items():
-            ledger.release(key)
-            ledger._add(key, bookings)
+            ledger.restore(key, bookings)
     if not d.admitted:
         return None
     gpus = {(b.node, b.index) for b in d.bookings()}

@@ -210,9 +210,10 @@ class Ledger:
         return (slot.budget_bytes - self.used_bytes(node, index)) if slot else 0
 
     def bookings_on(self, node: str, index: int) -> list[Booking]:
-        return sorted(
-            self._on_gpu.get(node, {}).get(index, {}).values(), key=lambda b: (b.deployment, b.replica)
-        )
+        return sorted(self._on_gpu.get(node, {}).get(index, {}).values(), key=lambda b: (b.deployment, b.replica))
+
+    def deployments_on(self, node: str) -> list[str]:  # from the per-GPU books, not a pass over all
+        return sorted({b.deployment for book in self._on_gpu.get(node, {}).values() for b in book.values()})
 
     def bookings_of(self, key: str, replica: int | None = None) -> list[Booking]:
         """The bookings of deployment `key`, or of one of its replicas."""
@@ -306,8 +307,7 @@ class Ledger:
         return snap
 
     def fork(self) -> Ledger:
-        """A private mutable copy (structurally shared, copied where it changes): what the
-        operator's one writer builds the next version in."""
+        """A private mutable copy (shared, copied where it changes): the writer's next version."""
         return self._share()
 
     def scratch(self) -> Ledger:

@@ -132,7 +132,7 @@ def floor(ledger: Ledger, node: str) -> Change:
     itself decides on: a measurement never moves a started replica); `kept(ledger, node)` before
     it, passed to `change` after, puts back what the next inventory does not measure again."""
     out: dict[str, tuple[Booking, ...]] = {}
-    for key in ledger.deployments():
+    for key in ledger.deployments_on(node):
         bs = ledger.bookings_of(key)
         if any(b.node == node and b.footprint.observed_excess for b in bs):
             out[key] = tuple(replace(b, footprint=replace(b.footprint, observed_excess=0)) if b.node == node else b
@@ -143,7 +143,7 @@ def floor(ledger: Ledger, node: str) -> Change:
 def kept(ledger: Ledger, node: str) -> dict[tuple[str, int, str, int], int]:
     """(deployment, replica, node, GPU) -> the measured excess booked on `node` now."""
     return {(b.deployment, b.replica, b.node, b.index): b.footprint.observed_excess
-            for key in ledger.deployments() for b in ledger.bookings_of(key)
+            for key in ledger.deployments_on(node) for b in ledger.bookings_of(key)
             if b.node == node and b.footprint.observed_excess}
 
 
