@@ -14,9 +14,9 @@ from vllmfit.core.observe.inventory import GpuInventory
 log = logging.getLogger("vllmfit.agent")
 
 
-PUBLISH_EVERY_S = 30.0
+PUBLISH_EVERY_S = float(defaults.AGENT_PUBLISH_SECONDS)
 """Publish at least this often, even when nothing changed, so that sampled_at shows staleness."""
-USED_JITTER_BYTES = 64 * defaults.MIB
+USED_JITTER_BYTES = defaults.FOOTPRINT_STABLE_BYTES
 """Changes of used bytes smaller than this do not trigger a publish on their own."""
 MERGE_PATCH = "application/merge-patch+json"
 def to_json(inventory: GpuInventory) -> str:

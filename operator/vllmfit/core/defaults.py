@@ -83,9 +83,9 @@ on T4 (KAI-scheduler#2212)."""
 DEFAULT_VLLM_VERSION = "0.33"
 """The newest vLLM version shared/reference/vllm-memory-accounting.md covers."""
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.33.0"
+"""The pinned vLLM image generated pods run when the spec names none."""
 RESYNC_SECONDS = 30.0
 """How often the operator rebuilds its ledger from the API when idle (--resync-seconds)."""
-"""The pinned vLLM image generated pods run when the spec names none."""
 
 LORA_MAX_LORAS = 1
 LORA_MAX_RANK = 16

@@ -148,11 +148,7 @@ def model(name: str) -> ModelArch:
 def knows(name: str) -> bool:
     """Whether the catalog has model `name` (its config is then what vLLM loads, never a spec's:
     vllmfit.core.spec.validate.model_config_problem)."""
-    try:
-        model(name)
-    except LookupError:
-        return False
-    return True
+    return name in models() or _norm(name) in _model_aliases()  # model()'s hits, without its spelling hints
 
 
 def gpu(name: str) -> GpuType:

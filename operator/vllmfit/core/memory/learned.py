@@ -54,8 +54,13 @@ def flags_text(s: Settings) -> str:
 
 def config_key(model: str, gpu: str, s: Settings) -> str:
     """One configuration: model, quantization, GPU product, vLLM version, TP x PP, flags."""
-    version = parse_version(s.vllm_version)[0].label
-    return f"{model}|{s.quantization or 'auto'}|{gpu}|vllm {version}|tp {s.tp} pp {s.pp}|{flags_text(s)}"
+    return _key(model, s.quantization or "auto", gpu, parse_version(s.vllm_version)[0].label, s.tp, s.pp,
+                flags_text(s))
+
+
+def _key(model: str, quantization: str, gpu: str, version: str, tp: int, pp: int, flags: str) -> str:
+    """The one spelling of a configuration's key: what a stored record and a new sizing match on."""
+    return f"{model}|{quantization}|{gpu}|vllm {version}|tp {tp} pp {pp}|{flags}"
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,7 @@ class Record:
 
     @property
     def key(self) -> str:
-        return f"{self.model}|{self.quantization}|{self.gpu}|vllm {self.vllm_version}|tp {self.tp} pp {self.pp}|{self.flags}"
+        return _key(self.model, self.quantization, self.gpu, self.vllm_version, self.tp, self.pp, self.flags)
 
     @property
     def excess(self) -> int:
