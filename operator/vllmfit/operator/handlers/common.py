@@ -53,10 +53,17 @@ def now() -> str:
 def parse(body: Mapping[str, Any], policy: validate.Policy = validate.DEFAULT_POLICY,
           sources: validate.Sources | None = None) -> api.VLLMDeployment:
     """The object, checked by the one validator (builders.spec_problems). Raises Invalid."""
+    return _checked(_object(body), policy, sources)
+
+
+def _object(body: Mapping[str, Any]) -> api.VLLMDeployment:
     try:
-        obj = api.VLLMDeployment.model_validate({"metadata": body.get("metadata") or {}, "spec": body.get("spec") or {}})
+        return api.VLLMDeployment.model_validate({"metadata": body.get("metadata") or {}, "spec": body.get("spec") or {}})
     except pydantic.ValidationError as e:
         raise Invalid(errors.one_line(e)) from None
+
+
+def _checked(obj: api.VLLMDeployment, policy: validate.Policy, sources: validate.Sources | None) -> api.VLLMDeployment:
     problems = builders.spec_problems(obj, policy, sources)
     if problems:
         raise Invalid("; ".join(problems))
@@ -66,13 +73,9 @@ def parse(body: Mapping[str, Any], policy: validate.Policy = validate.DEFAULT_PO
 async def checked(store: Any, body: Mapping[str, Any]) -> api.VLLMDeployment:
     """`parse` with the operator's tenancy policy and the envFrom ConfigMaps read from the cluster
     (models.env_sources). Raises Invalid."""
-    policy = store.options.tenancy
-    try:
-        obj = api.VLLMDeployment.model_validate({"metadata": body.get("metadata") or {}, "spec": body.get("spec") or {}})
-    except pydantic.ValidationError as e:
-        raise Invalid(errors.one_line(e)) from None
+    obj = _object(body)  # validated once, then checked with the sources it names
     needed = validate.sources_needed(obj.spec)
-    return parse(body, policy, await models.env_sources(store.api, obj) if needed else None)
+    return _checked(obj, store.options.tenancy, await models.env_sources(store.api, obj) if needed else None)
 
 
 def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
