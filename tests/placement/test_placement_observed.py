@@ -166,6 +166,34 @@ def test_a_configuration_that_over_ran_is_booked_with_what_it_used_and_only_that
     assert d.admitted and d.bookings()[0].footprint.total == plain.footprint.total + 2 * GIB
 
 
+def test_a_room_grant_with_a_learned_over_run_is_sized_to_the_room_the_over_run_leaves() -> None:
+    # A KV cache that grows into the room (kv grant `room`, or kvCache.grow) must leave the learned
+    # over-run its bytes: it is sized with available - over-run, then the over-run is booked on top.
+    # On the old code it grew into the whole room first and the over-run pushed it over: Qwen2.5-7B
+    # on an empty H100 under `room` with a 2 GiB record was refused (73.8 vs 71.8 GiB).
+    lg = placement.Ledger([node("n", H100, 1)], kv_grant=memory.KvGrant("room"))
+    req = request("q", QWEN_7B, maxModelLen=8192)
+    s = placement.settings_from_spec(req.spec, "vllm", lg.kv_grant)
+    available = lg.headroom_bytes("n", 0)
+    plain = memory.size(QWEN_7B, s, H100, available)
+    assert plain.fits and plain.footprint.kv_cache > 8 * GIB  # the room grant takes the room left
+    rec = learned.record(QWEN_7B.name, H100.product, s, plain.footprint.total, plain.footprint.total + 2 * GIB, "q")
+    table = learned.for_model([rec], QWEN_7B.name)
+    fixed = memory.size(QWEN_7B, replace(s, learned=table), H100, available)
+    assert fixed.fits, fixed.reasons
+    assert fixed.footprint.learned == 2 * GIB and fixed.footprint.total <= available
+    # the KV cache gave the over-run its room, in whole blocks: what vLLM is told is smaller
+    assert fixed.footprint.kv_cache <= plain.footprint.kv_cache - 2 * GIB + 2 * MIB
+    assert fixed.flags is not None and plain.flags is not None
+    assert fixed.flags.kv_cache_memory_bytes == fixed.footprint.kv_cache
+    d = placement.decide(lg, replace(req, learned=table))
+    assert d.admitted, d.message
+    assert d.bookings()[0].footprint.total <= available
+    # with less room, the grown KV cache shrinks further: the over-run always keeps its bytes
+    tight = memory.size(QWEN_7B, replace(s, learned=table), H100, plain.footprint.total + GIB)
+    assert tight.fits and tight.footprint.kv_cache < plain.footprint.kv_cache
+
+
 def test_a_start_that_used_less_never_unteaches_an_over_run_and_records_round_trip() -> None:
     s = _settings()
     big = learned.record(QWEN_7B.name, H100.product, s, 20 * GIB, 22 * GIB, "first")

@@ -180,16 +180,22 @@ def correction(model: str, gpu: str, s: Settings) -> tuple[int, str] | None:
 
 
 def size(model: ModelArch, s: Settings, gpu: GpuType, available: int) -> Sizing:
-    """`sizing.size`, with a learned over-run of the same configuration booked on top (module docstring)."""
-    sized = _sizing.size(model, s, gpu, available)
+    """`sizing.size`, with a learned over-run of the same configuration booked on top (module
+    docstring). The over-run's bytes are taken out of `available` before sizing, so a KV cache that
+    grows into the room (kv grant `room`, kvCache.grow) or a context that gives way leaves them
+    free, and the booking is what was sized plus the over-run."""
     hit = correction(model.name, gpu.product, s) if s.learned else None
     if hit is None:
-        return sized
+        return _sizing.size(model, s, gpu, available)
     extra, source = hit
+    room = available if available >= _sizing.UNLIMITED else max(available - extra, 0)
+    sized = _sizing.size(model, s, gpu, room)
     fp = replace(sized.footprint, learned=extra)
     note = (f"booked {fmt_gib(fp.total)} per GPU instead of the predicted {fmt_gib(sized.footprint.total)}: "
             f"this configuration used {fmt_gib(extra)} more at its first start ({source})")
     fits = sized.fits and fp.total <= available
-    reasons = sized.reasons if fits or not sized.fits else (
-        f"needs {fmt_gib(fp.total)} per GPU with the learned over-run, {fmt_gib(available)} available",)
+    reasons = sized.reasons
+    if fp.total > available:  # the budget reason in the words of the booking, not of the room sized for
+        reasons = (f"needs {fmt_gib(fp.total)} per GPU with the learned over-run, {fmt_gib(available)} available",
+                   *(r for r in sized.reasons if not r.startswith("needs ")))
     return replace(sized, fits=fits, footprint=fp, warnings=(*sized.warnings, note), reasons=reasons)
