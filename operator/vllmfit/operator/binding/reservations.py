@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
-import kopf
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
 
@@ -168,10 +166,7 @@ def report_lookalike(store: Store, pod: Mapping[str, Any], why: str, deleted: bo
     message = (f"pod {where} carries vllmfit's reservation labels but is not a vllmfit reservation ({why}); "
                "it holds nothing for vllmfit and is ignored")
     logger.warning("%s", message)
-    try:
-        kopf.event(dict(pod), type="Warning", reason=LOOKALIKE_REASON, message=message[:1000])  # type: ignore[arg-type]
-    except LookupError:  # not inside a running operator
-        pass
+    report.post_event(pod, "Warning", LOOKALIKE_REASON, message)
 
 
 def rebook(store: Store, r: rsv.Reservation) -> tuple[set[str], str | None]:
@@ -261,18 +256,14 @@ async def load(store: Store) -> None:
 
 def whole_from_deployment(store: Store, d: Mapping[str, Any]) -> None:
     meta = d.get("metadata") or {}
-    labels, ann = meta.get("labels") or {}, meta.get("annotations") or {}
-    if labels.get(builders.MANAGED_BY) != "vllmfit":
+    ours = builders.replica_of(meta)
+    if ours is None or (meta.get("labels") or {}).get(builders.MANAGED_BY) != "vllmfit":
         return
-    try:
-        replica = int(labels.get(builders.LABEL_REPLICA, ""))
-    except ValueError:
-        return
-    node = str(ann.get(builders.ANNOTATION_PLACEMENT) or "").split(":", 1)[0]
-    if node and labels.get(builders.LABEL_DEPLOYMENT):
-        key = f"{meta.get('namespace') or 'default'}/{labels[builders.LABEL_DEPLOYMENT]}"
+    key, replica, where = ours
+    node = where.split(":", 1)[0]
+    if node:
         store.written.add((key, replica))
-        if ann.get(builders.ANNOTATION_PINNING) == "device-plugin":
+        if (meta.get("annotations") or {}).get(builders.ANNOTATION_PINNING) == "device-plugin":
             store.whole[(key, replica)] = node
 
 
@@ -304,13 +295,11 @@ def track(store: Store, pod: Mapping[str, Any], deleted: bool) -> None:
     else:
         store.gated[key] = (pod_node(pod), pod_pins(pod), [g for g in (pod.get("spec") or {}).get(
             "schedulingGates") or []])
-        labels = meta.get("labels") or {}
-        try:
-            where = str(((pod.get("metadata") or {}).get("annotations") or {}).get(builders.ANNOTATION_PLACEMENT, ""))
-            store.gate_of[key] = (f"{key[0]}/{labels[builders.LABEL_DEPLOYMENT]}", int(labels[builders.LABEL_REPLICA]),
-                                  where or None)
-        except (KeyError, ValueError):
+        ours = builders.replica_of({**meta, "namespace": key[0]})
+        if ours is None:
             store.gate_of.pop(key, None)
+        else:
+            store.gate_of[key] = (ours[0], ours[1], ours[2] or None)
 
 
 def openable(store: Store) -> list[tuple[str, str, list[dict[str, Any]]]]:
@@ -346,14 +335,11 @@ def start_condition(store: Store, key: str, pod: str, verdict: Any) -> None:
     message = f"pod {pod}: {verdict.reason}"
     if old is not None and (old.status, old.message) == (status, message):
         return
-    rec.conditions = report.set_condition(rec.conditions, START_GATE, status, reason, message,
-                                          datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), rec.generation)
+    rec.conditions = report.set_condition(rec.conditions, START_GATE, status, reason, message, report.now(),
+                                          rec.generation)
     store.mark([key])
     if not verdict.open:
-        try:
-            kopf.event(dict(rec.body), type="Warning", reason="StartHeld", message=message[:1000])  # type: ignore[arg-type]
-        except LookupError:  # not inside a running operator
-            logger.info("event Warning StartHeld: %s", message)
+        report.post_event(rec.body, "Warning", "StartHeld", message)
 
 
 async def ungate(store: Store) -> None:

@@ -37,6 +37,7 @@ from vllmfit.operator.rendering.builders import (
     LABEL_DEPLOYMENT,
     LABEL_REPLICA,
     booked_text,
+    replica_of,
 )
 
 DRAIN = "~draining/"
@@ -170,17 +171,6 @@ def blocked(ledger: Ledger, drains: Mapping[str, Drain], key: str, replica: int)
     return out
 
 
-def _replica_of(meta: Mapping[str, Any]) -> tuple[str, int, str] | None:
-    """(namespace/name, replica, placement) that a pod's or Deployment's metadata carries (labels and
-    the placement annotation); None where it is not a replica of vllmfit's."""
-    labels = meta.get("labels") or {}
-    name, replica = labels.get(LABEL_DEPLOYMENT), labels.get(LABEL_REPLICA)
-    if not name or not replica or not str(replica).isdigit():
-        return None
-    where = (meta.get("annotations") or {}).get(ANNOTATION_PLACEMENT) or ""
-    return f"{meta.get('namespace') or 'default'}/{name}", int(replica), where
-
-
 def _is_for(meta: Mapping[str, Any], drain: Drain) -> bool:
     """Whether this metadata (of a pod, or of a ReplicaSet's pod template) is the drain's replica at
     the drain's placement (the caller lists one namespace), and for a resize, written for the old
@@ -225,7 +215,7 @@ def from_pods(ledger: Ledger, pods: Iterable[Mapping[str, Any]],
     out: dict[str, Drain] = {}
     for pod in pods:
         meta = pod.get("metadata") or {}
-        ours = _replica_of(meta)
+        ours = replica_of(meta)
         if ours is None or ":" not in ours[2] or (pod.get("status") or {}).get("phase") in FINISHED:
             continue
         key, replica, where = ours
@@ -256,7 +246,7 @@ def children_at(children: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], 
     out: dict[tuple[str, int], list[tuple[str, str]]] = {}
     for d in children:
         meta = d.get("metadata") or {}
-        ours = _replica_of(meta)
+        ours = replica_of(meta)
         if ours is None:
             continue
         key, replica, where = ours

@@ -1,16 +1,38 @@
 """What the operator reports about a VLLMDeployment: its conditions and its whole `.status`,
-computed from the operator's record and the ledger (the headroom of every GPU it uses)."""
+computed from the operator's record and the ledger (the headroom of every GPU it uses); the
+clock its conditions are stamped with (`now`) and the Events it posts (`post_event`), for every
+room above (handlers, binding)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
+
+import kopf
 
 from vllmfit.core import defaults, memory
 from vllmfit.core.memory import fmt_gib
 from vllmfit.core.placement import Booking, Decision, Ledger
 from vllmfit.core.spec import api
 from vllmfit.operator.booking.record import Record
+
+logger = logging.getLogger(__name__)
+
+
+def now() -> str:
+    """The time a condition changes, RFC 3339 in seconds (as Kubernetes writes it)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    """An Event on the object `body` (its message cut to 1,000 characters); logged instead when not
+    inside a running operator (handler logic called directly)."""
+    try:
+        kopf.event(dict(body), type=type_, reason=reason, message=message[:1000])  # type: ignore[arg-type]
+    except LookupError:
+        logger.info("event %s %s: %s", type_, reason, message)
 
 
 def placement_from(decision: Decision, ledger: Ledger) -> list[api.ReplicaPlacement]:

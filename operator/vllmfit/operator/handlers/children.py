@@ -18,8 +18,9 @@ from vllmfit.operator.binding import claims, reservations
 from vllmfit.operator.binding import runtime_classes as runtimeclasses
 from vllmfit.operator.booking import draining, report
 from vllmfit.operator.booking.record import Record
+from vllmfit.operator.booking.report import now, post_event
 from vllmfit.operator.booking.state import Store, get_store
-from vllmfit.operator.handlers.common import JSON_PATCH, MERGE_PATCH, gone_ok, now, post_event
+from vllmfit.operator.handlers.common import JSON_PATCH, MERGE_PATCH, gone_ok
 from vllmfit.operator.rendering import builders
 
 logger = logging.getLogger(__name__)

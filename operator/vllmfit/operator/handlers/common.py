@@ -1,15 +1,14 @@
 """Shared by every handler module: the Effects a step collects under the lock, parsing a
-VLLMDeployment, posting Events, the clock, deleting what may already be gone."""
+VLLMDeployment, deleting what may already be gone. (The clock and posting Events are
+booking.report's `now` and `post_event`, which the binding room shares.)"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
-import kopf
 import pydantic
 from kubernetes_asyncio.client import ApiException
 
@@ -46,10 +45,6 @@ class Effects:
     mark: set[str] = field(default_factory=set)  # keys whose status to write
 
 
-def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def parse(body: Mapping[str, Any], policy: validate.Policy = validate.DEFAULT_POLICY,
           sources: validate.Sources | None = None) -> api.VLLMDeployment:
     """The object, checked by the one validator (builders.spec_problems). Raises Invalid."""
@@ -76,13 +71,6 @@ async def checked(store: Any, body: Mapping[str, Any]) -> api.VLLMDeployment:
     obj = _object(body)  # validated once, then checked with the sources it names
     needed = validate.sources_needed(obj.spec)
     return _checked(obj, store.options.tenancy, await models.env_sources(store.api, obj) if needed else None)
-
-
-def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-    try:
-        kopf.event(dict(body), type=type_, reason=reason, message=message[:1000])  # type: ignore[arg-type]
-    except LookupError:  # not inside a running operator (handler logic called directly)
-        logger.info("event %s %s: %s", type_, reason, message)
 
 
 async def gone_ok(delete: Callable[..., Awaitable[Any]], *args: Any) -> None:

@@ -11,9 +11,10 @@ from vllmfit.operator import metrics
 from vllmfit.operator.admission import bounded
 from vllmfit.operator.booking import changes, draining, pods, report
 from vllmfit.operator.booking.record import ModelResolutionError, Record
+from vllmfit.operator.booking.report import now
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.children import children_state
-from vllmfit.operator.handlers.common import Effects, Invalid, checked, now
+from vllmfit.operator.handlers.common import Effects, Invalid, checked
 from vllmfit.operator.rendering import builders
 
 logger = logging.getLogger(__name__)

@@ -20,8 +20,9 @@ from vllmfit.operator.admission import bounded
 from vllmfit.operator.binding import reservations
 from vllmfit.operator.booking import learning, report
 from vllmfit.operator.booking.measured import in_use, replica_pods, started
+from vllmfit.operator.booking.report import now
 from vllmfit.operator.booking.state import Store, get_store
-from vllmfit.operator.handlers.common import Effects, now
+from vllmfit.operator.handlers.common import Effects
 from vllmfit.operator.handlers.decide import apply_decision, resolve_requests_on, retry_waiting, update_node
 from vllmfit.operator.handlers.writes import finish
 from vllmfit.operator.rendering import builders

@@ -15,8 +15,9 @@ from vllmfit.backends import dra
 from vllmfit.operator.admission import bounded
 from vllmfit.operator.binding import reservations
 from vllmfit.operator.booking import draining, pods, report
+from vllmfit.operator.booking.report import now, post_event
 from vllmfit.operator.booking.state import Store, get_store
-from vllmfit.operator.handlers.common import SETTLING, Effects, now, post_event
+from vllmfit.operator.handlers.common import SETTLING, Effects
 from vllmfit.operator.handlers.decide import apply_decision, refresh_ready, update_node
 from vllmfit.operator.handlers.writes import finish, settle_drains
 from vllmfit.operator.rendering import builders

@@ -10,8 +10,9 @@ from kubernetes_asyncio import client
 
 from vllmfit.backends import reservation as rsv
 from vllmfit.operator.binding import reservations
+from vllmfit.operator.booking.report import post_event
 from vllmfit.operator.booking.state import get_store
-from vllmfit.operator.handlers.common import gone_ok, post_event
+from vllmfit.operator.handlers.common import gone_ok
 from vllmfit.operator.handlers.writes import place
 
 logger = logging.getLogger(__name__)

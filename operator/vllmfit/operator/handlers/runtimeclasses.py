@@ -9,9 +9,9 @@ import kopf
 
 from vllmfit.operator.binding import runtime_classes as rcs
 from vllmfit.operator.booking import report
+from vllmfit.operator.booking.report import now
 from vllmfit.operator.booking.state import get_store
 from vllmfit.operator.handlers.children import sync_children
-from vllmfit.operator.handlers.common import now
 from vllmfit.operator.rendering import builders
 
 

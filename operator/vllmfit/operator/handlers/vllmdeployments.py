@@ -16,9 +16,10 @@ from vllmfit.operator import metrics
 from vllmfit.operator.admission import bounded
 from vllmfit.operator.booking import draining
 from vllmfit.operator.booking.record import ModelResolutionError, key_of
+from vllmfit.operator.booking.report import now
 from vllmfit.operator.booking.state import Store, get_store
 from vllmfit.operator.handlers.children import children_state
-from vllmfit.operator.handlers.common import Effects, Invalid, checked, now
+from vllmfit.operator.handlers.common import Effects, Invalid, checked
 from vllmfit.operator.handlers.decide import (
     apply_decision,
     not_admitted,

@@ -15,10 +15,11 @@ from kubernetes_asyncio.client import ApiException
 
 from vllmfit.operator.binding import reservations
 from vllmfit.operator.booking import draining
+from vllmfit.operator.booking.report import post_event
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers import children
 from vllmfit.operator.handlers.children import children_state, sync_children
-from vllmfit.operator.handlers.common import Effects, gone_ok, post_event
+from vllmfit.operator.handlers.common import Effects, gone_ok
 from vllmfit.operator.handlers.decide import resolve_requests_on, retry_waiting, update_node
 from vllmfit.operator.rendering import builders
 

@@ -12,7 +12,7 @@ No I/O and no Kopf here; the handlers call these and send the results to the API
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from vllmfit.backends import binding
@@ -73,6 +73,17 @@ def spec_problems(obj: api.VLLMDeployment, policy: validate.Policy = validate.DE
 def selector(name: str | None = None) -> str:
     """The label selector of what vllmfit made: everything, or what it made for VLLMDeployment `name`."""
     return f"{MANAGED_BY}=vllmfit" + (f",{LABEL_DEPLOYMENT}={name}" if name is not None else "")
+
+
+def replica_of(meta: Mapping[str, Any]) -> tuple[str, int, str] | None:
+    """(namespace/name, replica, placement) that a pod's or Deployment's metadata carries (the labels
+    and the placement annotation written here); None where it is not a replica of vllmfit's."""
+    labels = meta.get("labels") or {}
+    name, replica = labels.get(LABEL_DEPLOYMENT), labels.get(LABEL_REPLICA)
+    if not name or not replica or not str(replica).isdigit():
+        return None
+    where = (meta.get("annotations") or {}).get(ANNOTATION_PLACEMENT) or ""
+    return f"{meta.get('namespace') or 'default'}/{name}", int(replica), str(where)
 
 
 def labels(name: str) -> dict[str, str]:
