@@ -327,6 +327,7 @@ def test_the_operators_default_kv_grant_reaches_its_ledger(monkeypatch) -> None:
     every ledger the store builds (start-up, rebuild, resync) carries it."""
     import argparse
 
+    from vllmfit.core import choices
     from vllmfit.operator import main as opmain
     from vllmfit.operator.booking.state import Store
 
@@ -334,7 +335,7 @@ def test_the_operators_default_kv_grant_reaches_its_ledger(monkeypatch) -> None:
     monkeypatch.setenv("VLLMFIT_DEFAULT_KV_REQUESTS", "2")
     p = argparse.ArgumentParser()
     opmain.add_parser(p.add_subparsers())
-    grant = opmain.kv_grant(p.parse_args(["operator"]))
+    grant = choices.kv_grant_from_args(p.parse_args(["operator"]))
     assert grant == memory.KvGrant("room", 2)
     store = Store()
     store.options.kv_grant = grant

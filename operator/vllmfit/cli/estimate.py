@@ -14,8 +14,8 @@ from typing import Any
 from vllmfit.cli import calibration
 from vllmfit.cli.inputs import read_input
 from vllmfit.cli.output import console, hub_words, write_then
-from vllmfit.cli.policy import add_budget_args, add_kv_grant_args, budget_from_args, kv_grant_from_args
-from vllmfit.core import defaults, limits, memory
+from vllmfit.cli.policy import add_budget_args, budget_from_args
+from vllmfit.core import choices, defaults, limits, memory
 from vllmfit.core.errors import UserError
 from vllmfit.core.model.config import params_from_index, parse_hf_config
 from vllmfit.core.model.facts import GpuType, ModelArch, ModelConfigError
@@ -64,7 +64,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cpu-offload", metavar="QTY",
                    help="weights per GPU kept in CPU memory (spec.cpuOffload, --cpu-offload-gb), e.g. 10Gi")
     add_budget_args(p)
-    add_kv_grant_args(p)
+    choices.add_kv_grant_arguments(p)
     p.add_argument("--max-num-batched-tokens", type=int, help="tokens per step (default: vLLM's, by GPU size)")
     p.add_argument("--gpu-memory-utilization", type=float, help="use this u instead of computing it")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
@@ -244,7 +244,7 @@ def settings_from_args(args: argparse.Namespace) -> memory.Settings:
         lora_max_loras=(args.lora_max_loras or defaults.LORA_MAX_LORAS) if lora else None,
         lora_max_rank=defaults.LORA_MAX_RANK if args.lora_max_rank is None else args.lora_max_rank,
         lora_dtype=args.lora_dtype or "auto", cpu_offload_bytes=offload,
-    ), kv_grant_from_args(args))
+    ), choices.kv_grant_from_args(args))
 
 
 def parse_length(text: str) -> int:

@@ -26,7 +26,7 @@ from typing import Any, cast
 from vllmfit.cli import render
 from vllmfit.cli.documents import Objects, read_files, read_objects
 from vllmfit.cli.output import console, write_then
-from vllmfit.core import memory, placement
+from vllmfit.core import choices, memory, placement
 from vllmfit.core.errors import UserError, one_line
 from vllmfit.core.model import config as modelconfig
 from vllmfit.core.model.facts import ModelArch
@@ -282,10 +282,11 @@ def emit(plan: placement.Plan, output: str, out_file: str | None, title: str) ->
 def run_plan(args: argparse.Namespace) -> int:
     objs = read_objects(read_files(args.filename))
     from vllmfit.cli import calibration
-    from vllmfit.cli.policy import budget_from_args, kv_grant_from_args, tenancy_from_args
+    from vllmfit.cli.policy import budget_from_args
 
     learned = calibration.read(args.calibration) if args.calibration else []
-    plan = build_plan(objs, policy=args.policy, budget=budget_from_args(args), kv_grant=kv_grant_from_args(args), tenancy=tenancy_from_args(args),
+    plan = build_plan(objs, policy=args.policy, budget=budget_from_args(args), kv_grant=choices.kv_grant_from_args(args),
+                      tenancy=choices.tenancy_from_args(args),
                       learned=learned)
     if not plan.ledger.nodes and not plan.decisions:
         detail = f": {plan.errors[0]}" if plan.errors else ""
@@ -330,11 +331,11 @@ def add_parser(subparsers: Any) -> None:
         help="memory model: vllm (what vLLM does, default) or adr (ADR-0002 formulas)",
     )
     from vllmfit.cli import calibration
-    from vllmfit.cli.policy import add_budget_args, add_kv_grant_args, add_tenancy_args
+    from vllmfit.cli.policy import add_budget_args
 
     add_budget_args(p)  # the cluster-wide budget policy; node labels still override it per node pool
-    add_kv_grant_args(p)  # the cluster's default KV grant (the operator's --default-kv-grant)
-    add_tenancy_args(p)  # what a podTemplate may reach (the operator's --pod-security-level, ...)
+    choices.add_kv_grant_arguments(p)  # the cluster's default KV grant (the operator's --default-kv-grant)
+    choices.add_tenancy_arguments(p)  # what a podTemplate may reach (the operator's --pod-security-level, ...)
     calibration.add_argument(p)
     p.set_defaults(func=run_plan)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from vllmfit import __version__
 from vllmfit.backends.dra import NVIDIA_DRIVER
-from vllmfit.core import defaults, memory
+from vllmfit.core import choices, defaults, memory
 from vllmfit.core.errors import UserError
 
 
@@ -86,25 +86,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="cluster-wide budget policy: bytes held back on each GPU besides (1 - utilization), a "
                         f"Kubernetes quantity; node label {defaults.BUDGET_RESERVE_LABEL} overrides it (default: "
                         "$VLLMFIT_BUDGET_RESERVE or %(default)s, the counted policy; 2Gi is ADR-0002's)")
-    p.add_argument("--default-kv-grant", choices=defaults.KV_GRANT_RULES,
-                   default=os.environ.get("VLLMFIT_DEFAULT_KV_GRANT") or defaults.DEFAULT_KV_GRANT,
-                   help="KV cache of a spec that sets neither kvCache nor maxNumSeqs: requests (--default-kv-requests "
-                        "requests of the full context, clamped to the room left) or room (vLLM's own: the room left) "
-                        "(default: $VLLMFIT_DEFAULT_KV_GRANT or %(default)s; docs/memory-model.md)")
-    p.add_argument("--default-kv-requests", type=int, metavar="N",
-                   default=os.environ.get("VLLMFIT_DEFAULT_KV_REQUESTS") or defaults.DEFAULT_KV_GRANT_REQUESTS,
-                   help="full-length requests the requests rule grants (default: $VLLMFIT_DEFAULT_KV_REQUESTS or "
-                        f"{defaults.DEFAULT_KV_GRANT_REQUESTS})")
-    g = p.add_argument_group("tenants (docs/webhook.md, \"What a tenant may write\")")
-    g.add_argument("--pod-security-level", choices=("baseline", "restricted"),
-                   default=os.environ.get("VLLMFIT_POD_SECURITY_LEVEL") or "restricted",
-                   help="the Pod Security level no podTemplate may go beyond (default: "
-                        "$VLLMFIT_POD_SECURITY_LEVEL or restricted)")
-    g.add_argument("--allow-host-path", action="append", default=[], metavar="PATH",
-                   help="a host path a podTemplate's hostPath volume may mount (it or below it; repeatable; "
-                        "default none)")
-    g.add_argument("--allow-csi-driver", action="append", default=[], metavar="DRIVER",
-                   help="a CSI driver a podTemplate's inline csi volume may use (repeatable; default none)")
+    choices.add_kv_grant_arguments(p, os.environ)  # the CLI's estimate and plan take the same flags
+    g = choices.add_tenancy_arguments(p, os.environ)
     g.add_argument("--mps-pipe-directory", default=os.environ.get("VLLMFIT_MPS_PIPE_DIRECTORY") or "", metavar="DIR",
                    help="turn the MPS memory-limit binding on: sharing replicas get CUDA_MPS_PINNED_DEVICE_MEM_LIMIT "
                         "for their booked bytes and mount the MPS control daemon's pipe directory DIR from the host "
@@ -128,10 +111,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def tenancy(args: argparse.Namespace) -> tuple[Any, Any]:
     """(validate.Policy, binding.Mps or None) from the flags."""
     from vllmfit.backends import binding
-    from vllmfit.core.spec import validate
 
-    policy = validate.Policy(level=args.pod_security_level, host_paths=tuple(args.allow_host_path),
-                             csi_drivers=tuple(args.allow_csi_driver))
+    policy = choices.tenancy_from_args(args)
     mps = binding.Mps(args.mps_pipe_directory, args.mps_log_directory) if args.mps_pipe_directory else None
     return policy, mps
 
@@ -158,15 +139,6 @@ def budget_policy(args: argparse.Namespace) -> memory.BudgetPolicy:
         raise UserError(bad.replace("budget utilization", "--budget-utilization").replace("budget reserve",
                                                                                           "--budget-reserve"))
     return policy
-
-
-def kv_grant(args: argparse.Namespace) -> memory.KvGrant:
-    """--default-kv-grant / --default-kv-requests; UserError (one line, exit 2) when invalid."""
-    grant = memory.KvGrant(args.default_kv_grant, args.default_kv_requests)
-    bad = grant.error()
-    if bad:
-        raise UserError(bad.replace("default KV grant requests", "--default-kv-requests"))
-    return grant
 
 
 FINALIZER = "vllmfit.dev/finalizer"  # Kopf's settings.persistence.finalizer (handlers.startup.configure)
@@ -246,7 +218,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
     return Options(
         namespace=args.namespace, default_image=args.default_image, resync_seconds=args.resync_seconds,
         placement_backend=args.placement_backend, dra_driver=args.dra_driver, dra_device_class=args.dra_device_class,
-        budget=budget_policy(args), kv_grant=kv_grant(args),
+        budget=budget_policy(args), kv_grant=choices.kv_grant_from_args(args),
         tenancy=policy, mps=mps,
         reservation=rsv.Config(
             namespace=args.namespace or "default", image=args.reservation_image or rsv.Config().image,
