@@ -133,13 +133,7 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
         if st and st.phase in ("Admitted", "Running") and st.memory:
             admitted[key] = placement.bookings_from_status(key, st)
             if st.flags:
-                flags[key] = memory.Flags(
-                    st.flags.max_model_len,
-                    st.flags.max_num_seqs,
-                    st.flags.gpu_memory_utilization,
-                    st.flags.kv_cache_memory_bytes,
-                    st.flags.max_num_batched_tokens,
-                )
+                flags[key] = st.flags  # the one flag type: the status's are the ledger's
         elif not decide:
             phase = st.phase if st else "Pending"
             shown[key] = placement.Decision(

@@ -9,6 +9,7 @@ from vllmfit.core import defaults, limits
 from vllmfit.core.defaults import GIB
 from vllmfit.core.memory.versions import VllmVersion
 from vllmfit.core.model.facts import GpuType, ModelArch, hash_once, state_without_hash
+from vllmfit.core.spec.status import Flags  # the one flag type: what sizing computes is what status carries
 
 Policy = Literal["vllm", "adr"]
 
@@ -126,39 +127,6 @@ class Footprint:
     @property
     def non_kv(self) -> int:
         return self.total - self.kv_cache
-
-
-@dataclass(frozen=True)
-class Flags:
-    max_model_len: int
-    max_num_seqs: int
-    gpu_memory_utilization: float
-    kv_cache_memory_bytes: int | None = None  # injected as --kv-cache-memory-bytes (None: not injected)
-    max_num_batched_tokens: int | None = None
-
-    def to_json(self) -> dict[str, object]:
-        """The `flags` object of `vllmfit estimate` and `vllmfit plan` JSON."""
-        return {
-            "max_model_len": self.max_model_len,
-            "max_num_seqs": self.max_num_seqs,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
-            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
-            "max_num_batched_tokens": self.max_num_batched_tokens,
-            "args": self.args(),
-        }
-
-    def args(self) -> list[str]:
-        """The `vllm serve` arguments vllmfit injects."""
-        out = [
-            f"--max-model-len={self.max_model_len}",
-            f"--max-num-seqs={self.max_num_seqs}",
-            f"--gpu-memory-utilization={self.gpu_memory_utilization:.{defaults.UTILIZATION_DECIMALS}f}",
-        ]
-        if self.max_num_batched_tokens:
-            out.append(f"--max-num-batched-tokens={self.max_num_batched_tokens}")
-        if self.kv_cache_memory_bytes:  # 0 (an embedder's): vLLM would profile; nothing to pin
-            out.append(f"--kv-cache-memory-bytes={self.kv_cache_memory_bytes}")
-        return out
 
 
 @dataclass(frozen=True)

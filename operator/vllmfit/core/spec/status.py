@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from vllmfit.core import limits
+from vllmfit.core import defaults, limits
 from vllmfit.core.spec.base import ApiModel as _Model
 from vllmfit.core.spec.base import Phase
 
@@ -40,7 +40,10 @@ class ReplicaPlacement(_Model):
 
 
 class Flags(_Model):
-    """The vLLM flags vllmfit computed and injects."""
+    """The vLLM flags vllmfit computed and injects: the one flag type. The memory core's sizing
+    makes them (`vllmfit.core.memory.Flags` is this class), decisions and the ledger carry them,
+    the status reports them, the pod's arguments are `args()`, and `vllmfit plan` and the webhook
+    read them back from a status as they are: nothing converts them."""
 
     max_model_len: int = Field(description="--max-model-len")
     max_num_seqs: int = Field(description="--max-num-seqs")
@@ -49,6 +52,30 @@ class Flags(_Model):
         default=None, description="--kv-cache-memory-bytes: the KV cache reservation in bytes, when injected."
     )
     max_num_batched_tokens: int | None = Field(default=None, description="--max-num-batched-tokens, if set")
+
+    def to_json(self) -> dict[str, object]:
+        """The `flags` object of `vllmfit estimate` and `vllmfit plan` JSON."""
+        return {
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.max_num_seqs,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "args": self.args(),
+        }
+
+    def args(self) -> list[str]:
+        """The `vllm serve` arguments vllmfit injects."""
+        out = [
+            f"--max-model-len={self.max_model_len}",
+            f"--max-num-seqs={self.max_num_seqs}",
+            f"--gpu-memory-utilization={self.gpu_memory_utilization:.{defaults.UTILIZATION_DECIMALS}f}",
+        ]
+        if self.max_num_batched_tokens:
+            out.append(f"--max-num-batched-tokens={self.max_num_batched_tokens}")
+        if self.kv_cache_memory_bytes:  # 0 (an embedder's): vLLM would profile; nothing to pin
+            out.append(f"--kv-cache-memory-bytes={self.kv_cache_memory_bytes}")
+        return out
 
 
 class KvCacheStatus(_Model):

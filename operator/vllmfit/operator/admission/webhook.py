@@ -215,8 +215,7 @@ def check(ledger: placement.Ledger, req: placement.Request, *, old: api.VLLMDepl
     replicas it holds where they are, as the operator does: only new replicas must fit."""
     keep: list[placement.ReplicaAllocation] = []
     if old is not None and memory_changes(old, req.spec) == ["replicas"]:
-        flags = builders.to_memory_flags(old_flags) if old_flags else None
-        keep = placement.held_replicas(ledger, req.key, min(old.replicas, req.spec.replicas), flags)
+        keep = placement.held_replicas(ledger, req.key, min(old.replicas, req.spec.replicas), old_flags)
     d = placement.decide(ledger, req, keep=keep)
     if d.admitted:
         extra: tuple[str, ...] = ()

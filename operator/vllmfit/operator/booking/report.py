@@ -12,7 +12,7 @@ from typing import Any
 
 import kopf
 
-from vllmfit.core import defaults, memory
+from vllmfit.core import defaults
 from vllmfit.core.memory import fmt_gib
 from vllmfit.core.placement import Booking, Decision, Ledger
 from vllmfit.core.spec import api
@@ -57,15 +57,6 @@ def kv_status(d: Decision) -> api.KvCacheStatus | None:
         bytes=z.footprint.kv_cache, tokens=z.granted_tokens, granted_by=z.grant or None,
         concurrency_at_max_model_len=round(z.max_concurrency, 2), typical_length=z.typical_len,
         concurrency_at_typical_length=None if z.concurrency_typical is None else round(z.concurrency_typical, 2))
-
-
-def api_flags(flags: memory.Flags | None) -> api.Flags | None:
-    if flags is None:
-        return None
-    return api.Flags(max_model_len=flags.max_model_len, max_num_seqs=flags.max_num_seqs,
-                     gpu_memory_utilization=flags.gpu_memory_utilization,
-                     kv_cache_memory_bytes=flags.kv_cache_memory_bytes,
-                     max_num_batched_tokens=flags.max_num_batched_tokens)
 
 
 def memory_entries(bookings: Iterable[Booking]) -> list[api.GpuMemory]:

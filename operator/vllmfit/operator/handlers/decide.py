@@ -71,7 +71,7 @@ def scale_keep(store: Store, rec: Record, req: Request) -> list[placement.Replic
     if changes.memory_changes(old.spec, req.spec) not in ([], ["replicas"]):
         return []  # a change of what a replica needs or where it may run: decided afresh
     below = min(old.spec.replicas, req.spec.replicas)
-    return placement.held_replicas(store.ledger, rec.key, below, builders.to_memory_flags(rec.flags))
+    return placement.held_replicas(store.ledger, rec.key, below, rec.flags)
 
 
 def apply_decision(store: Store, rec: Record, req: Request, d: Decision, fx: Effects, *, cause: str = "") -> None:
@@ -91,7 +91,7 @@ def apply_decision(store: Store, rec: Record, req: Request, d: Decision, fx: Eff
         rec.allocation_failure = ""  # a new placement: a new claim the scheduler may fail to allocate
         rec.admitted_request = req
         rec.placement = report.placement_from(d, ledger)
-        rec.flags = report.api_flags(d.flags)
+        rec.flags = d.flags
         rec.kv_cache = report.kv_status(d)
         rec.vllm_version = memory.parse_version(req.spec.vllm_version or req.spec.image)[0].label
         # layer types the memory model does not know: a condition while they last (spec.strict refuses)
@@ -161,7 +161,7 @@ async def replan(store: Store, node: str, fx: Effects, cause: str) -> None:
     held = {k: store.ledger.bookings_of(k) for k in store.ledger.deployments() if not draining.is_drain(k)}
     requests = {k: r.request or r.admitted_request for k, r in store.records.items() if k in before}
     known = {k: v for k, v in requests.items() if v is not None}
-    flags = {k: builders.to_memory_flags(r.flags) for k, r in store.records.items() if k in before and r.flags}
+    flags = {k: r.flags for k, r in store.records.items() if k in before and r.flags}
     work = store.ledger.fork()  # the next version, built apart (the abandoned worker keeps its own)
     try:
         result = await bounded.run(placement.replan, work, known, flags=flags, timeout=defaults.DECIDE_TIMEOUT_S)

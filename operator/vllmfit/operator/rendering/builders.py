@@ -99,14 +99,9 @@ def deployment_name(name: str, replica: int) -> str:
     return f"{name}-{replica}"
 
 
-def to_memory_flags(flags: api.Flags) -> memory.Flags:
-    return memory.Flags(flags.max_model_len, flags.max_num_seqs, flags.gpu_memory_utilization,
-                        flags.kv_cache_memory_bytes, flags.max_num_batched_tokens)
-
-
 def vllm_args(spec: api.VLLMDeploymentSpec, model_name: str, flags: api.Flags) -> list[str]:
     """`vllm serve` arguments: the model, the computed flags, the spec's settings, extraArgs last."""
-    out = [model_name, "--host=0.0.0.0", f"--port={PORT}", *to_memory_flags(flags).args(),
+    out = [model_name, "--host=0.0.0.0", f"--port={PORT}", *flags.args(),
            f"--tensor-parallel-size={spec.tensor_parallel_size}",
            f"--pipeline-parallel-size={spec.pipeline_parallel_size}",
            f"--dtype={spec.dtype}", f"--kv-cache-dtype={spec.kv_cache_dtype}"]
