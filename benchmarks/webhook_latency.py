@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT / "tests" / "webhook"))
 from webhook_harness import FakeStore, Harness, admission_review, gfd_node, vllmd
 
 from vllmfit.core import limits, placement
+from vllmfit.core.spec import read
 from vllmfit.operator.admission import webhook
 from vllmfit.sources import catalog
 
@@ -64,7 +65,7 @@ def build_store(nodes: int, deployments: int) -> tuple[FakeStore, float, int]:
     booked = 0
     for i in range(deployments):
         obj = vllmd(f"d{i:05d}", f"team-{i % 20}", **MIX[i % len(MIX)])
-        req = placement.request_from_object(webhook.parse(obj), catalog.model(obj["spec"]["model"]))
+        req = placement.request_from_object(read.deployment(obj), catalog.model(obj["spec"]["model"]))
         d = placement.decide(store.ledger, req)
         store.ledger.book(d)
         booked += d.admitted

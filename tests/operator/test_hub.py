@@ -13,9 +13,9 @@ from huggingface_hub import constants
 
 from vllmfit.core.model import config as modelconfig
 from vllmfit.core.spec import api
-from vllmfit.operator.booking.record import ModelResolutionError
 from vllmfit.operator.booking.state import Store
 from vllmfit.sources import hub
+from vllmfit.sources.resolve import ModelResolutionError
 
 CONFIG: dict[str, Any] = {
     "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "num_hidden_layers": 24, "hidden_size": 896,

@@ -14,8 +14,14 @@ import pytest
 from vllmfit.core import defaults, placement
 from vllmfit.core.memory import SpecError
 from vllmfit.core.placement import affinity
-from vllmfit.core.spec import api
+from vllmfit.core.spec import api, validate
 from vllmfit.operator.rendering import builders, podtemplate
+from vllmfit.sources import catalog
+
+
+def spec_problems(o: api.VLLMDeployment, policy: validate.Policy = validate.DEFAULT_POLICY) -> list[str]:
+    """The one validator as the shells call it: with the catalog's answer for the model."""
+    return validate.problems(o, catalog_model=catalog.knows(o.spec.model), policy=policy)
 
 FLAGS = api.Flags(max_model_len=8192, max_num_seqs=8, gpu_memory_utilization=0.5)
 GIB = 1 << 30
@@ -35,7 +41,7 @@ def replica() -> api.ReplicaPlacement:
 
 def build(template: dict[str, Any] | None = None, *, exclusive: bool = False, weights: int = 0) -> dict[str, Any]:
     o = obj(template)
-    assert builders.spec_problems(o) == []
+    assert spec_problems(o) == []
     return builders.deployment(o, replica(), FLAGS, "m", exclusive=exclusive, weights_bytes=weights)
 
 
@@ -108,12 +114,12 @@ def test_a_malformed_template_is_refused_when_read(template: dict[str, Any], mes
 
 @pytest.mark.parametrize("template,message", REFUSED, ids=[m.split(" ")[0] for _, m in REFUSED])
 def test_each_field_vllmfit_owns_is_refused_naming_what_to_use(template: dict[str, Any], message: str) -> None:
-    assert builders.spec_problems(obj(template)) == [message]
+    assert spec_problems(obj(template)) == [message]
 
 
 def test_binding_env_in_spec_env_is_refused() -> None:
     o = obj(env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}, {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}])
-    assert builders.spec_problems(o) == [
+    assert spec_problems(o) == [
         "spec.env NVIDIA_VISIBLE_DEVICES is set by vllmfit's GPU binding; use spec.placement.gpuIndices to choose GPUs"]
 
 
@@ -308,7 +314,7 @@ def test_the_model_cache_example_mounts_the_cache_where_hf_home_points() -> None
     [vd] = [d for d in docs if d["kind"] == api.KIND]
     [pvc] = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
     o = api.VLLMDeployment.model_validate(vd)
-    assert builders.spec_problems(o) == []
+    assert spec_problems(o) == []
     d = builders.deployment(o, replica(), FLAGS, o.spec.model, exclusive=False, weights_bytes=16 * GIB)
     kubernetes_validate.validate(d, kubernetes_validate.latest_version(), strict=True)
     kubernetes_validate.validate(pvc, kubernetes_validate.latest_version(), strict=True)
@@ -324,7 +330,7 @@ def test_the_model_cache_example_mounts_the_cache_where_hf_home_points() -> None
 @pytest.mark.parametrize("kind", ["gated", "dra"])
 def test_reservation_gates_and_dra_claims_survive_an_allowed_template(kind: str) -> None:
     o = obj(copy.deepcopy(FULL))
-    assert builders.spec_problems(o) == []
+    assert spec_problems(o) == []
     extra = {"gated": True, "pins": ["GPU-1"]} if kind == "gated" else {"claim_template": "llama-0-gpus"}
     plain = builders.deployment(obj(), replica(), FLAGS, "m", exclusive=False, **extra)
     d = builders.deployment(o, replica(), FLAGS, "m", exclusive=False, **extra)
@@ -367,11 +373,11 @@ def test_root_is_allowed_only_under_the_baseline_level() -> None:
     from vllmfit.core.spec import validate
 
     root = obj({"spec": {"securityContext": {"runAsUser": 0, "runAsNonRoot": False}}})
-    assert [p.split(":")[0] for p in builders.spec_problems(root)] == [
+    assert [p.split(":")[0] for p in spec_problems(root)] == [
         "podTemplate.spec.securityContext.runAsNonRoot", "podTemplate.spec.securityContext.runAsUser"]
-    assert builders.spec_problems(root, validate.Policy(level="baseline")) == []
+    assert spec_problems(root, validate.Policy(level="baseline")) == []
     caps = obj({"spec": {"containers": [{"name": "vllm", "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}]}})
-    [problem] = builders.spec_problems(caps, validate.Policy(level="baseline"))
+    [problem] = spec_problems(caps, validate.Policy(level="baseline"))
     assert problem.startswith("podTemplate.spec.containers[vllm].securityContext.capabilities.add[IPC_LOCK]")
 
 

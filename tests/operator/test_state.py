@@ -14,10 +14,11 @@ from vllmfit.core import defaults, placement
 from vllmfit.core.observe import inventory
 from vllmfit.core.spec import api
 from vllmfit.operator.booking import report
-from vllmfit.operator.booking.record import ModelResolutionError, pruned, record_from_object
+from vllmfit.operator.booking.record import pruned, record_from_object
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers import common, decide, nodes
 from vllmfit.sources import catalog
+from vllmfit.sources.resolve import ModelResolutionError
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"

@@ -17,6 +17,12 @@ from vllmfit.backends import binding
 from vllmfit.core.spec import api, validate
 from vllmfit.operator.admission import webhook
 from vllmfit.operator.rendering import builders, podtemplate
+from vllmfit.sources import catalog
+
+
+def spec_problems(o: api.VLLMDeployment, policy: validate.Policy = validate.DEFAULT_POLICY) -> list[str]:
+    """The one validator as the shells call it: with the catalog's answer for the model."""
+    return validate.problems(o, catalog_model=catalog.knows(o.spec.model), policy=policy)
 
 FLAGS = api.Flags(max_model_len=8192, max_num_seqs=8, gpu_memory_utilization=0.5)
 SIDECAR = {"name": "proxy", "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"}
@@ -94,7 +100,7 @@ EXTRA_SPEC: dict[str, dict[str, Any]] = {
 
 @pytest.mark.parametrize("name,template,field", ESCAPES, ids=[e[0] for e in ESCAPES])
 def test_each_gpu_escape_is_refused_naming_the_field(name: str, template: dict[str, Any], field: str) -> None:
-    problems = builders.spec_problems(obj(template or None, **EXTRA_SPEC.get(name, {})))
+    problems = spec_problems(obj(template or None, **EXTRA_SPEC.get(name, {})))
     assert len(problems) == 1, problems
     assert problems[0].startswith(field), problems
     assert "\n" not in problems[0]
@@ -110,21 +116,21 @@ async def test_the_webhook_denies_each_escape_with_the_same_line(name: str, temp
 def test_host_paths_are_allowed_only_where_the_admin_allows(path: str) -> None:
     # issue 30: an allow-list; a path that reaches no device is still refused unless the admin names it
     o = obj({"spec": {"volumes": [{"name": "m", "hostPath": {"path": path}}]}})
-    [problem] = builders.spec_problems(o)
+    [problem] = spec_problems(o)
     assert problem.startswith("podTemplate.spec.volumes[m].hostPath.path") and "allowed: none" in problem
     allowed = validate.Policy(host_paths=(path.rsplit("/", 1)[0] or path, path))
-    assert builders.spec_problems(o, allowed) == []
+    assert spec_problems(o, allowed) == []
 
 
 def test_sidecars_may_keep_harmless_env_and_resources() -> None:
     template = side(env=[{"name": "CUDA_VISIBLE_DEVICES", "value": ""}, {"name": "NVIDIA_DISABLE_REQUIRE", "value": "1"}],
                     resources={"limits": {"cpu": "1", "memory": "1Gi"}}, securityContext={"privileged": False})
-    assert builders.spec_problems(obj(template)) == []
+    assert spec_problems(obj(template)) == []
 
 
 def build(template: dict[str, Any] | None, *, exclusive: bool = False, claim: str | None = None) -> dict[str, Any]:
     o = obj(template)
-    assert builders.spec_problems(o) == []
+    assert spec_problems(o) == []
     r = api.ReplicaPlacement(replica=0, node="gpu-a", gpus=[api.GpuRef(index=1, uuid="GPU-1")])
     return builders.deployment(o, r, FLAGS, "m", exclusive=exclusive, claim_template=claim)["spec"]["template"]["spec"]
 
@@ -212,7 +218,7 @@ TINY = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "num_a
 @pytest.mark.parametrize("field", ["modelConfig", "modelConfigRef"])
 def test_a_model_config_for_a_catalog_model_is_refused(field: str) -> None:
     value: object = TINY if field == "modelConfig" else {"name": "cfg"}
-    problems = builders.spec_problems(obj(**{field: value}))  # spec.model: Llama-3.1-8B, in the catalog
+    problems = spec_problems(obj(**{field: value}))  # spec.model: Llama-3.1-8B, in the catalog
     assert problems == [(f"spec.{field}: meta-llama/Llama-3.1-8B-Instruct is in vllmfit's catalog, whose config is "
                         f"what vLLM loads; remove spec.{field} (a config that differs from the real one would book "
                         "the wrong memory)")]
@@ -221,4 +227,4 @@ def test_a_model_config_for_a_catalog_model_is_refused(field: str) -> None:
 def test_a_model_config_for_a_model_vllmfit_does_not_know_is_used() -> None:
     o = api.VLLMDeployment.model_validate({"metadata": {"name": "t", "namespace": "ns"},
                                            "spec": {"model": "acme/private-tiny", "modelConfig": TINY}})
-    assert builders.spec_problems(o) == []
+    assert spec_problems(o) == []

@@ -19,6 +19,12 @@ from vllmfit.backends import binding
 from vllmfit.backends import reservation as rsv
 from vllmfit.core.spec import api, validate
 from vllmfit.operator.rendering import builders
+from vllmfit.sources import catalog
+
+
+def spec_problems(o: api.VLLMDeployment, policy: validate.Policy = validate.DEFAULT_POLICY) -> list[str]:
+    """The one validator as the shells call it: with the catalog's answer for the model."""
+    return validate.problems(o, catalog_model=catalog.knows(o.spec.model), policy=policy)
 
 Pod = Mapping[str, Any]
 Meta = Mapping[str, Any]
@@ -143,7 +149,7 @@ def vllm_pod(template: dict[str, Any] | None, **kw: Any) -> tuple[Pod, Meta]:
 @pytest.mark.parametrize("mode", sorted(BINDINGS))
 def test_every_vllm_pod_passes_restricted(mode: str, template: dict[str, Any] | None) -> None:
     o = obj(template)
-    assert builders.spec_problems(o) == []  # the restricted level (the chart's default) admits the template
+    assert spec_problems(o) == []  # the restricted level (the chart's default) admits the template
     assert violations(*vllm_pod(template, **BINDINGS[mode]), "restricted") == []
 
 
@@ -157,8 +163,8 @@ def test_a_template_the_baseline_level_admits_passes_baseline_only() -> None:
     # the checker can fail: root is baseline, not restricted; vllmfit admits it only where the chart says baseline
     root = {"spec": {"securityContext": {"runAsUser": 0, "runAsNonRoot": False},
                      "containers": [{"name": "vllm", "securityContext": {"capabilities": {"add": ["CHOWN"]}}}]}}
-    assert builders.spec_problems(obj(root)) != []
-    assert builders.spec_problems(obj(root), validate.Policy(level="baseline")) == []
+    assert spec_problems(obj(root)) != []
+    assert spec_problems(obj(root), validate.Policy(level="baseline")) == []
     pod, meta = vllm_pod(root, exclusive=False)
     assert violations(pod, meta, "baseline") == []
     assert violations(pod, meta, "restricted") == ["restricted: Running as Non-root",
@@ -177,7 +183,7 @@ def test_every_template_the_validator_admits_passes_its_level(level: str) -> Non
                         "securityContext": {"capabilities": {"add": ["NET_BIND_SERVICE"]},
                                             "seLinuxOptions": {"type": "container_t"}}}]}}
     policy = validate.Policy(level=level)  # type: ignore[arg-type]
-    assert builders.spec_problems(obj(edge), policy) == []
+    assert spec_problems(obj(edge), policy) == []
     for mode in sorted(BINDINGS):
         assert violations(*vllm_pod(edge, **BINDINGS[mode]), level) == [], mode
 

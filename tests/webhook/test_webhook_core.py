@@ -19,7 +19,7 @@ from webhook_harness import H100, gfd_node
 from vllmfit.core import memory, placement
 from vllmfit.core.defaults import GIB
 from vllmfit.core.memory import fmt_gib
-from vllmfit.core.spec import api
+from vllmfit.core.spec import api, read
 from vllmfit.operator.admission import webhook
 from vllmfit.sources import catalog
 
@@ -61,19 +61,19 @@ def footprint(spec: dict, product: str = H100) -> int:
 ])
 def test_a_pydantic_error_is_one_line_naming_the_field(spec, field, got):
     with pytest.raises(webhook.Invalid) as e:
-        webhook.parse({"metadata": {"name": "a"}, "spec": spec})
+        read.deployment({"metadata": {"name": "a"}, "spec": spec})
     msg = str(e.value)
     assert msg.startswith(field + ": ") and got in msg and "\n" not in msg
 
 
 def test_several_errors_are_counted_in_the_one_line():
     with pytest.raises(webhook.Invalid) as e:
-        webhook.parse({"metadata": {"name": "a"}, "spec": {"model": "", "replicas": -1, "tensorParallelSize": 99}})
+        read.deployment({"metadata": {"name": "a"}, "spec": {"model": "", "replicas": -1, "tensorParallelSize": 99}})
     assert "; 2 more: spec.tensorParallelSize, spec.replicas" in str(e.value)  # in field order
 
 
 def test_generate_name_stands_in_for_a_missing_name():
-    obj = webhook.parse({"metadata": {"generateName": "llm-"}, "spec": {"model": MODEL_8B}})
+    obj = read.deployment({"metadata": {"generateName": "llm-"}, "spec": {"model": MODEL_8B}})
     assert obj.metadata.name.startswith("llm-")
 
 

@@ -14,7 +14,7 @@ import yaml
 from webhook_harness import FakeStore
 
 from vllmfit.core import memory, placement
-from vllmfit.core.spec import api
+from vllmfit.core.spec import api, read
 from vllmfit.main import main
 from vllmfit.operator.admission import webhook
 
@@ -39,7 +39,7 @@ async def review_all(store: FakeStore, deployments: list[dict]) -> dict[str, tup
     for body in deployments:
         v = await webhook.review(store, body, None, "CREATE", False)
         assert v.allowed, v.message
-        req = await store.request_for(webhook.parse(body))
+        req = await store.request_for(read.deployment(body))
         d = placement.decide(store.ledger, req)
         store.ledger.book(d)
         r = d.replicas[0]

@@ -19,7 +19,7 @@ from vllmfit.core import choices, defaults, limits, memory
 from vllmfit.core.errors import UserError
 from vllmfit.core.model.config import params_from_index, parse_hf_config
 from vllmfit.core.model.facts import GpuType, ModelArch, ModelConfigError
-from vllmfit.sources import catalog
+from vllmfit.sources import catalog, resolve
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -169,23 +169,21 @@ def load_model_config(path: str, params: int | None = None) -> ModelArch:
         raise UserError(f"{cfg_path}: {e}") from None
 
 
-def resolve_model(name: str, words: str = "flags") -> ModelArch:
-    """The catalog first; a Hugging Face repo id ("org/name") not in it is fetched from the Hub.
-    `words`: the Hub's errors in the words of `estimate` ("flags") or of `plan` ("spec")."""
+def resolve_model(name: str) -> ModelArch:
+    """--model NAME by the one resolver's name step (vllmfit.sources.resolve.by_name): the catalog
+    first; a Hugging Face repo id ("org/name") not in it is fetched from the Hub. The Hub's errors
+    in `estimate`'s words (its flags)."""
     try:
-        return catalog.model(name)
-    except catalog.CatalogError as e:
-        if "/" not in name:
-            raise
+        return resolve.by_name(name)
+    except catalog.CatalogError:
+        raise
+    except Exception as hub_error:
+        said = str(hub_error).splitlines()[0] if str(hub_error) else repr(hub_error)
         try:
-            from vllmfit.sources import hub
-        except ImportError:
-            raise e from None
-        try:
-            return hub.resolve_model(name)
-        except Exception as hub_error:  # noqa: BLE001 - reported as one line
-            said = str(hub_error).splitlines()[0] if str(hub_error) else repr(hub_error)
-            raise UserError(f"{e}; Hugging Face Hub: {hub_words(said, words)}") from None
+            catalog.model(name)  # not found (by_name asked the Hub): its message names the closest
+        except catalog.CatalogError as e:
+            raise UserError(f"{e}; Hugging Face Hub: {hub_words(said, 'flags')}") from None
+        raise
 
 
 def resolve_gpu(args: argparse.Namespace) -> GpuType:

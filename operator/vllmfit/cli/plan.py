@@ -16,7 +16,6 @@ with status.memory keep those bookings (never moved); all others are decided in 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -25,56 +24,15 @@ from typing import Any, cast
 
 from vllmfit.cli import render
 from vllmfit.cli.documents import Objects, read_files, read_objects
-from vllmfit.cli.output import console, write_then
+from vllmfit.cli.output import console, hub_words, write_then
 from vllmfit.core import choices, memory, placement
-from vllmfit.core.errors import UserError, one_line
-from vllmfit.core.model import config as modelconfig
+from vllmfit.core.errors import UserError
 from vllmfit.core.model.facts import ModelArch
-from vllmfit.core.spec import validate
-from vllmfit.core.spec.api import KIND, VLLMDeployment, VLLMDeploymentSpec
-from vllmfit.sources import catalog
+from vllmfit.core.spec import read, validate
+from vllmfit.core.spec.api import KIND, VLLMDeployment
+from vllmfit.sources import catalog, resolve
 
 OUTPUTS = ("table", "json", "html", "svg")
-
-
-# --- Models ------------------------------------------------------------------------------------
-
-
-def resolve_model(
-    spec: VLLMDeploymentSpec,
-    namespace: str = "default",
-    configmaps: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
-) -> ModelArch:
-    """The model facts of a spec: inline modelConfig, a modelConfigRef found among the input's
-    ConfigMaps, or the catalog, or the Hugging Face Hub for an "org/name" it does not know."""
-    if spec.model_config_inline is not None:
-        return modelconfig.parse_hf_config(
-            spec.model_config_inline,
-            name=spec.model,
-            params=spec.model_params,
-            params_source="spec.modelParams" if spec.model_params else "computed",
-        )
-    if spec.model_config_ref is not None:
-        ref = spec.model_config_ref
-        cm = (configmaps or {}).get((namespace, ref.name))
-        if cm is None:
-            raise UserError(f"modelConfigRef: ConfigMap {namespace}/{ref.name} is not in the input")
-        raw = (cm.get("data") or {}).get(ref.key)
-        if raw is None:
-            raise UserError(f"modelConfigRef: ConfigMap {namespace}/{ref.name} has no key {ref.key!r}")
-        try:
-            config = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise UserError(f"modelConfigRef: {namespace}/{ref.name} {ref.key} is not JSON: {e}") from None
-        return modelconfig.parse_hf_config(
-            config,
-            name=spec.model,
-            params=spec.model_params,
-            params_source="spec.modelParams" if spec.model_params else "computed",
-        )
-    from vllmfit.cli.estimate import resolve_model as by_name  # the catalog, then the Hugging Face Hub
-
-    return by_name(spec.model, words="spec")
 
 
 # --- Building the plan -----------------------------------------------------------------------------
@@ -92,34 +50,36 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
     deployments: dict[str, VLLMDeployment] = {}
     places: dict[str, str] = {}  # key -> "VLLMDeployment ns/name (file document N)"
     for where, data in objs.deployments:
-        try:
-            dep = VLLMDeployment.model_validate(data)
-        except ValueError as e:
-            try:  # a status out of bounds (negative bytes...) is not restored; the spec is decided again
-                dep = VLLMDeployment.model_validate({k: v for k, v in data.items() if k != "status"})
-            except ValueError:
-                errors.append(f"{where}: {one_line(e)}")
-                continue
-            errors.append(f"{where}: status not restored ({one_line(e)}); decided again")
+        try:  # the one reader and validator: the webhook and the operator refuse with the same line
+            dep = read.deployment(data)
+            if data.get("status") is not None:
+                try:  # a status out of bounds (negative bytes...) is not restored; the spec is decided again
+                    dep = read.deployment(data, status=True)
+                except read.SpecError as e:
+                    errors.append(f"{where}: status not restored ({e}); decided again")
+        except read.SpecError as e:
+            errors.append(f"{where}: {e}")
+            continue
         if dep.key in deployments:
             errors.append(f"{where}: duplicate of an earlier {KIND} {dep.key}; ignored")
             continue
-        problems = validate.problems(dep, catalog_model=catalog.knows(dep.spec.model), policy=tenancy,
-                                     sources=env_sources(objs, dep))
-        if problems:  # the one validator: the webhook and the operator would refuse it the same way
-            errors.append(f"{where}: {'; '.join(problems)}")
+        try:
+            read.checked(dep, catalog_model=catalog.knows(dep.spec.model), policy=tenancy,
+                         sources=env_sources(objs, dep))
+        except read.SpecError as e:
+            errors.append(f"{where}: {e}")
             continue
         deployments[dep.key] = dep
         places[dep.key] = where
     pods = {uid: key for key, dep in deployments.items() if dep.status for uid in dep.status.pod_uids}
     nodes: dict[str, placement.NodeInfo] = {}
     for where, data in objs.nodes:
-        read = placement.read_node(data, catalog.gpu_for_label, pods, policy=budget)
-        if read.problem:
-            errors.append(f"{where}: {read.problem}" + ("; using its GFD labels" if read.info else ""))
-        if read.info is None:
+        got = placement.read_node(data, catalog.gpu_for_label, pods, policy=budget)
+        if got.problem:
+            errors.append(f"{where}: {got.problem}" + ("; using its GFD labels" if got.info else ""))
+        if got.info is None:
             continue  # a CPU-only node (no GPU labels, no inventory) is no error
-        node = read.info
+        node = got.info
         if node.name in nodes:
             errors.append(f"{where}: duplicate node; ignored")
             continue
@@ -145,10 +105,10 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
                 message=phase,
             )
         try:
-            model = resolve_model(dep.spec, dep.metadata.namespace, objs.configmaps)
-        except (UserError, ValueError, LookupError) as e:
+            model = resolve_model(dep, objs.configmaps)
+        except resolve.ModelResolutionError as e:
             if key not in admitted:
-                errors.append(f"{places[key]}: {one_line(e)}")
+                errors.append(f"{places[key]}: {hub_words(str(e), 'spec')}")
                 shown.pop(key, None)
             continue
         req = placement.request_from_object(dep, model)
@@ -167,6 +127,16 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
     plan.errors = sorted(plan.errors + errors)
     plan.warnings = sorted(set(plan.warnings) | set(notes) | set(objs.ignored))
     return plan
+
+
+def resolve_model(dep: VLLMDeployment, configmaps: Mapping[tuple[str, str], Mapping[str, Any]]) -> ModelArch:
+    """The one resolver (vllmfit.sources.resolve), with a modelConfigRef ConfigMap found among the
+    input's ConfigMaps (as the operator reads it from the API). Raises ModelResolutionError."""
+    ref = resolve.config_map_wanted(dep.spec)
+    cm = configmaps.get((dep.metadata.namespace, ref.name)) if ref is not None else None
+    data = cm.get("data") if isinstance(cm, Mapping) else None
+    return resolve.resolve(dep.spec, dep.metadata.namespace,
+                           None if cm is None else data if isinstance(data, Mapping) else {})
 
 
 def env_sources(objs: Objects, dep: VLLMDeployment) -> validate.Sources:

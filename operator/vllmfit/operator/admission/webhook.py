@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 import logging
 import os
 import ssl
@@ -33,17 +32,16 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, Union, get_args, get_origin
 
 import kopf
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from vllmfit.core import defaults, placement
 from vllmfit.core.errors import UserError
-from vllmfit.core.spec import api, validate
+from vllmfit.core.spec import api, read, validate
 from vllmfit.operator.admission import bounded, certs
 from vllmfit.operator.admission.fairness import Admission
 from vllmfit.operator.admission.webhookserver import MUTATE_ID, VALIDATE_ID, Server, clip
 from vllmfit.operator.booking import models
 from vllmfit.operator.booking.changes import memory_changes
-from vllmfit.operator.rendering import builders
 
 logger = logging.getLogger(__name__)
 
@@ -85,40 +83,8 @@ def late(adm: Admission, step: str, warnings: tuple[str, ...] = ()) -> Verdict:
     return Verdict(False, message, warnings, 429)
 
 
-class Invalid(ValueError):
-    """A spec pydantic refuses; the message is one line naming the field."""
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = json.dumps(value, default=str, ensure_ascii=False) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def validation_message(e: ValidationError) -> str:
-    """One line: the first error's field path, what is wrong, what was given, and how many more."""
-    errors = e.errors(include_url=False)
-    first = errors[0]
-    where = ".".join(str(p) for p in first["loc"]) or "object"
-    msg = f"{where}: {first['msg']}"
-    if first["type"] != "missing" and "input" in first and not isinstance(first["input"], dict | list):
-        msg += f" (got {_short(first['input'])})"
-    if len(errors) > 1:
-        others = ", ".join(".".join(str(p) for p in err["loc"]) for err in errors[1:4])
-        msg += f"; {len(errors) - 1} more: {others}" + (", ..." if len(errors) > 4 else "")
-    return msg
-
-
-def parse(obj: Mapping[str, Any]) -> api.VLLMDeployment:
-    """The object as the API types read it. Raises Invalid. A CREATE with generateName has no
-    name yet; a placeholder stands in (the name only matters for the deployment's own bookings)."""
-    raw = dict(obj)
-    meta = raw.get("metadata")
-    if isinstance(meta, Mapping) and not meta.get("name"):
-        raw["metadata"] = {**meta, "name": f"{meta.get('generateName') or ''}(generated)"}
-    try:
-        return api.VLLMDeployment.model_validate(raw)
-    except ValidationError as e:
-        raise Invalid(validation_message(e)) from None
+Invalid = read.SpecError
+"""A spec the one reader or validator refuses (vllmfit.core.spec.read); one line naming the field."""
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:
@@ -247,19 +213,15 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
     unchanged = old_body is not None and body.get("spec") == old_body.get("spec")
     if operation == "UPDATE" and (unchanged or (body.get("metadata") or {}).get("deletionTimestamp")):
         return Verdict(True)  # metadata-only updates (finalizers, labels) are never re-checked
-    obj = parse(body)
-    # the one validator, as the operator and `vllmfit plan` call it (generateName: the API server
-    # makes a DNS label, so the name is not checked)
+    # the one reader and validator, as the operator and `vllmfit plan` call them (generateName: the
+    # API server makes a DNS label, so the name is not checked)
     policy = getattr(getattr(store, "options", None), "tenancy", validate.DEFAULT_POLICY)
     named = bool((body.get("metadata") or {}).get("name"))
-    sources = await models.env_sources(getattr(store, "api", None), obj) if validate.sources_needed(obj.spec) else None
-    problems = builders.spec_problems(obj, policy, sources, named=named)
-    if problems:
-        raise Invalid("; ".join(problems))
+    obj = await models.checked(getattr(store, "api", None), body, policy, named=named)
     old = None
     if operation == "UPDATE" and old_body is not None:
         try:
-            old = parse(old_body)
+            old = read.deployment(old_body, status=True)
         except Invalid:
             old = None
         if old is not None and not memory_changes(old.spec, obj.spec):

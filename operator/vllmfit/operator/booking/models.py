@@ -1,66 +1,52 @@
-"""Resolving the model of a VLLMDeployment: inline modelConfig, a modelConfigRef ConfigMap, the
-catalog, then the Hugging Face Hub (Store.request_for calls it)."""
+"""What the operator reads from the cluster for a VLLMDeployment's spec: its model through the one
+resolver (vllmfit.sources.resolve: inline modelConfig, a modelConfigRef ConfigMap, the catalog, then
+the Hugging Face Hub; Store.request_for calls it), with the ConfigMap read from the API, and the
+keys of the ConfigMaps its envFrom names (for the one validator)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
+from collections.abc import Mapping
 from typing import Any
 
-from vllmfit.core.model.config import parse_hf_config
-from vllmfit.core.model.facts import ModelArch, ModelConfigError
-from vllmfit.core.spec import api, validate
-from vllmfit.operator.booking.record import ModelResolutionError
-from vllmfit.sources import catalog
+from vllmfit.core.model.facts import ModelArch
+from vllmfit.core.spec import api, read, validate
+from vllmfit.sources import catalog, resolve
+
+
+async def checked(api_client: Any, body: Mapping[str, Any], policy: validate.Policy, *,
+                  named: bool = True) -> api.VLLMDeployment:
+    """The object by the one reader and validator (vllmfit.core.spec.read), with the envFrom
+    ConfigMaps read from the cluster (`env_sources`): what the webhook and the operator call.
+    `named=False`: a CREATE with generateName. Raises read.SpecError."""
+    obj = read.deployment(body)
+    sources = await env_sources(api_client, obj) if validate.sources_needed(obj.spec) else None
+    return read.checked(obj, catalog_model=catalog.knows(obj.spec.model), policy=policy, sources=sources,
+                        named=named)
 
 
 async def resolve_model(api_client: Any, obj: api.VLLMDeployment) -> ModelArch:
-    """The model of `obj`: inline modelConfig, modelConfigRef ConfigMap, the catalog, then the
-    Hugging Face Hub. Raises ModelResolutionError."""
-    spec = obj.spec
-    try:
-        if spec.model_config_inline is not None:
-            return parse_hf_config(dict(spec.model_config_inline), name=spec.model, params=spec.model_params,
-                                   params_source="spec" if spec.model_params else "computed")
-        if spec.model_config_ref is not None:
-            config = await read_config_map(api_client, obj.metadata.namespace, spec.model_config_ref)
-            return parse_hf_config(config, name=spec.model, params=spec.model_params,
-                                   params_source="spec" if spec.model_params else "computed")
-    except ModelConfigError as e:
-        raise ModelResolutionError(f"spec.modelConfig: {e}") from None
-    try:
-        return catalog.model(spec.model)
-    except catalog.CatalogError as e:
-        if "/" not in spec.model:
-            raise ModelResolutionError(f"{e}; or give a Hugging Face repo id (org/name) or spec.modelConfig") from None
-    from vllmfit.sources import hub
+    """The model of `obj` by the one resolver (vllmfit.sources.resolve), with its modelConfigRef
+    ConfigMap read from the API; the Hub step in a thread. Raises ModelResolutionError."""
+    spec, namespace = obj.spec, obj.metadata.namespace
+    ref = resolve.config_map_wanted(spec)
+    data = await read_config_map(api_client, namespace, ref) if ref is not None else None
+    if resolve.needs_hub(spec):
+        return await asyncio.to_thread(resolve.resolve, spec, namespace, data)
+    return resolve.resolve(spec, namespace, data)
 
-    try:
-        return await asyncio.to_thread(hub.resolve_model, spec.model)
-    except hub.HubError as e:
-        raise ModelResolutionError(str(e), transient=e.transient) from None
 
-async def read_config_map(api_client: Any, namespace: str, ref: api.ConfigMapKeyRef) -> dict[str, Any]:
+async def read_config_map(api_client: Any, namespace: str, ref: api.ConfigMapKeyRef) -> dict[str, str] | None:
+    """The data of ConfigMap `ref` in `namespace`; None when it is not there (404)."""
     from kubernetes_asyncio.client import ApiException, CoreV1Api
 
-    where = f"ConfigMap {namespace}/{ref.name}"
     try:
         cm = await CoreV1Api(api_client).read_namespaced_config_map(ref.name, namespace)
     except ApiException as e:
         if e.status == 404:
-            raise ModelResolutionError(f"spec.modelConfigRef: {where} not found", transient=True) from None
-        raise ModelResolutionError(f"spec.modelConfigRef: cannot read {where}: {e.status} {e.reason}",
-                                   transient=True) from None
-    text = (cm.data or {}).get(ref.key)
-    if text is None:
-        raise ModelResolutionError(f"spec.modelConfigRef: {where} has no key {ref.key!r}")
-    try:
-        config = json.loads(text)
-    except ValueError as e:
-        raise ModelResolutionError(f"spec.modelConfigRef: {where} key {ref.key!r} is not JSON ({e})") from None
-    if not isinstance(config, dict):
-        raise ModelResolutionError(f"spec.modelConfigRef: {where} key {ref.key!r} is not a JSON object")
-    return config
+            return None
+        raise resolve.unreadable(namespace, ref, f"{e.status} {e.reason}") from None
+    return dict(cm.data or {})
 
 
 async def env_sources(api_client: Any, obj: api.VLLMDeployment) -> dict[tuple[str, str], frozenset[str] | None]:

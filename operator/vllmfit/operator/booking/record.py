@@ -15,15 +15,6 @@ from vllmfit.operator.booking.pods import PodHealth
 logger = logging.getLogger("vllmfit.operator.booking.state")
 
 
-class ModelResolutionError(Exception):
-    """The model of a spec cannot be resolved (message: one user-facing line). `transient`:
-    it may resolve later (Hub unreachable, ConfigMap not there yet)."""
-
-    def __init__(self, message: str, *, transient: bool = False):
-        super().__init__(message)
-        self.transient = transient
-
-
 def pruned(value: Any) -> Any:
     """A status without its null fields: a merge patch deletes the keys set to None, and a CRD
     prunes nulls of non-nullable fields (also inside lists). Compare statuses this way."""

@@ -9,13 +9,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import pydantic
 from kubernetes_asyncio.client import ApiException
 
-from vllmfit.core import errors
-from vllmfit.core.spec import api, validate
+from vllmfit.core.spec import api, read, validate
 from vllmfit.operator.booking import models
-from vllmfit.operator.rendering import builders
+from vllmfit.sources import catalog
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +30,8 @@ MERGE_PATCH = "application/merge-patch+json"
 SETTLING = ("Starting", "Pending", "Terminating", "NotAdmitted", "ScaledToZero")
 
 
-class Invalid(ValueError):
-    """The object cannot be used as it is (message: one line naming the field)."""
+Invalid = read.SpecError
+"""The object cannot be used as it is (message: one line naming the field): the one reader's error."""
 
 
 @dataclass
@@ -47,30 +45,16 @@ class Effects:
 
 def parse(body: Mapping[str, Any], policy: validate.Policy = validate.DEFAULT_POLICY,
           sources: validate.Sources | None = None) -> api.VLLMDeployment:
-    """The object, checked by the one validator (builders.spec_problems). Raises Invalid."""
-    return _checked(_object(body), policy, sources)
-
-
-def _object(body: Mapping[str, Any]) -> api.VLLMDeployment:
-    try:
-        return api.VLLMDeployment.model_validate({"metadata": body.get("metadata") or {}, "spec": body.get("spec") or {}})
-    except pydantic.ValidationError as e:
-        raise Invalid(errors.one_line(e)) from None
-
-
-def _checked(obj: api.VLLMDeployment, policy: validate.Policy, sources: validate.Sources | None) -> api.VLLMDeployment:
-    problems = builders.spec_problems(obj, policy, sources)
-    if problems:
-        raise Invalid("; ".join(problems))
-    return obj
+    """The object by the one reader and validator (vllmfit.core.spec.read), without reading the
+    cluster (`sources` given, or none). Raises Invalid."""
+    obj = read.deployment(body)
+    return read.checked(obj, catalog_model=catalog.knows(obj.spec.model), policy=policy, sources=sources)
 
 
 async def checked(store: Any, body: Mapping[str, Any]) -> api.VLLMDeployment:
-    """`parse` with the operator's tenancy policy and the envFrom ConfigMaps read from the cluster
-    (models.env_sources). Raises Invalid."""
-    obj = _object(body)  # validated once, then checked with the sources it names
-    needed = validate.sources_needed(obj.spec)
-    return _checked(obj, store.options.tenancy, await models.env_sources(store.api, obj) if needed else None)
+    """The object by the one reader and validator, with the operator's tenancy policy and the envFrom
+    ConfigMaps read from the cluster (models.checked, as the webhook calls it). Raises Invalid."""
+    return await models.checked(store.api, body, store.options.tenancy)
 
 
 async def gone_ok(delete: Callable[..., Awaitable[Any]], *args: Any) -> None:

@@ -10,12 +10,13 @@ from vllmfit.core.placement import Decision, Request
 from vllmfit.operator import metrics
 from vllmfit.operator.admission import bounded
 from vllmfit.operator.booking import changes, draining, pods, report
-from vllmfit.operator.booking.record import ModelResolutionError, Record
+from vllmfit.operator.booking.record import Record
 from vllmfit.operator.booking.report import now
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.children import children_state
 from vllmfit.operator.handlers.common import Effects, Invalid, checked
 from vllmfit.operator.rendering import builders
+from vllmfit.sources.resolve import ModelResolutionError
 
 logger = logging.getLogger(__name__)
 

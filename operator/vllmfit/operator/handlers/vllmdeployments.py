@@ -15,7 +15,7 @@ from vllmfit.core.placement import Request
 from vllmfit.operator import metrics
 from vllmfit.operator.admission import bounded
 from vllmfit.operator.booking import draining
-from vllmfit.operator.booking.record import ModelResolutionError, key_of
+from vllmfit.operator.booking.record import key_of
 from vllmfit.operator.booking.report import now
 from vllmfit.operator.booking.state import Store, get_store
 from vllmfit.operator.handlers.children import children_state
@@ -30,6 +30,7 @@ from vllmfit.operator.handlers.decide import (
 from vllmfit.operator.handlers.sweep import lead, sweep
 from vllmfit.operator.handlers.writes import finish, settle_drains
 from vllmfit.operator.rendering import builders
+from vllmfit.sources.resolve import ModelResolutionError
 
 logger = logging.getLogger(__name__)
 

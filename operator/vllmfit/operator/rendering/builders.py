@@ -2,8 +2,6 @@
 
 No I/O and no Kopf here; the handlers call these and send the results to the API.
 
-- `spec_problems`: what makes a spec unusable before any fit check: the one validator
-  (vllmfit.core.spec.validate) with the catalog's answer for the model.
 - `deployment` / `service`: the apps/v1 Deployment of one replica and the Service in front of all.
 - `status`: the whole `.status` of a VLLMDeployment from its record and the ledger.
 - `set_condition`: Kubernetes-convention conditions (lastTransitionTime moves only on change).
@@ -21,7 +19,6 @@ from vllmfit.core import defaults, limits, memory
 from vllmfit.core.placement import Booking, Ledger
 from vllmfit.core.spec import api, extraargs, names, validate
 from vllmfit.operator.rendering import podtemplate
-from vllmfit.sources import catalog
 
 PORT = 8000
 MANAGED_BY = defaults.MANAGED_BY_LABEL
@@ -58,13 +55,6 @@ def extra_args_problems(args: Sequence[str]) -> list[str]:
 
 def name_problem(name: str) -> str | None:
     return names.deployment_name_problem(name)
-
-
-def spec_problems(obj: api.VLLMDeployment, policy: validate.Policy = validate.DEFAULT_POLICY,
-                  sources: validate.Sources | None = None, *, named: bool = True) -> list[str]:
-    """The one validator (vllmfit.core.spec.validate), as the operator and the webhook call it."""
-    return validate.problems(obj, catalog_model=catalog.knows(obj.spec.model), policy=policy, sources=sources,
-                             named=named)
 
 
 # --- Children ----------------------------------------------------------------------------------

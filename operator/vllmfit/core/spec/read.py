@@ -1,0 +1,77 @@
+"""The one reader of a VLLMDeployment: an object as the API server, Kopf or a YAML file gives it
+(a mapping) -> the API types, checked by the one validator. `vllmfit plan`, the webhook and the
+operator all call it, so a spec is refused with the same line wherever it is refused.
+
+- `deployment`: the metadata and spec through the pydantic types (and the status, when asked for:
+  `vllmfit plan` restores what a status booked; the webhook reads an UPDATE's old flags); a spec the
+  types refuse is a `SpecError` whose message is `message`'s one line.
+- `checked`: the one validator (`validate.problems`) on a read object; its problems, joined by "; ",
+  are a `SpecError`.
+
+Pure: the shells read the ConfigMaps an envFrom names (`validate.sources_needed`) and know the
+catalog; they pass what they found."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from vllmfit.core.errors import UserError
+from vllmfit.core.spec import api, validate
+
+GENERATED = "(generated)"
+"""The name that stands in for a CREATE with generateName (the API server makes the real one)."""
+
+
+class SpecError(UserError, ValueError):
+    """A VLLMDeployment the API types or the validator refuse; the message is one line naming the
+    field (the CLI prints it, the webhook denies with it, the operator's condition says it)."""
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = json.dumps(value, default=str, ensure_ascii=False) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def message(e: ValidationError) -> str:
+    """One line: the first error's field path, what is wrong, what was given, and how many more."""
+    errors = e.errors(include_url=False)
+    first = errors[0]
+    where = ".".join(str(p) for p in first["loc"]) or "object"
+    msg = f"{where}: {first['msg']}"
+    if first["type"] != "missing" and "input" in first and not isinstance(first["input"], dict | list):
+        msg += f" (got {_short(first['input'])})"
+    if len(errors) > 1:
+        others = ", ".join(".".join(str(p) for p in err["loc"]) for err in errors[1:4])
+        msg += f"; {len(errors) - 1} more: {others}" + (", ..." if len(errors) > 4 else "")
+    return msg
+
+
+def deployment(body: Mapping[str, Any], *, status: bool = False) -> api.VLLMDeployment:
+    """The object's metadata and spec (and status, with `status`) as the API types read them; its
+    apiVersion and kind are the caller's to have checked (the API server, `vllmfit plan`'s reader).
+    A CREATE with generateName has no name yet: GENERATED stands in (the name only matters for the
+    deployment's own bookings). Raises SpecError."""
+    meta = body.get("metadata")
+    if isinstance(meta, Mapping) and not meta.get("name") and meta.get("generateName"):
+        meta = {**meta, "name": f"{meta.get('generateName')}{GENERATED}"}
+    raw: dict[str, Any] = {"metadata": meta or {}, "spec": body.get("spec") or {}}
+    if status and body.get("status") is not None:
+        raw["status"] = body["status"]
+    try:
+        return api.VLLMDeployment.model_validate(raw)
+    except ValidationError as e:
+        raise SpecError(message(e)) from None
+
+
+def checked(obj: api.VLLMDeployment, *, catalog_model: bool, policy: validate.Policy = validate.DEFAULT_POLICY,
+            sources: validate.Sources | None = None, named: bool = True) -> api.VLLMDeployment:
+    """`obj` if the one validator finds nothing (see validate.problems for the arguments), else a
+    SpecError naming every problem."""
+    problems = validate.problems(obj, catalog_model=catalog_model, policy=policy, sources=sources, named=named)
+    if problems:
+        raise SpecError("; ".join(problems))
+    return obj
