@@ -111,6 +111,14 @@ TABLE: list[tuple[str, dict[str, Any], str | None]] = [
     ("sidecar hostPort", tpl(containers=[{**SIDE, "ports": [{"containerPort": 80, "hostPort": 80}]}]),
      "podTemplate.spec.containers[proxy].ports[0].hostPort"),
     ("schedulerName", tpl(schedulerName="mine"), "podTemplate.spec.schedulerName"),
+    # issue 29's parser: what the API types refuse, in one wording everywhere (the webhook's, with
+    # what was given and how many more; plan and the operator said less, each its own way)
+    ("negative replicas", {"replicas": -1}, "spec.replicas: Input should be greater than or equal to 0 (got -1)"),
+    ("unknown field", {"surprise": 1}, "spec.surprise: Extra inputs are not permitted (got 1)"),
+    ("no model", {"model": None}, "spec.model: Input should be a valid string"),
+    ("three wrong fields", {"dtype": "int3", "tensorParallelSize": 0, "replicas": "x"},
+     ("spec.dtype: Input should be 'auto', 'bfloat16', 'float16' or 'float32' (got 'int3'); 2 more: "
+     "spec.tensorParallelSize, spec.replicas")),
     # what a tenant legitimately writes passes everywhere
     ("a good spec", {
         "env": [{"name": "HF_HOME", "value": "/cache/hf"},
@@ -174,8 +182,8 @@ async def test_one_table_through_plan_the_webhook_and_the_operator(
             else:
                 assert message is not None, (name, p, "allowed")
                 assert field in message and "\n" not in message, (name, p, message)
-        if field is not None and not field.startswith("extraArgs"):  # extraArgs: refused by the spec's parser,
-            assert len(set(got.values())) == 1, (name, got)  # whose wording each shell frames (issue 29's parser)
+        if field is not None:  # one reader, one validator: the same line from every shell
+            assert len(set(got.values())) == 1, (name, got)
 
 
 async def test_the_running_operator_refuses_and_reads_the_config_maps(cluster: Cluster, operator: Any) -> None:
@@ -199,3 +207,94 @@ async def test_the_running_operator_refuses_and_reads_the_config_maps(cluster: C
         assert cluster.get(DEPLOYMENTS, f"{name}-0") is None
     await cluster.phase("logs", "Admitted")
     await cluster.until(lambda: cluster.get(DEPLOYMENTS, "logs-0"), what="logs-0 written")
+
+
+# --- One resolver (issue 29): the same spec resolves to the same model facts, or is refused with the
+# same line, through `vllmfit plan` (ConfigMaps from its input), the webhook and the operator (the
+# ConfigMap read from the API server). On the old code the three resolvers differed: plan said
+# "modelConfigRef: ConfigMap ... is not in the input", never checked that the key held a JSON object,
+# gave a catalog miss without its "org/name" hint and an inline config's params another source.
+
+CUSTOM = "acme/tiny-chat"
+GOOD = json.dumps(TINY)
+MODEL_MAPS = [
+    {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": n, "namespace": "tenant-a"}, "data": data}
+    for n, data in (("tiny", {"config.json": GOOD}), ("nokey", {"other": GOOD}), ("notjson", {"config.json": "{x"}),
+                    ("list", {"config.json": "[1, 2]"}), ("broken", {"config.json": json.dumps({"model_type": "llama"})}))
+]
+
+
+def ref(name: str) -> dict[str, Any]:
+    return {"model": CUSTOM, "modelConfigRef": {"name": name, "key": "config.json"}}
+
+
+# name, spec fields, the start of the one line (None: resolved), transient (the webhook allows with a warning)
+MODELS: list[tuple[str, dict[str, Any], str | None, bool]] = [
+    ("catalog name", {}, None, False),
+    ("catalog alias", {"model": "llama-3.1-8b-instruct"}, None, False),
+    ("inline config", {"model": CUSTOM, "modelConfig": TINY, "modelParams": 123456}, None, False),
+    ("config map", ref("tiny"), None, False),
+    ("unknown name", {"model": "llama-9000"}, "unknown model 'llama-9000'", False),
+    ("broken inline config", {"model": CUSTOM, "modelConfig": {"model_type": "llama"}}, "spec.modelConfig: ", False),
+    ("missing config map", ref("nope"), "spec.modelConfigRef: ConfigMap tenant-a/nope not found", True),
+    ("no such key", ref("nokey"), "spec.modelConfigRef: ConfigMap tenant-a/nokey has no key 'config.json'", False),
+    ("not JSON", ref("notjson"), "spec.modelConfigRef: ConfigMap tenant-a/notjson key 'config.json' is not JSON (",
+     False),
+    ("not an object", ref("list"), ("spec.modelConfigRef: ConfigMap tenant-a/list key 'config.json' is not a JSON "
+     "object"), False),
+    ("broken config", ref("broken"), "spec.modelConfigRef: ConfigMap tenant-a/broken key 'config.json': ", False),
+]
+
+
+def facts(model: Any) -> tuple[Any, ...]:
+    return (model.name, model.params, model.params_source, model.num_layers, model.hidden_size,
+            model.num_kv_heads, model.max_model_len, model.torch_dtype)
+
+
+async def test_one_resolver_through_plan_the_webhook_and_the_operator(cluster: Cluster) -> None:
+    from vllmfit.cli import plan as plancmd
+    from vllmfit.core import placement
+    from vllmfit.operator.booking import models
+    from vllmfit.sources import catalog, resolve
+
+    for cm in MODEL_MAPS:
+        await cluster.core.create_namespaced_config_map("tenant-a", cm)
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-a", "labels": {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8"}}}
+    bodies = {name: body(slug(name), {"maxModelLen": 1024, **spec}) for name, spec, _, _ in MODELS}
+    plan = plancmd.build_plan(plancmd.read_objects([("all.yaml", yaml.safe_dump_all(
+        [node, *MODEL_MAPS, *bodies.values()]))]))
+    resolved: dict[str, list[Any]] = {}
+
+    async def request_for(obj: Any) -> Any:  # the operator's Store.request_for: the one resolver
+        req = placement.request_from_object(obj, await models.resolve_model(cluster.api, obj))
+        resolved.setdefault(obj.metadata.name, []).append(req.model)
+        return req
+
+    ledger = placement.Ledger([placement.node_from_object(node, catalog.gpu_for_label)])
+    store = SimpleNamespace(options=Options(), api=cluster.api, ready=SimpleNamespace(is_set=lambda: True),
+                            snapshot=ledger.snapshot, request_for=request_for)
+    for name, _, start, transient in MODELS:
+        b, key = bodies[name], f"tenant-a/{slug(name)}"
+        v = await webhook.review(store, b, None, "CREATE", True)
+        try:
+            await store.request_for(await common.checked(store, b))  # what the operator's reconcile does
+            operator = None
+        except resolve.ModelResolutionError as e:
+            operator = (str(e), e.transient)
+        mine = [e for e in plan.errors if e.startswith(f"VLLMDeployment {key} ")]
+        got = mine[0].split(": ", 1)[1] if mine else None
+        if start is None:
+            assert v.allowed and operator is None and got is None, (name, v, operator, mine)
+            models_seen = [*resolved[slug(name)], plan.requests[key].model]
+            assert len(models_seen) == 3 and len({facts(m) for m in models_seen}) == 1, (name, models_seen)
+            assert len({m for m in models_seen}) == 1, name  # equal facts, not only the fields listed
+            continue
+        assert operator is not None and operator[0].startswith(start) and operator[1] == transient, (name, operator)
+        assert got == operator[0], (name, got, operator)  # plan: the same line
+        if transient:  # the webhook lets apply order settle; the operator retries
+            assert v.allowed and v.warnings == (f"{operator[0]}; the operator will retry",), (name, v)
+        else:
+            assert (v.allowed, v.message, v.code) == (False, operator[0], 422), (name, v)
+    # the inline config's parameters come from the spec, and say so, everywhere
+    assert plan.requests[f"tenant-a/{slug('inline config')}"].model.params_source == "spec.modelParams"

@@ -47,7 +47,7 @@ def footprint(spec: dict, product: str = H100) -> int:
     return memory.size(req.model, s, gpu, memory.budget_bytes(gpu.cuda_total_bytes)).footprint.total
 
 
-# --- parse / validation_message ---------------------------------------------------------------
+# --- read.deployment / read.message ----------------------------------------------------------
 
 
 @pytest.mark.parametrize(("spec", "field", "got"), [

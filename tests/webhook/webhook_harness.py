@@ -32,7 +32,7 @@ from kubernetes_asyncio import client as kclient
 from vllmfit.core import placement
 from vllmfit.core.spec import api
 from vllmfit.operator.admission import certs, webhook
-from vllmfit.sources import catalog
+from vllmfit.sources import catalog, resolve
 
 RESOURCE = f"{api.GROUP}/{api.VERSION}/{api.PLURAL}"
 VWC = "admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
@@ -42,10 +42,6 @@ SERVICE = "vllmfit-webhook"
 SECRET = "vllmfit-webhook-cert"
 NAMES = {"validating": "vllmfit-validate", "mutating": "vllmfit-default"}  # as the chart names them
 H100 = "NVIDIA-H100-80GB-HBM3"
-
-
-class ModelResolutionError(LookupError):
-    """The test double's stand-in for vllmfit.operator.booking.record.ModelResolutionError."""
 
 
 def gfd_node(name: str, count: int = 8, product: str = H100) -> dict[str, Any]:
@@ -75,11 +71,15 @@ class FakeStore:
         return self.ledger.snapshot()
 
     async def request_for(self, obj: api.VLLMDeployment) -> placement.Request:
+        """The one resolver without the Hub (no network in tests: a name the catalog does not know is
+        refused with the catalog's line) and without ConfigMaps (a modelConfigRef is not found)."""
+        spec = obj.spec
+        if spec.model_config_inline is not None or spec.model_config_ref is not None:
+            return placement.request_from_object(obj, resolve.resolve(spec, obj.metadata.namespace))
         try:
-            model = _model(obj.spec.model)
+            return placement.request_from_object(obj, _model(spec.model))
         except catalog.CatalogError as e:
-            raise ModelResolutionError(str(e)) from None
-        return placement.request_from_object(obj, model)
+            raise resolve.ModelResolutionError(str(e)) from None
 
 
 def webhook_configuration(kind: str, paths: Iterable[tuple[str, str]]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Admission webhooks for VLLMDeployment, served by the operator process (Kopf) over TLS.
 
-- validate-vllmdeployment: parses the object with the pydantic API types and runs the same
+- validate-vllmdeployment: reads the object with the one reader and validator (vllmfit.core.spec.read,
+  as `vllmfit plan` and the operator do), resolves its model with the one resolver, and runs the same
   `placement.decide` as the operator and `vllmfit plan`, on the operator's committed snapshot of
   the ledger (frozen: no lock, never half-changed, never changed by the review). It never books:
   only the operator books, so dry runs change nothing. Denials carry the decision's reasons (per
@@ -12,7 +13,7 @@
   It never writes computed flags.
 
 The webhook is advisory: two objects admitted in the same instant may not both fit; the operator's
-serialized allocation is authoritative (docs/webhook.md). The pure part (parse, defaults_patch,
+serialized allocation is authoritative (docs/webhook.md). The pure part (defaults_patch,
 is_shrink, check) has no Kopf in it; `register`/`setup` are the thin shell, and the HTTPS
 server with its limits and client authentication is `vllmfit.operator.admission.webhookserver`.
 """
@@ -233,7 +234,7 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
             req = await store.request_for(obj)
     except TimeoutError:
         return late(adm, f"resolving model {obj.spec.model!r}")
-    except Exception as e:  # noqa: BLE001 - record.ModelResolutionError, or anything its resolvers raise
+    except Exception as e:  # noqa: BLE001 - resolve.ModelResolutionError, or anything the resolver raises
         message = str(e) or f"cannot resolve model {obj.spec.model!r}"
         if getattr(e, "transient", False):  # Hub unreachable, ConfigMap not created yet: apply order
             return Verdict(True, warnings=(f"{message}; the operator will retry",))
