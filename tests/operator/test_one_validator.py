@@ -19,6 +19,7 @@ import yaml
 from opkit import Cluster
 
 from vllmfit import main as cli
+from vllmfit.core.spec import api, read
 from vllmfit.operator.admission import webhook
 from vllmfit.operator.booking.state import Options
 from vllmfit.operator.handlers import common
@@ -298,3 +299,24 @@ async def test_one_resolver_through_plan_the_webhook_and_the_operator(cluster: C
             assert (v.allowed, v.message, v.code) == (False, operator[0], 422), (name, v)
     # the inline config's parameters come from the spec, and say so, everywhere
     assert plan.requests[f"tenant-a/{slug('inline config')}"].model.params_source == "spec.modelParams"
+
+
+def test_one_flag_type_from_the_sizing_to_the_status_the_pod_and_back() -> None:
+    # issue 29: flags were converted memory.Flags -> api.Flags -> memory.Flags; now the status's type
+    # is the memory core's, so what a decision sized is what the status, the pod and plan read back
+    from vllmfit.core import memory, placement
+    from vllmfit.operator.rendering import builders
+    from vllmfit.sources import catalog
+
+    assert memory.Flags is api.Flags
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-a", "labels": {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "1"}}}
+    obj = read.deployment(body("f", {"maxNumSeqs": 8}))
+    d = placement.decide(placement.Ledger([placement.node_from_object(node, catalog.gpu_for_label)]),
+                         placement.request_from_object(obj, catalog.model(MODEL)))
+    assert d.admitted and d.flags is not None and d.flags.kv_cache_memory_bytes
+    status = api.VLLMDeploymentStatus(phase="Admitted", flags=d.flags)
+    back = api.VLLMDeploymentStatus.model_validate(json.loads(status.model_dump_json(by_alias=True))).flags
+    assert back == d.flags and back is not None and back.args() == d.flags.args()
+    args = builders.vllm_args(obj.spec, MODEL, back)
+    assert args[args.index(f"--port={builders.PORT}") + 1:][:len(d.flags.args())] == d.flags.args()

@@ -175,9 +175,7 @@ def _room_status(sizing: memory.Sizing, node: str, index: int, granted_by: str |
     fp, f = sizing.footprint, sizing.flags
     return api.VLLMDeploymentStatus(
         phase="Admitted",
-        flags=api.Flags(max_model_len=f.max_model_len, max_num_seqs=f.max_num_seqs,
-                        gpu_memory_utilization=f.gpu_memory_utilization, kv_cache_memory_bytes=f.kv_cache_memory_bytes,
-                        max_num_batched_tokens=f.max_num_batched_tokens),
+        flags=f,  # the one flag type: what sizing made is what the status carries
         kv_cache=api.KvCacheStatus(bytes=fp.kv_cache, tokens=sizing.granted_tokens, granted_by=granted_by,
                                    concurrency_at_max_model_len=round(sizing.max_concurrency, 2)),
         memory=[api.GpuMemory(node=node, index=index, weights_bytes=fp.weights, kv_cache_bytes=fp.kv_cache,
