@@ -171,19 +171,12 @@ def load_model_config(path: str, params: int | None = None) -> ModelArch:
 
 def resolve_model(name: str) -> ModelArch:
     """--model NAME by the one resolver's name step (vllmfit.sources.resolve.by_name): the catalog
-    first; a Hugging Face repo id ("org/name") not in it is fetched from the Hub. The Hub's errors
-    in `estimate`'s words (its flags)."""
+    first; a Hugging Face repo id ("org/name") not in it is fetched from the Hub. Its errors in
+    `estimate`'s words (its flags, not the spec's fields)."""
     try:
         return resolve.by_name(name)
-    except catalog.CatalogError:
-        raise
-    except Exception as hub_error:
-        said = str(hub_error).splitlines()[0] if str(hub_error) else repr(hub_error)
-        try:
-            catalog.model(name)  # not found (by_name asked the Hub): its message names the closest
-        except catalog.CatalogError as e:
-            raise UserError(f"{e}; Hugging Face Hub: {hub_words(said, 'flags')}") from None
-        raise
+    except resolve.ModelResolutionError as e:
+        raise UserError(hub_words(str(e), "flags")) from None
 
 
 def resolve_gpu(args: argparse.Namespace) -> GpuType:

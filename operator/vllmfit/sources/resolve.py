@@ -64,19 +64,22 @@ def _facts(config: Mapping[str, Any], spec: VLLMDeploymentSpec, where: str) -> M
 
 def by_name(name: str) -> ModelArch:
     """A model by name: the catalog (names and aliases), then the Hugging Face Hub for an "org/name"
-    it does not know. Raises catalog.CatalogError (not in the catalog, not a repo id) or
-    hub.HubError. Blocking when it asks the Hub."""
+    it does not know. Blocking when it asks the Hub. Raises ModelResolutionError: the catalog's line
+    (the closest names), and for an "org/name" what the Hub said after it."""
     try:
         return catalog.model(name)
     except catalog.CatalogError as e:
         if "/" not in name:
-            raise
-        unknown = e
+            raise ModelResolutionError(str(e)) from None
+        unknown = str(e)
     try:
         from vllmfit.sources import hub  # huggingface_hub is slow to import: only when it is needed
     except ImportError:  # an install without the Hub's client: the catalog's answer
-        raise unknown from None
-    return hub.resolve_model(name)
+        raise ModelResolutionError(unknown) from None
+    try:
+        return hub.resolve_model(name)
+    except hub.HubError as e:
+        raise ModelResolutionError(f"{unknown}; Hugging Face Hub: {e}", transient=e.transient) from None
 
 
 def resolve(spec: VLLMDeploymentSpec, namespace: str = "default",
@@ -103,11 +106,7 @@ def resolve(spec: VLLMDeploymentSpec, namespace: str = "default",
         return _facts(config, spec, f"{where} key {ref.key!r}")
     try:
         return by_name(spec.model)
-    except catalog.CatalogError as e:
-        raise ModelResolutionError(f"{e}; or give a Hugging Face repo id (org/name) or spec.modelConfig") from None
-    except Exception as e:
-        from vllmfit.sources import hub
-
-        if not isinstance(e, hub.HubError):
+    except ModelResolutionError as e:
+        if "/" in spec.model:
             raise
-        raise ModelResolutionError(str(e), transient=e.transient) from None
+        raise ModelResolutionError(f"{e}; or give a Hugging Face repo id (org/name) or spec.modelConfig") from None
