@@ -108,11 +108,11 @@ class Ledger:
         self._owned: set[object] = set()  # while shared: the containers copied since (this object's own)
         self.nodes: dict[str, NodeInfo] = {}
         self._slots: dict[GpuKey, GpuSlot] = {}
-        self._on_gpu: Any = _Layer({})  # node -> GPU -> bookings (each node's copied when it changes)
-        self._used: Any = _Layer({})  # GpuKey -> booked bytes
-        self._by_deployment: Any = _Layer({})  # key -> its bookings (a list never changed in place)
+        self._on_gpu: Any = _Layer({}, own=True)  # node -> GPU -> bookings (each node's copied when it changes)
+        self._used: Any = _Layer({}, own=True)  # GpuKey -> booked bytes
+        self._by_deployment: Any = _Layer({}, own=True)  # key -> its bookings (a list never changed in place)
         self._beyond: set[str] = set()  # deployments with a booking that holds KV beyond its caps
-        self._head: Any = _Layer({})  # GpuKey -> headroom as currently indexed
+        self._head: Any = _Layer({}, own=True)  # GpuKey -> headroom as currently indexed
         self._free: dict[GpuType, list[tuple[int, str, int]]] = {}
         self._by_type: dict[str, dict[GpuType, list[int]]] = {}  # node -> type -> indices (non-MIG)
         self._groups: dict[tuple[GpuType, int], list[tuple[int, str]]] = {}
