@@ -108,11 +108,13 @@ class Ledger:
         self._owned: set[object] = set()  # while shared: the containers copied since (this object's own)
         self.nodes: dict[str, NodeInfo] = {}
         self._slots: dict[GpuKey, GpuSlot] = {}
-        self._on_gpu: Any = _Layer({}, own=True)  # node -> GPU -> bookings (each node's copied when it changes)
-        self._used: Any = _Layer({}, own=True)  # GpuKey -> booked bytes
-        self._by_deployment: Any = _Layer({}, own=True)  # key -> its bookings (a list never changed in place)
+        # Plain dicts until the ledger is first shared (then each becomes a layer over it, `_changing`):
+        # a ledger never shared (the CLI's plan) reads them at dict speed.
+        self._on_gpu: Any = {}  # node -> GPU -> bookings (each node's copied when it changes)
+        self._used: Any = {}  # GpuKey -> booked bytes
+        self._by_deployment: Any = {}  # key -> its bookings (a list never changed in place)
         self._beyond: set[str] = set()  # deployments with a booking that holds KV beyond its caps
-        self._head: Any = _Layer({}, own=True)  # GpuKey -> headroom as currently indexed
+        self._head: Any = {}  # GpuKey -> headroom as currently indexed
         self._free: dict[GpuType, list[tuple[int, str, int]]] = {}
         self._by_type: dict[str, dict[GpuType, list[int]]] = {}  # node -> type -> indices (non-MIG)
         self._groups: dict[tuple[GpuType, int], list[tuple[int, str]]] = {}
@@ -436,8 +438,12 @@ class Ledger:
         if found is None:
             # Built whole, then published in one assignment (no thread sees it half built); a
             # ledger that changed its accounting since it was shared has its own tables (_changing).
-            keys = {node: k for node in sorted(self._by_type) if (k := self._node_group_key(node, t, n)) is not None}
-            found = sorted((k, node) for node, k in keys.items())
+            head, keys = self._head, {}
+            for node, types in self._by_type.items():  # only the nodes with n GPUs of type t
+                idx = types.get(t)
+                if idx is not None and len(idx) >= n:
+                    keys[node] = sorted([head[(node, i)] for i in idx], reverse=True)[n - 1]
+            found = sorted([(k, node) for node, k in keys.items()])
             self._group_key[(t, n)] = keys
             self._groups[(t, n)] = found
         return found
