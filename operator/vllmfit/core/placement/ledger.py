@@ -120,8 +120,31 @@ class Ledger:
         self._groups: dict[tuple[GpuType, int], list[tuple[int, str]]] = {}
         self._group_key: dict[tuple[GpuType, int], dict[str, int]] = {}  # (type, n) -> node -> its key
         self._selected: dict[tuple[object, ...], NodeSet] = {}  # (nodeSelector, affinity) -> matches
-        for n in nodes:
-            self.set_node(n)
+        self._start(list(nodes))
+
+    def _start(self, given: list[NodeInfo]) -> None:
+        """A new ledger's nodes: what `set_node` of each would make (a name given twice: the last
+        one, in the first one's place), with each index sorted once instead of grown GPU by GPU."""
+        for node in given:
+            self.nodes[node.name] = node
+        free: dict[GpuType, list[tuple[int, str, int]]] = {}
+        for name, node in self.nodes.items():
+            types: dict[GpuType, list[int]] = {}
+            book = self._on_gpu.setdefault(name, {})
+            for sl in node.gpus:
+                key = (sl.node, sl.index)
+                self._slots[key] = sl
+                book.setdefault(sl.index, {})
+                self._used[key] = 0
+                h = self._head[key] = sl.budget_bytes - sl.foreign_bytes  # headroom_bytes: nothing booked yet
+                free.setdefault(sl.gpu, []).append((h, sl.node, sl.index))
+                if not sl.mig:
+                    types.setdefault(sl.gpu, []).append(sl.index)
+            self._by_type[name] = {t: sorted(ix) for t, ix in types.items()}
+        for lst in free.values():
+            lst.sort()
+        self._free = free
+        self.version = len(given)  # one change per node, as set_node counts them
 
     # nodes
     def set_node(self, node: NodeInfo) -> list[str]:
@@ -381,9 +404,10 @@ class Ledger:
         return book
 
     # indices
-    def _index(self, key: GpuKey) -> None:
+    def _index(self, key: GpuKey, h: int | None = None) -> None:
         s = self._slots[key]
-        h = self.headroom_bytes(*key)
+        if h is None:
+            h = self.headroom_bytes(*key)
         self._head[key] = h
         bisect.insort(self._free_list(s.gpu), (h, key[0], key[1]))
 
@@ -401,10 +425,13 @@ class Ledger:
         refresh: set[tuple[str, GpuType]] = set()
         for key in keys:
             s = self._slots.get(key)
-            if s is None or self._head.get(key) == self.headroom_bytes(*key):
+            if s is None:
+                continue
+            h = s.budget_bytes - self._used.get(key, 0) - s.foreign_bytes  # headroom_bytes
+            if self._head.get(key) == h:
                 continue
             self._unindex(key)
-            self._index(key)
+            self._index(key, h)
             if not s.mig:
                 refresh.add((s.node, s.gpu))
         for node, t in refresh:
@@ -412,14 +439,15 @@ class Ledger:
 
     def _refresh_groups(self, node: str, t: GpuType) -> None:
         for gt, n in self._groups:
-            if gt == t:
+            if gt is t or gt == t:  # (equal types read from different nodes are distinct objects)
                 self._set_group_key(t, n, node, self._node_group_key(node, t, n))
 
     def _node_group_key(self, node: str, t: GpuType, n: int) -> int | None:
         idx = self._by_type.get(node, {}).get(t, [])
         if len(idx) < n:
             return None
-        return sorted((self._head[(node, i)] for i in idx), reverse=True)[n - 1]
+        head = self._head
+        return sorted([head[(node, i)] for i in idx], reverse=True)[n - 1]
 
     def _set_group_key(self, t: GpuType, n: int, node: str, key: int | None) -> None:
         if self._group_key[(t, n)].get(node) == key:
