@@ -286,7 +286,8 @@ def _place_replicas(
     unbooked: list[ReplicaAllocation] = []  # placed in bulk, not booked as pending
     bulk_rs = s  # the settings of the replicas placed in bulk
     try:
-        ledger._add(pending, Decision(pending, "Admitted", tuple(out.placed.values())).bookings())
+        if out.placed:
+            ledger._add(pending, Decision(pending, "Admitted", tuple(out.placed.values())).bookings())
         for replica in range(spec.replicas):
             if replica in out.placed:
                 continue
