@@ -439,7 +439,7 @@ class Ledger:
 
     def _refresh_groups(self, node: str, t: GpuType) -> None:
         for gt, n in self._groups:
-            if gt is t or gt == t:  # (equal types read from different nodes are distinct objects)
+            if gt is t or (gt.product == t.product and gt == t):  # equal types of different nodes: distinct objects
                 self._set_group_key(t, n, node, self._node_group_key(node, t, n))
 
     def _node_group_key(self, node: str, t: GpuType, n: int) -> int | None:
