@@ -412,6 +412,7 @@ def main() -> None:
         "extra_admitted": admitted_extra,
         "denied_p50_ms": round(1000 * statistics.median(denied), 1) if denied else None,
         "bulk_review_cpu_p50_ms": round(1000 * statistics.median(bulk), 1),
+        "bulk_review_cpu_max_ms": round(1000 * max(bulk), 1),  # the first builds the TP 8 group index
         "bulk_review_phase": bulk_phase,
         "peak_rss_mb": round(rss_mb, 1),
         **pack,
@@ -444,7 +445,8 @@ def main() -> None:
         ),
         (
             f"405B TP 8 x {limits.MAX_REPLICAS} replicas, CPU p50",
-            f"{result['bulk_review_cpu_p50_ms']} ms ({bulk_phase}; {args.bulk_samples} reviews)",
+            f"{result['bulk_review_cpu_p50_ms']} ms, max {result['bulk_review_cpu_max_ms']} ms "
+            f"({bulk_phase}; {args.bulk_samples} reviews)",
         ),
         ("peak RSS", f"{result['peak_rss_mb']:.0f} MB"),
         ("GPUs used", f"{pack['gpus_used']}"),

@@ -51,7 +51,7 @@ def _fill(ledger: placement.Ledger, filled: int) -> None:
             ledger.book(d)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.one_of(fleets(), clusters()), st.integers(0, 6), st.sampled_from(SPECS), st.integers(2, 40))
 def test_bulk_equals_replica_by_replica(nodes, filled, spec, replicas) -> None:
     ledger = placement.Ledger(nodes)
