@@ -445,8 +445,8 @@ def main() -> None:
         ),
         (
             f"405B TP 8 x {limits.MAX_REPLICAS} replicas, CPU p50",
-            f"{result['bulk_review_cpu_p50_ms']} ms, max {result['bulk_review_cpu_max_ms']} ms "
-            f"({bulk_phase}; {args.bulk_samples} reviews)",
+            (f"{result['bulk_review_cpu_p50_ms']} ms, max {result['bulk_review_cpu_max_ms']} ms "
+             f"({bulk_phase}; {args.bulk_samples} reviews)"),
         ),
         ("peak RSS", f"{result['peak_rss_mb']:.0f} MB"),
         ("GPUs used", f"{pack['gpus_used']}"),
