@@ -4,9 +4,14 @@ A synthetic cluster of 1,000 nodes x 8 GPUs (H100 80GB, A100 80GB, A100 40GB and
 GPUs with foreign use) and 4,000 deployments from 0.5B to 70B (mostly explicit maxModelLen and
 maxNumSeqs, some unset, some with a nodeSelector or pinned to a node), all seeded. Measured:
 
-- full plan: placement.plan of every deployment onto the empty cluster (median of 3 rounds);
+- full plan: placement.plan of every deployment onto the empty cluster (median of 3 rounds), wall
+  and CPU time, and `plan_digest` (sha256 of every decision: equal digests, equal plans);
 - one admission: decide + book of one more deployment into the full ledger (1,000 samples, each
   released again), p50 and p99; and decide of a deployment that fits nowhere (p50 of 20);
+- the costliest review that fits (issue 32): a 405B model at TP 8 with limits.MAX_REPLICAS
+  replicas decided on the full ledger (CPU time, p50 and max of --bulk-samples; the first builds
+  the TP 8 group index). At 1,000 nodes it is refused by the cheap bound; at 10,000 it fits, and
+  its replicas after the first are placed in bulk (docs/placement.md, "Many identical replicas");
 - peak RSS of this process (resource.getrusage);
 - packing: GPUs in use, versus one GPU per process (the stock device plugin: tp x pp whole GPUs
   per replica) and versus a lower bound (per product, total booked bytes / one GPU's budget);
@@ -29,6 +34,13 @@ end in their units.
 
     .venv/bin/python benchmarks/plan_scale.py [--nodes 1000] [--deployments 4000] [--rounds 3]
         [--export-nodes 1000] [--export-deployments 2000] [--kv-nodes 50] [--kv-offered 1500]
+        [--bulk-samples 3]
+
+Fleet size (issue 32; minutes, not in the test suite; targets: full plan <= 5 s, <= 500 MB, any
+review <= 50 ms):
+
+    .venv/bin/python benchmarks/plan_scale.py --nodes 10000 --deployments 40000 --rounds 1 \
+        --export-nodes 10 --export-deployments 10
 """
 
 from __future__ import annotations
