@@ -108,43 +108,18 @@ class Ledger:
         self._owned: set[object] = set()  # while shared: the containers copied since (this object's own)
         self.nodes: dict[str, NodeInfo] = {}
         self._slots: dict[GpuKey, GpuSlot] = {}
-        # Plain dicts until the ledger is first shared (then each becomes a layer over it, `_changing`):
-        # a ledger never shared (the CLI's plan) reads them at dict speed.
         self._on_gpu: Any = {}  # node -> GPU -> bookings (each node's copied when it changes)
         self._used: Any = {}  # GpuKey -> booked bytes
         self._by_deployment: Any = {}  # key -> its bookings (a list never changed in place)
         self._beyond: set[str] = set()  # deployments with a booking that holds KV beyond its caps
-        self._head: Any = {}  # GpuKey -> headroom as currently indexed
+        self._head: Any = {}  # GpuKey -> headroom as indexed; it and the maps above: dicts until shared
         self._free: dict[GpuType, list[tuple[int, str, int]]] = {}
         self._by_type: dict[str, dict[GpuType, list[int]]] = {}  # node -> type -> indices (non-MIG)
         self._groups: dict[tuple[GpuType, int], list[tuple[int, str]]] = {}
         self._group_key: dict[tuple[GpuType, int], dict[str, int]] = {}  # (type, n) -> node -> its key
         self._selected: dict[tuple[object, ...], NodeSet] = {}  # (nodeSelector, affinity) -> matches
-        self._start(list(nodes))
-
-    def _start(self, given: list[NodeInfo]) -> None:
-        """A new ledger's nodes: what `set_node` of each would make (a name given twice: the last
-        one, in the first one's place), with each index sorted once instead of grown GPU by GPU."""
-        for node in given:
-            self.nodes[node.name] = node
-        free: dict[GpuType, list[tuple[int, str, int]]] = {}
-        for name, node in self.nodes.items():
-            types: dict[GpuType, list[int]] = {}
-            book = self._on_gpu.setdefault(name, {})
-            for sl in node.gpus:
-                key = (sl.node, sl.index)
-                self._slots[key] = sl
-                book.setdefault(sl.index, {})
-                self._used[key] = 0
-                h = self._head[key] = sl.budget_bytes - sl.foreign_bytes  # headroom_bytes: nothing booked yet
-                free.setdefault(sl.gpu, []).append((h, sl.node, sl.index))
-                if not sl.mig:
-                    types.setdefault(sl.gpu, []).append(sl.index)
-            self._by_type[name] = {t: sorted(ix) for t, ix in types.items()}
-        for lst in free.values():
-            lst.sort()
-        self._free = free
-        self.version = len(given)  # one change per node, as set_node counts them
+        for n in nodes:
+            self.set_node(n)
 
     # nodes
     def set_node(self, node: NodeInfo) -> list[str]:
@@ -406,9 +381,7 @@ class Ledger:
     # indices
     def _index(self, key: GpuKey, h: int | None = None) -> None:
         s = self._slots[key]
-        if h is None:
-            h = self.headroom_bytes(*key)
-        self._head[key] = h
+        h = self._head[key] = self.headroom_bytes(*key) if h is None else h
         bisect.insort(self._free_list(s.gpu), (h, key[0], key[1]))
 
     def _unindex(self, key: GpuKey) -> None:
@@ -425,10 +398,7 @@ class Ledger:
         refresh: set[tuple[str, GpuType]] = set()
         for key in keys:
             s = self._slots.get(key)
-            if s is None:
-                continue
-            h = s.budget_bytes - self._used.get(key, 0) - s.foreign_bytes  # headroom_bytes
-            if self._head.get(key) == h:
+            if s is None or self._head.get(key) == (h := s.budget_bytes - self._used.get(key, 0) - s.foreign_bytes):
                 continue
             self._unindex(key)
             self._index(key, h)
@@ -446,8 +416,7 @@ class Ledger:
         idx = self._by_type.get(node, {}).get(t, [])
         if len(idx) < n:
             return None
-        head = self._head
-        return sorted([head[(node, i)] for i in idx], reverse=True)[n - 1]
+        return sorted([self._head[(node, i)] for i in idx], reverse=True)[n - 1]
 
     def _set_group_key(self, t: GpuType, n: int, node: str, key: int | None) -> None:
         if self._group_key[(t, n)].get(node) == key:
@@ -466,11 +435,8 @@ class Ledger:
         if found is None:
             # Built whole, then published in one assignment (no thread sees it half built); a
             # ledger that changed its accounting since it was shared has its own tables (_changing).
-            head, keys = self._head, {}
-            for node, types in self._by_type.items():  # only the nodes with n GPUs of type t
-                idx = types.get(t)
-                if idx is not None and len(idx) >= n:
-                    keys[node] = sorted([head[(node, i)] for i in idx], reverse=True)[n - 1]
+            keys = {node: k for node, types in self._by_type.items()  # the nodes with n GPUs of type t
+                    if len(types.get(t, ())) >= n and (k := self._node_group_key(node, t, n)) is not None}
             found = sorted([(k, node) for node, k in keys.items()])
             self._group_key[(t, n)] = keys
             self._groups[(t, n)] = found
