@@ -4,9 +4,14 @@ A synthetic cluster of 1,000 nodes x 8 GPUs (H100 80GB, A100 80GB, A100 40GB and
 GPUs with foreign use) and 4,000 deployments from 0.5B to 70B (mostly explicit maxModelLen and
 maxNumSeqs, some unset, some with a nodeSelector or pinned to a node), all seeded. Measured:
 
-- full plan: placement.plan of every deployment onto the empty cluster (median of 3 rounds);
+- full plan: placement.plan of every deployment onto the empty cluster (median of 3 rounds), wall
+  and CPU time, and `plan_digest` (sha256 of every decision: equal digests, equal plans);
 - one admission: decide + book of one more deployment into the full ledger (1,000 samples, each
   released again), p50 and p99; and decide of a deployment that fits nowhere (p50 of 20);
+- the costliest review that fits (issue 32): a 405B model at TP 8 with limits.MAX_REPLICAS
+  replicas decided on the full ledger (CPU time, p50 and max of --bulk-samples; the first builds
+  the TP 8 group index). At 1,000 nodes it is refused by the cheap bound; at 10,000 it fits, and
+  its replicas after the first are placed in bulk (docs/placement.md, "Many identical replicas");
 - peak RSS of this process (resource.getrusage);
 - packing: GPUs in use, versus one GPU per process (the stock device plugin: tp x pp whole GPUs
   per replica) and versus a lower bound (per product, total booked bytes / one GPU's budget);
@@ -29,11 +34,19 @@ end in their units.
 
     .venv/bin/python benchmarks/plan_scale.py [--nodes 1000] [--deployments 4000] [--rounds 3]
         [--export-nodes 1000] [--export-deployments 2000] [--kv-nodes 50] [--kv-offered 1500]
+        [--bulk-samples 3]
+
+Fleet size (issue 32; minutes, not in the test suite; targets: full plan <= 5 s, <= 500 MB, any
+review <= 50 ms):
+
+    .venv/bin/python benchmarks/plan_scale.py --nodes 10000 --deployments 40000 --rounds 1 \
+        --export-nodes 10 --export-deployments 10
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -48,7 +61,7 @@ from pathlib import Path
 
 import yaml
 
-from vllmfit.core import defaults, placement
+from vllmfit.core import defaults, limits, placement
 from vllmfit.core.spec.api import KvCacheSpec, VLLMDeploymentSpec
 from vllmfit.sources import catalog
 
@@ -166,6 +179,34 @@ def packing(p: placement.Plan) -> dict[str, int]:
         budget[s.gpu.product] = s.budget_bytes
     lower = sum(math.ceil(demand[k] / budget[k]) for k in demand)
     return {"gpus_used": used, "gpus_one_per_process": per_process, "gpus_lower_bound": lower}
+
+
+BULK = {"model": "meta-llama/Llama-3.1-405B-Instruct", "tensorParallelSize": 8, "quantization": "fp8",
+        "maxModelLen": 8192, "replicas": limits.MAX_REPLICAS}
+"""The costliest review the limits allow (webhook_latency.py's worst case), here one that FITS on
+the full ledger of a fleet-size run: every replica placed (bulk placement, docs/placement.md)."""
+
+
+def bulk_review(ledger: placement.Ledger, samples: int) -> tuple[list[float], str]:
+    """decide of the BULK spec on the full ledger (never booked): CPU seconds per review, and its phase."""
+    spec = VLLMDeploymentSpec.model_validate(BULK)
+    req = placement.Request("x/bulk-405b", spec, catalog.model(BULK["model"]))
+    out, phase = [], ""
+    for _ in range(samples):
+        t = time.process_time()
+        phase = placement.decide(ledger, req).phase
+        out.append(time.process_time() - t)
+    return out, phase
+
+
+def digest(p: placement.Plan) -> str:
+    """sha256 of every decision (phase, replicas, GPUs, flags, bytes, message): equal digests, equal plans."""
+    h = hashlib.sha256()
+    for key in sorted(p.decisions):
+        d = p.decisions[key]
+        h.update(repr((key, d.phase, d.flags, d.message, d.warnings, d.reasons, [
+            (r.replica, r.node, r.gpus, r.sizing.footprint, r.footprints) for r in d.replicas])).encode())
+    return h.hexdigest()[:16]
 
 
 # --- A realistic kubectl export -------------------------------------------------------------------
@@ -304,6 +345,7 @@ def main() -> None:
     ap.add_argument("--denials", type=int, default=20)
     ap.add_argument("--export-nodes", type=int, default=1000)
     ap.add_argument("--export-deployments", type=int, default=2000)
+    ap.add_argument("--bulk-samples", type=int, default=3, help="reviews of the 405B x 1,000-replica spec")
     ap.add_argument("--kv-nodes", type=int, default=50, help="nodes of the KV sizing comparison")
     ap.add_argument("--kv-offered", type=int, default=1500, help="deployments offered in the KV sizing comparison")
     ap.add_argument("--write-export", metavar="PATH", help=argparse.SUPPRESS)
@@ -311,6 +353,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.nodes, args.deployments, args.rounds, args.samples, args.denials = 10, 20, 1, 5, 2
+        args.bulk_samples = 1
         args.export_nodes, args.export_deployments, args.kv_nodes, args.kv_offered = 5, 5, 2, 10
     if args.write_export:  # run as a child, so that building the export does not grow this process
         Path(args.write_export).write_text(kubectl_export(args.export_nodes, args.export_deployments),
@@ -321,11 +364,12 @@ def main() -> None:
 
     nodes = cluster(args.nodes, random.Random(1))
     reqs = requests(args.deployments, args.nodes, random.Random(2))
-    times, p = [], None
+    times, cpu, p = [], [], None
     for _ in range(args.rounds):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         p = placement.plan(nodes, reqs)
         times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
     assert p is not None
     assert not p.ledger.over_budget(), "invariant broken"
     phases = [d.phase for d in p.decisions.values()]
@@ -354,6 +398,7 @@ def main() -> None:
         d = placement.decide(p.ledger, huge)
         denied.append(time.perf_counter() - t)
         assert d.phase == "Unschedulable"
+    bulk, bulk_phase = bulk_review(p.ledger, args.bulk_samples)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     pack = packing(p)
     kvcmp = kv_sizing_comparison(args.kv_nodes, args.kv_offered)
@@ -371,11 +416,16 @@ def main() -> None:
         "admitted": phases.count("Admitted"),
         "unschedulable": phases.count("Unschedulable"),
         "full_plan_s": round(statistics.median(times), 3),
+        "full_plan_cpu_s": round(statistics.median(cpu), 3),
+        "plan_digest": digest(p),
         "admit_p50_ms": round(1000 * lat[len(lat) // 2], 3),
         "admit_p99_ms": round(1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))], 3),
         "admit_max_ms": round(1000 * lat[-1], 3),
         "extra_admitted": admitted_extra,
         "denied_p50_ms": round(1000 * statistics.median(denied), 1) if denied else None,
+        "bulk_review_cpu_p50_ms": round(1000 * statistics.median(bulk), 1),
+        "bulk_review_cpu_max_ms": round(1000 * max(bulk), 1),  # the first builds the TP 8 group index
+        "bulk_review_phase": bulk_phase,
         "peak_rss_mb": round(rss_mb, 1),
         **pack,
         **kvcmp,
@@ -395,6 +445,7 @@ def main() -> None:
             f"full plan (median of {args.rounds})",
             f"{result['full_plan_s']:.3f} s  (rounds: {', '.join(f'{x:.3f}' for x in times)})",
         ),
+        ("  CPU time (median)", f"{result['full_plan_cpu_s']:.3f} s  (digest {result['plan_digest']})"),
         (
             "one more admission p50 / p99 / max",
             f"{result['admit_p50_ms']:.3f} / {result['admit_p99_ms']:.3f} / {result['admit_max_ms']:.3f} ms"
@@ -403,6 +454,11 @@ def main() -> None:
         (
             "a deployment that fits nowhere p50",
             f"{result['denied_p50_ms']} ms (grouped reasons, checked fixes)",
+        ),
+        (
+            f"405B TP 8 x {limits.MAX_REPLICAS} replicas, CPU p50",
+            (f"{result['bulk_review_cpu_p50_ms']} ms, max {result['bulk_review_cpu_max_ms']} ms "
+             f"({bulk_phase}; {args.bulk_samples} reviews)"),
         ),
         ("peak RSS", f"{result['peak_rss_mb']:.0f} MB"),
         ("GPUs used", f"{pack['gpus_used']}"),

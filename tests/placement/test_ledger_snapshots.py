@@ -97,3 +97,16 @@ def test_a_snapshot_refuses_changes() -> None:
                    lambda: snap.restore("default/a", [])):
         with pytest.raises(TypeError, match="never changes"):
             change()
+
+
+def test_a_layer_alone_on_its_base_changes_it_in_place_until_shared() -> None:
+    """A ledger never shared pays nothing for sharing; once a layer is made over it, neither
+    side changes the base they share."""
+    a = layers.Layer({}, own=True)
+    a["x"] = 1
+    assert a.base == {"x": 1} and a.delta == {}
+    b = layers.Layer.over(a)
+    a["y"], b["z"] = 2, 3
+    a.pop("x")
+    assert a.base == {"x": 1} and b.base is a.base  # shared, unchanged
+    assert dict(a.items()) == {"y": 2} and dict(b.items()) == {"x": 1, "z": 3}

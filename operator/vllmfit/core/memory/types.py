@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -119,8 +120,8 @@ class Footprint:
         """What the memory model predicts (with a learned correction): the floor of the booking."""
         return self.weights + self.kv_cache + self.activation + self.overhead + self.learned
 
-    @property
-    def total(self) -> int:
+    @functools.cached_property
+    def total(self) -> int:  # once per footprint: read on every search, booking and index change
         """What the ledger books: the prediction, or the observed footprint plus a margin when larger."""
         return self.predicted + self.observed_excess
 

@@ -17,9 +17,15 @@ def hash_once(self: object) -> int:
     try:
         return self.__dict__["_hash"]  # type: ignore[no-any-return]
     except KeyError:
-        h = hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare))  # type: ignore[arg-type]
+        names = _COMPARED.get(type(self))
+        if names is None:
+            names = _COMPARED[type(self)] = tuple(f.name for f in fields(self) if f.compare)  # type: ignore[arg-type]
+        h = hash(tuple([getattr(self, n) for n in names]))
         object.__setattr__(self, "_hash", h)
         return h
+
+
+_COMPARED: dict[type, tuple[str, ...]] = {}  # class -> the names of its compared fields (hash_once)
 
 
 def state_without_hash(self: object) -> dict[str, object]:

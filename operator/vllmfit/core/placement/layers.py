@@ -17,17 +17,25 @@ class Layer:
     copies O(changes), not O(GPUs), to change what it shares; reads look in the changes, then in
     the base. When the changes grow past 2 x sqrt(len(base)) they are merged into a new base
     dict (amortized O(sqrt(n)) per change, a few hundred entries at 80,000 GPUs, so a copy of the
-    changes stays that small too); the old base stays as it was for whoever shares it."""
+    changes stays that small too); the old base stays as it was for whoever shares it.
 
-    __slots__ = ("base", "delta")
+    A layer that alone holds its base (`own`: made over a new dict, or after a merge, and no
+    layer made `over` it since) changes the base in place: a ledger never shared (the CLI's
+    plan) pays nothing for the sharing it does not use."""
 
-    def __init__(self, base: Mapping[Any, Any], delta: dict[Any, Any] | None = None) -> None:
-        self.base, self.delta = base, ({} if delta is None else delta)
+    __slots__ = ("base", "delta", "own")
+
+    def __init__(self, base: Mapping[Any, Any], delta: dict[Any, Any] | None = None, *, own: bool = False) -> None:
+        self.base, self.delta, self.own = base, ({} if delta is None else delta), own
 
     @classmethod
     def over(cls, m: Any) -> Layer:
-        """A private layer with the content of `m` (a dict or a layer), sharing its base."""
-        return cls(m.base, dict(m.delta)) if isinstance(m, Layer) else cls(m)
+        """A private layer with the content of `m` (a dict or a layer), sharing its base (from now
+        on neither changes that base in place)."""
+        if isinstance(m, Layer):
+            m.own = False
+            return cls(m.base, dict(m.delta))
+        return cls(m)
 
     def get(self, k: Any, default: Any = None) -> Any:
         v = self.delta.get(k, _MISSING)
@@ -45,6 +53,12 @@ class Layer:
         return self.get(k, _MISSING) is not _MISSING
 
     def __setitem__(self, k: Any, v: Any) -> None:
+        if self.own:
+            if v is _GONE:
+                self.base.pop(k, None)  # type: ignore[attr-defined]
+            else:
+                self.base[k] = v  # type: ignore[index]
+            return
         self.delta[k] = v
         if len(self.delta) > _COMPACT + 2 * math.isqrt(len(self.base)):
             merged = dict(self.base)
@@ -53,7 +67,7 @@ class Layer:
                     merged.pop(key, None)
                 else:
                     merged[key] = val
-            self.base, self.delta = merged, {}
+            self.base, self.delta, self.own = merged, {}, True
 
     def pop(self, k: Any, default: Any = _MISSING) -> Any:
         v = self.get(k, _MISSING)

@@ -108,11 +108,11 @@ class Ledger:
         self._owned: set[object] = set()  # while shared: the containers copied since (this object's own)
         self.nodes: dict[str, NodeInfo] = {}
         self._slots: dict[GpuKey, GpuSlot] = {}
-        self._on_gpu: Any = _Layer({})  # node -> GPU -> bookings (each node's copied when it changes)
-        self._used: Any = _Layer({})  # GpuKey -> booked bytes
-        self._by_deployment: Any = _Layer({})  # key -> its bookings (a list never changed in place)
+        self._on_gpu: Any = {}  # node -> GPU -> bookings (each node's copied when it changes)
+        self._used: Any = {}  # GpuKey -> booked bytes
+        self._by_deployment: Any = {}  # key -> its bookings (a list never changed in place)
         self._beyond: set[str] = set()  # deployments with a booking that holds KV beyond its caps
-        self._head: Any = _Layer({})  # GpuKey -> headroom as currently indexed
+        self._head: Any = {}  # GpuKey -> headroom as indexed; it and the maps above: dicts until shared
         self._free: dict[GpuType, list[tuple[int, str, int]]] = {}
         self._by_type: dict[str, dict[GpuType, list[int]]] = {}  # node -> type -> indices (non-MIG)
         self._groups: dict[tuple[GpuType, int], list[tuple[int, str]]] = {}
@@ -379,10 +379,9 @@ class Ledger:
         return book
 
     # indices
-    def _index(self, key: GpuKey) -> None:
+    def _index(self, key: GpuKey, h: int | None = None) -> None:
         s = self._slots[key]
-        h = self.headroom_bytes(*key)
-        self._head[key] = h
+        h = self._head[key] = self.headroom_bytes(*key) if h is None else h
         bisect.insort(self._free_list(s.gpu), (h, key[0], key[1]))
 
     def _unindex(self, key: GpuKey) -> None:
@@ -399,10 +398,10 @@ class Ledger:
         refresh: set[tuple[str, GpuType]] = set()
         for key in keys:
             s = self._slots.get(key)
-            if s is None or self._head.get(key) == self.headroom_bytes(*key):
+            if s is None or self._head.get(key) == (h := s.budget_bytes - self._used.get(key, 0) - s.foreign_bytes):
                 continue
             self._unindex(key)
-            self._index(key)
+            self._index(key, h)
             if not s.mig:
                 refresh.add((s.node, s.gpu))
         for node, t in refresh:
@@ -410,14 +409,14 @@ class Ledger:
 
     def _refresh_groups(self, node: str, t: GpuType) -> None:
         for gt, n in self._groups:
-            if gt == t:
+            if gt is t or (gt.product == t.product and gt == t):  # equal types of different nodes: distinct objects
                 self._set_group_key(t, n, node, self._node_group_key(node, t, n))
 
     def _node_group_key(self, node: str, t: GpuType, n: int) -> int | None:
         idx = self._by_type.get(node, {}).get(t, [])
         if len(idx) < n:
             return None
-        return sorted((self._head[(node, i)] for i in idx), reverse=True)[n - 1]
+        return sorted([self._head[(node, i)] for i in idx], reverse=True)[n - 1]
 
     def _set_group_key(self, t: GpuType, n: int, node: str, key: int | None) -> None:
         if self._group_key[(t, n)].get(node) == key:
@@ -436,8 +435,9 @@ class Ledger:
         if found is None:
             # Built whole, then published in one assignment (no thread sees it half built); a
             # ledger that changed its accounting since it was shared has its own tables (_changing).
-            keys = {node: k for node in sorted(self._by_type) if (k := self._node_group_key(node, t, n)) is not None}
-            found = sorted((k, node) for node, k in keys.items())
+            keys = {node: k for node, types in self._by_type.items()  # the nodes with n GPUs of type t
+                    if len(types.get(t, ())) >= n and (k := self._node_group_key(node, t, n)) is not None}
+            found = sorted([(k, node) for node, k in keys.items()])
             self._group_key[(t, n)] = keys
             self._groups[(t, n)] = found
         return found

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from vllmfit.core import defaults, memory
 from vllmfit.core.memory import Footprint, Settings, Sizing, SpecError, fmt_gib
 from vllmfit.core.model.facts import GpuType
-from vllmfit.core.placement import affinity, summary
+from vllmfit.core.placement import affinity, bulk, summary
 from vllmfit.core.placement.inputs import (
     GpuSlot,
     NodeInfo,
@@ -282,15 +282,27 @@ def _place_replicas(
     spread = pin.policy == "spread"
     out = _Attempt({r.replica: r for r in keep}, list(warnings))
     pending = f"{req.key}\x00pending"  # replicas placed so far, booked for the next ones' search
+    queue: list[_Candidate] | None = None  # bulk placement: the next replicas' candidates, last first
+    unbooked: list[ReplicaAllocation] = []  # placed in bulk, not booked as pending
+    bulk_rs = s  # the settings of the replicas placed in bulk
     try:
-        ledger._add(pending, Decision(pending, "Admitted", tuple(out.placed.values())).bookings())
+        if out.placed:
+            ledger._add(pending, Decision(pending, "Admitted", tuple(out.placed.values())).bookings())
         for replica in range(spec.replicas):
             if replica in out.placed:
                 continue
-            rs = fixed or _same_as(s, out.placed)
+            rs = bulk_rs if queue is not None else fixed or _same_as(s, out.placed)
             cand: _Candidate | None = None
             why, warn = "", list[str]()
-            if pin.node_name:
+            if queue is None and BULK and not pin.node_name and bulk.applies(rs) and (
+                    fixed or (out.placed and min(out.placed) < replica)):  # rs is the same for every replica left
+                left = sum(1 for r in range(replica, spec.replicas) if r not in out.placed)
+                queue, bulk_rs = bulk.place(ledger, req, rs, every, spread, left)[::-1], rs
+            if queue is not None:
+                cand = queue.pop() if queue else None
+                if cand is None:  # the next one fits nowhere: book the bulk-placed ones, as one by one would have
+                    ledger._add(pending, Decision(pending, "Admitted", tuple(unbooked)).bookings())
+            elif pin.node_name:
                 cand, why, warn = _pinned(ledger, req, rs, spread)
                 if cand is None and pin.allow_reschedule:
                     cand = _search(ledger, req, rs, every, spread)
@@ -317,11 +329,18 @@ def _place_replicas(
             out.warnings.extend(w for w in (*warn, *cand.sizing.warnings) if w not in out.warnings)
             alloc = ReplicaAllocation(replica, cand.node, cand.gpus, cand.sizing, cand.footprints)
             out.placed[replica] = alloc
-            if replica < spec.replicas - 1:
+            if queue is not None:
+                unbooked.append(alloc)
+            elif replica < spec.replicas - 1:
                 ledger._add(pending, Decision(pending, "Admitted", (alloc,)).bookings())
     finally:
         ledger.release(pending)
     return out
+
+
+BULK = True
+"""Place the replicas after the first in bulk (`bulk.place`) where their settings allow it; the
+tests turn it off to compare with the replica-by-replica search."""
 
 
 def _same_as(s: Settings, placed: Mapping[int, ReplicaAllocation]) -> Settings:

@@ -88,9 +88,15 @@ def _node_matches(node: NodeInfo, spec: VLLMDeploymentSpec, *, taints: bool = Tr
 def schedulable(ledger: Ledger, matching: NodeSet | None, spec: VLLMDeploymentSpec) -> NodeSet | None:
     """`matching` (None: every node) without the nodes that refuse the spec's pods for a taint or
     a cordon; `matching` itself when no node refuses them."""
-    tol = tolerations_of(spec)
-    key = ("taints", tol, None if matching is None else matching.names)
     cache = ledger._selected  # cleared with the ledger's own selections whenever a node changes
+    barring = cache.get(("barring",))
+    if barring is None:  # the nodes that may refuse a pod at all (tainted, cordoned, no safe binding)
+        barring = cache[("barring",)] = frozenset(  # type: ignore[assignment]
+            n for n, nd in ledger.nodes.items() if nd.taints or nd.unschedulable or nd.unsafe)
+    if not barring:
+        return matching  # none: every node takes the spec's pods, whatever it tolerates
+    tol = tolerations_of(spec)
+    key = ("taints", tol, None if matching is None else matching.members)  # a frozenset hashes once
     if key in cache:
         return cache[key] if cache[key] is not _ALL else matching
     names = ledger.nodes if matching is None else matching.names
@@ -185,8 +191,9 @@ def _search(
         if n == 1 or not _is_mig_type(ledger, t)
     ]
     best: _Candidate | None = None
+    model = req.model
     for t in types:
-        full = _full_sizing(req.model, s, t)
+        full = _full_sizing(model, s, t)
         if isinstance(full, str) or not full.fits:
             continue
         hit = _pick(ledger, t, n, full.footprint.total, nodes, spread)
