@@ -89,7 +89,7 @@ def schedulable(ledger: Ledger, matching: NodeSet | None, spec: VLLMDeploymentSp
     """`matching` (None: every node) without the nodes that refuse the spec's pods for a taint or
     a cordon; `matching` itself when no node refuses them."""
     tol = tolerations_of(spec)
-    key = ("taints", tol, None if matching is None else matching.names)
+    key = ("taints", tol, matching)
     cache = ledger._selected  # cleared with the ledger's own selections whenever a node changes
     if key in cache:
         return cache[key] if cache[key] is not _ALL else matching
