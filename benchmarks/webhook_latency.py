@@ -171,7 +171,8 @@ def main() -> None:
         "seq_max_ms": round(med("seq", "max"), 3), "seq_reviews_per_s": round(med("seq", "rate"), 1),
         "conc_p50_ms": round(med("conc", "p50"), 3), "conc_p99_ms": round(med("conc", "p99"), 3),
         "conc_max_ms": round(med("conc", "max"), 3), "conc_reviews_per_s": round(med("conc", "rate"), 1),
-        "deny_p50_ms": round(med("deny", "p50"), 3), "deny_max_ms": round(med("deny", "max"), 3),
+        "deny_p50_ms": round(med("deny", "p50"), 3), "deny_p99_ms": round(med("deny", "p99"), 3),
+        "deny_max_ms": round(med("deny", "max"), 3),
         "worst_p50_ms": round(med("worst", "p50"), 3), "worst_max_ms": round(med("worst", "max"), 3),
     }
     print(json.dumps(result))

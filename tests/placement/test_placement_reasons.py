@@ -205,10 +205,10 @@ def _walked(ledger) -> tuple[dict, int, dict]:
     built afresh from the same nodes, the most GPUs of one type on a node, and per type."""
     fresh = placement.Ledger(ledger.nodes.values())
     per_type: dict = {}
-    for name, node in ledger.nodes.items():
-        for t in {sl.gpu for sl in node.gpus if not sl.mig}:
-            per_type[t] = max(per_type.get(t, 0), sum(1 for sl in node.gpus if sl.gpu == t and not sl.mig))
-    return ({w: fresh.census(w) for w in (False, True)}, max(per_type.values(), default=0), per_type)
+    for nd in ledger.nodes.values():
+        for t in {sl.gpu for sl in nd.gpus if not sl.mig}:
+            per_type[t] = max(per_type.get(t, 0), sum(1 for sl in nd.gpus if sl.gpu == t and not sl.mig))
+    return ({w: fresh.census.of(w) for w in (False, True)}, max(per_type.values(), default=0), per_type)
 
 
 @settings(max_examples=60, deadline=None)
@@ -227,10 +227,10 @@ def test_counts_kept_as_nodes_change_equal_a_walk_and_snapshots_keep_theirs(node
             ledger.set_node(dataclasses.replace(other, name=f"n{k:02d}", gpus=tuple(
                 dataclasses.replace(sl, node=f"n{k:02d}") for sl in other.gpus)))
     census, most, per_type = _walked(ledger)
-    assert {w: ledger.census(w) for w in (False, True)} == census
+    assert {w: ledger.census.of(w) for w in (False, True)} == census
     assert ledger.most_of_one_type() == most
     assert all(ledger.most_of_one_type(t) == n for t, n in per_type.items())
-    assert {w: before.census(w) for w in (False, True)} == expected_before[0]  # the snapshot is as it was
+    assert {w: before.census.of(w) for w in (False, True)} == expected_before[0]  # the snapshot is as it was
     assert before.most_of_one_type() == expected_before[1]
     req = request("x", **spec)
     s = settings_from_spec(req.spec)

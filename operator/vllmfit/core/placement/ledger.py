@@ -11,6 +11,7 @@ from typing import Any
 from vllmfit.core.memory import DEFAULT_KV_GRANT, Flags, Footprint, KvGrant, Sizing
 from vllmfit.core.model.facts import GpuType
 from vllmfit.core.placement import affinity
+from vllmfit.core.placement.census import Census, NodeSet
 from vllmfit.core.placement.inputs import DecisionPhase, GpuKey, GpuSlot, NodeInfo
 from vllmfit.core.placement.layers import Layer as _Layer
 
@@ -71,24 +72,6 @@ class Decision:
         ]
 
 
-@dataclass(frozen=True, eq=False)
-class NodeSet:
-    """Some nodes of a ledger (a nodeSelector's matches, a pinned node), with their GPU types.
-
-    A key of the ledger's per-node-set caches on every review: hashed as its `members` (a
-    frozenset computes its hash once), not as a tuple of thousands of names each time."""
-
-    names: tuple[str, ...]
-    members: frozenset[str]
-    types: tuple[GpuType, ...]
-
-    def __eq__(self, other: object) -> bool:
-        return self is other or (isinstance(other, NodeSet) and self.names == other.names)
-
-    def __hash__(self) -> int:
-        return hash(self.members)
-
-
 class OverBudget(ValueError):
     """`Ledger.book` of a decision that no longer fits (the ledger changed since `decide`)."""
 
@@ -124,8 +107,7 @@ class Ledger:
         self._head: Any = _Layer({})  # GpuKey -> headroom as currently indexed
         self._free: dict[GpuType, list[tuple[int, str, int]]] = {}
         self._by_type: dict[str, dict[GpuType, list[int]]] = {}  # node -> type -> indices (non-MIG)
-        self._sizes: dict[GpuType, dict[int, int]] = {}  # type -> GPUs of it on one node -> nodes (non-MIG)
-        self._census: dict[tuple[object, ...], int] = {}  # the nodes by what a refusal counts (`census`)
+        self.census = Census()  # the nodes by what a refusal counts (core.placement.census; read only)
         self._groups: dict[tuple[GpuType, int], list[tuple[int, str]]] = {}
         self._group_key: dict[tuple[GpuType, int], dict[str, int]] = {}  # (type, n) -> node -> its key
         self._selected: dict[tuple[object, ...], NodeSet] = {}  # (nodeSelector, affinity) -> matches
@@ -151,10 +133,8 @@ class Ledger:
             if not s.mig:
                 types.setdefault(s.gpu, []).append(s.index)
         self._by_type[node.name] = {t: sorted(ix) for t, ix in types.items()}
-        self._count(node, 1)
-        for t, ix in types.items():
-            sizes = self._sizes.setdefault(t, {})
-            sizes[len(ix)] = sizes.get(len(ix), 0) + 1
+        self.census.count(node, types, 1)
+        for t in types:
             self._refresh_groups(node.name, t)
         return self.affected(node.name)
 
@@ -169,39 +149,15 @@ class Ledger:
 
     def _unindex_node(self, name: str) -> None:
         old = self.nodes.get(name)
-        if old is not None:
-            self._count(old, -1)
         for s in old.gpus if old else ():
             self._unindex((s.node, s.index))
             self._slots.pop((s.node, s.index), None)
-        for t, ix in self._by_type.pop(name, {}).items():
-            sizes = self._sizes[t]
-            sizes[len(ix)] -= 1
-            if not sizes[len(ix)]:
-                del sizes[len(ix)]
+        if old is not None:
+            self.census.count(old, self._by_type.get(name, {}), -1)
+        for t in self._by_type.pop(name, {}):
             for gt, n in list(self._groups):
                 if gt == t:
                     self._set_group_key(t, n, name, None)
-
-    def _count(self, node: NodeInfo, sign: int) -> None:
-        """Count a node into the census (sign 1) or out of it (-1)."""
-        for whole in (False, True):
-            one = None if node.error else node.one_type(whole)
-            key: tuple[object, ...] = (
-                ("error", whole, node.name, node.error) if node.error else ("nogpu", whole) if one is None
-                else ("mixed", whole, node.name) if one is False else ("single", whole, *one))  # type: ignore[misc]
-            n = self._census.get(key, 0) + sign
-            if n:
-                self._census[key] = n
-            else:
-                del self._census[key]
-
-    def census(self, whole: bool) -> dict[tuple[object, ...], int]:
-        """Every node counted by what a refusal's causes depend on (core.placement.summary), kept as
-        nodes change: ("single", whole, GPU type, GPUs of it), ("mixed", whole, node),
-        ("error", whole, node, its budget policy's error), ("nogpu", whole) -> nodes. `whole`: MIG slices
-        left out (groups of several GPUs)."""
-        return {k: n for k, n in self._census.items() if k[1] is whole}
 
     def slots(self) -> list[GpuSlot]:
         return [self._slots[k] for k in sorted(self._slots)]
@@ -211,9 +167,8 @@ class Ledger:
 
     def most_of_one_type(self, t: GpuType | None = None) -> int:
         """The most GPUs of one type (non-MIG; of type `t` if given) any node has: the largest group
-        one deployment can use. Counted as nodes change (`_sizes`), so a refusal never walks the nodes."""
-        sizes = self._sizes.values() if t is None else (self._sizes.get(t, {}),)
-        return max((max(per) for per in sizes if per), default=0)
+        one deployment can use (counted as nodes change: core.placement.census)."""
+        return self.census.most(t)
 
     def gpu_types(self) -> list[GpuType]:
         return sorted(self._free, key=lambda t: t.product)
@@ -383,8 +338,7 @@ class Ledger:
             if unit == "nodes":
                 self.nodes, self._slots = dict(self.nodes), dict(self._slots)
                 self._by_type = dict(self._by_type)  # values are replaced whole, never changed in place
-                self._sizes = {t: dict(per) for t, per in self._sizes.items()}  # a few entries per GPU type
-                self._census = dict(self._census)  # a few per GPU type, plus the nodes of several types
+                self.census = self.census.copy()  # small: a few entries per GPU type
             elif unit == "acct":
                 self._used, self._head = _Layer.over(self._used), _Layer.over(self._head)
                 # dict() is one step under the GIL, while a thread may publish a lazy index there

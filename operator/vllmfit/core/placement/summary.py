@@ -62,7 +62,7 @@ def nodes_of_set(ledger: Ledger, matching: NodeSet | None, gpus: int) -> NodesOf
         return cached  # type: ignore[return-value]
     out = NodesOfSet(members=None if matching is None else matching.members)
     if matching is None:  # every node: from the ledger's census, kept as nodes change (no walk)
-        for k, count in sorted(ledger.census(multi).items(), key=_census_order):
+        for k, count in sorted(ledger.census.of(multi).items(), key=_census_order):
             if k[0] == "single":
                 out.single.setdefault(k[2], {})[k[3]] = count  # type: ignore[index]
             elif k[0] == "mixed":
