@@ -229,6 +229,7 @@ def test_counts_kept_as_nodes_change_equal_a_walk_and_snapshots_keep_theirs(node
     census, most, per_type = _walked(ledger)
     assert {w: ledger.census.of(w) for w in (False, True)} == census
     assert ledger.most_of_one_type() == most
+    assert set(ledger.census.refusing) == {n for n, nd in ledger.nodes.items() if nd.taints or nd.unschedulable}
     assert all(ledger.most_of_one_type(t) == n for t, n in per_type.items())
     assert {w: before.census.of(w) for w in (False, True)} == expected_before[0]  # the snapshot is as it was
     assert before.most_of_one_type() == expected_before[1]

@@ -6,7 +6,9 @@ nodes are added, changed and removed (issue 32), so that no review walks the nod
   invalid budget policy, ("nogpu", whole) for a node without a GPU; `whole`: MIG slices left out
   (as groups of several GPUs use the node), else counted (NodeInfo.one_type);
 - per GPU type, how many nodes have how many whole GPUs of it: the most GPUs of one type a node
-  has (the largest group one deployment can use; the largest TP a fix may suggest).
+  has (the largest group one deployment can use; the largest TP a fix may suggest);
+- the nodes that may refuse a pod for a taint, a cordon or no safe GPU binding (`refusing`): the
+  only ones whose tolerations a review checks.
 
 Small (a few entries per GPU type, plus one per node that mixes types or has an invalid policy):
 the ledger copies it whole when it changes its node table while shared (Ledger._changing).
@@ -39,14 +41,18 @@ class NodeSet:
 
 
 class Census:
-    __slots__ = ("classes", "sizes")
+    __slots__ = ("classes", "refusing", "sizes")
 
-    def __init__(self, classes: dict[Key, int] | None = None, sizes: dict[GpuType, dict[int, int]] | None = None):
-        self.classes: dict[Key, int] = classes or {}
-        self.sizes: dict[GpuType, dict[int, int]] = sizes or {}  # type -> GPUs of it on a node -> nodes
+    def __init__(self) -> None:
+        self.classes: dict[Key, int] = {}
+        self.sizes: dict[GpuType, dict[int, int]] = {}  # type -> GPUs of it on a node -> nodes
+        self.refusing: dict[str, None] = {}  # nodes with a taint, a cordon or no safe binding
 
     def copy(self) -> Census:
-        return Census(dict(self.classes), {t: dict(per) for t, per in self.sizes.items()})
+        new = Census()
+        new.classes, new.refusing = dict(self.classes), dict(self.refusing)
+        new.sizes = {t: dict(per) for t, per in self.sizes.items()}
+        return new
 
     def count(self, node: NodeInfo, whole_types: dict[GpuType, list[int]], sign: int) -> None:
         """Count `node` in (sign 1) or out (-1); `whole_types`: its whole GPUs' indices per type."""
@@ -58,6 +64,11 @@ class Census:
             _add(self.classes, key, sign)
         for t, ix in whole_types.items():
             _add(self.sizes.setdefault(t, {}), len(ix), sign)
+        if node.taints or node.unschedulable or node.unsafe:
+            if sign > 0:
+                self.refusing[node.name] = None
+            else:
+                self.refusing.pop(node.name, None)
 
     def of(self, whole: bool) -> dict[Key, int]:
         """The classes of nodes (module docstring) for groups of whole GPUs or not -> nodes."""

@@ -94,8 +94,8 @@ def schedulable(ledger: Ledger, matching: NodeSet | None, spec: VLLMDeploymentSp
     if key in cache:
         return cache[key] if cache[key] is not _ALL else matching
     names = ledger.nodes if matching is None else matching.names
-    barred = {n for n in names if (nd := ledger.nodes[n]).taints or nd.unschedulable or nd.unsafe
-              if ledger.nodes[n].refuses(tol)}
+    barred = {n for n in ledger.census.refusing  # the few nodes that may refuse: no walk of every node
+              if (matching is None or n in matching.members) and ledger.nodes[n].refuses(tol)}
     result = matching if not barred else ledger.node_set(n for n in names if n not in barred)
     cache[key] = _ALL if result is None else result
     return result

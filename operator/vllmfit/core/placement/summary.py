@@ -130,7 +130,8 @@ def barred(ledger: Ledger, matching: NodeSet, spec: VLLMDeploymentSpec) -> tuple
     a selector or affinity excludes). Cached per tolerations until a node changes."""
     key = ("barred", matching, tolerations_of(spec))
     if key not in ledger._selected:
-        ledger._selected[key] = count_barred(ledger, ledger.nodes, matching.members, spec)  # type: ignore[assignment]
+        why, _ = count_barred(ledger, ledger.census.refusing, matching.members, spec)  # only these may refuse
+        ledger._selected[key] = (why, len(ledger.nodes) - len(matching.members) - sum(why.values()))  # type: ignore[assignment]
     return ledger._selected[key]  # type: ignore[return-value]
 
 
