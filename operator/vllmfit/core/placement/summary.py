@@ -2,15 +2,20 @@
 
 Derived, read-only views of a ledger's nodes: built on first use and kept in the ledger's
 selection cache (`Ledger._selected`), which is cleared whenever a node is added, changed or
-removed, so they are as current as the nodes themselves. Headroom is not summed here: it changes
-with every booking and is read from the ledger's own sorted indices (`free_index`, `group_index`).
+removed, so they are as current as the nodes themselves. For every node (no selector), they are
+read from the ledger's census (core.placement.census), kept as nodes change, so a review after a
+node changed walks no nodes; a selector's set is walked once per node state. Headroom is not summed
+here: it changes with every booking and is read from the ledger's own sorted indices (`free_index`,
+`group_index`).
 
 - `nodes_of_set`: per node set, the nodes with one GPU type (counted per type and per GPU count)
   and the few with several types (answered node by node), the nodes with an invalid budget policy
   (counted per message) and the GPU-less ones; what a refusal's reasons count.
 - `policy_line`: the budget policies of a node set and what they hold back of each product.
-- `barred`: the nodes a spec's tolerations keep out of a node set, counted per cause.
-- `most_of_type`: the most GPUs of one type any node has (the largest TP a fix may suggest).
+- `barred`: the nodes a spec's tolerations keep out of a node set, counted per cause (only the
+  census's `refusing` nodes are asked).
+- `most_of_type`: the most GPUs of one type any node has (the largest TP a fix may suggest), from
+  the census.
 - `groups_bound`: an upper bound on how many GPU groups with a given room the cluster has,
   from the sorted indices (a few bisections), so that a spec asking for more replicas than that
   is refused before any search (docs/placement.md, "Bounded work per review").
