@@ -60,6 +60,7 @@ def deep_copy(led: Ledger) -> Ledger:
     new._head = _flat(led._head)
     new._free = {k: list(v) for k, v in led._free.items()}
     new._by_type = {k: dict(v) for k, v in led._by_type.items()}
+    new.census = led.census.copy()
     new._groups = {k: list(v) for k, v in led._groups.items()}
     new._group_key = dict(led._group_key)
     return new

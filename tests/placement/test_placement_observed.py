@@ -194,6 +194,35 @@ def test_a_room_grant_with_a_learned_over_run_is_sized_to_the_room_the_over_run_
     assert tight.fits and tight.footprint.kv_cache < plain.footprint.kv_cache
 
 
+def test_a_refusals_fixes_size_with_the_learned_over_run_the_decision_books() -> None:
+    """Issue 32: the decision, the replicas bound and the fixes size one Settings, learned over-runs
+    included. A node under adr-0002 with room for 1 GiB less than the spec's prediction; `counted`
+    holds back about 2.5 GiB less, so without a record the policy is the fix. With a 3 GiB over-run
+    learned for this configuration, `counted` does not admit it either (checked by deciding on a node
+    under `counted`), so no budget policy may be offered; nor may a replicas fix the cluster cannot hold."""
+    adr = memory.POLICIES["adr-0002"]
+    fixed = {"kvCache": {"concurrency": 1}, "maxNumSeqs": 8, "maxNumBatchedTokens": 8192}  # nothing to lower
+    s = _settings(**fixed)
+    need = memory.size(QWEN_7B, s, H100, memory.UNLIMITED).footprint.total
+    foreign = adr.budget(H100.cuda_total_bytes) - (need - GIB)
+    rec = learned.record(QWEN_7B.name, H100.product, s, need, need + 3 * GIB, "ml/a replica 0 on n GPU 0")
+    req = request("y", QWEN_7B, maxModelLen=8192, replicas=2, **fixed)
+
+    def refused(policy: memory.BudgetPolicy, r: placement.Request) -> placement.Decision:
+        return placement.decide(placement.Ledger([node("n", H100, 2, foreign={0: foreign, 1: foreign},
+                                                       policy=policy)]), r)
+
+    plain = refused(adr, req)
+    assert not plain.admitted and any(f.startswith("budget policy counted") for f in plain.suggestions)
+    assert refused(memory.DEFAULT_POLICY, req).admitted  # that fix is right without the record
+    taught = replace(req, learned=learned.for_model([rec], QWEN_7B.name))
+    d = refused(adr, taught)
+    assert not d.admitted
+    assert not refused(memory.DEFAULT_POLICY, taught).admitted  # counted does not admit it with the over-run
+    assert not [f for f in d.suggestions if f.startswith("budget policy")], d.suggestions
+    assert all(not f.startswith("replicas:") for f in d.suggestions), d.suggestions
+
+
 def test_a_start_that_used_less_never_unteaches_an_over_run_and_records_round_trip() -> None:
     s = _settings()
     big = learned.record(QWEN_7B.name, H100.product, s, 20 * GIB, 22 * GIB, "first")

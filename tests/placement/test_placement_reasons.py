@@ -4,6 +4,7 @@ clusters; the numbers in it are checked against the memory model and the counted
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from hypothesis import given, settings
@@ -194,3 +195,48 @@ def test_counted_causes_equal_node_by_node_causes_on_node_pools(nodes, filled, s
     slow = reasons._why_not(ledger, req, s, matching, indexed=False)
     assert reasons._why_not(ledger, req, s, matching, indexed=True) == slow
     assert reasons._why_not(ledger, req, s, matching, indexed=True) == slow  # from the cached summary
+
+
+# --- kept as nodes change (issue 32): the census and the most GPUs of one type, on forks too -------
+
+
+def _walked(ledger) -> tuple[dict, int, dict]:
+    """What the ledger counts as nodes change, walked node by node instead: the census of a ledger
+    built afresh from the same nodes, the most GPUs of one type on a node, and per type."""
+    fresh = placement.Ledger(ledger.nodes.values())
+    per_type: dict = {}
+    for nd in ledger.nodes.values():
+        for t in {sl.gpu for sl in nd.gpus if not sl.mig}:
+            per_type[t] = max(per_type.get(t, 0), sum(1 for sl in nd.gpus if sl.gpu == t and not sl.mig))
+    return ({w: fresh.census.of(w) for w in (False, True)}, max(per_type.values(), default=0), per_type)
+
+
+@settings(max_examples=60, deadline=None)
+@given(fleets(), fleets(), st.lists(st.tuples(st.booleans(), st.integers(0, 30)), max_size=12),
+       st.sampled_from(SPECS))
+def test_counts_kept_as_nodes_change_equal_a_walk_and_snapshots_keep_theirs(nodes, others, changes, spec) -> None:
+    ledger = placement.Ledger(nodes)
+    before = ledger.snapshot()
+    expected_before = _walked(before)
+    ledger = ledger.fork()
+    for remove, k in changes:  # nodes replaced by another fleet's (other GPUs, errors, taints) or removed
+        if remove:
+            ledger.remove_node(f"n{k:02d}")
+        elif others:
+            other = others[k % len(others)]
+            ledger.set_node(dataclasses.replace(other, name=f"n{k:02d}", gpus=tuple(
+                dataclasses.replace(sl, node=f"n{k:02d}") for sl in other.gpus)))
+    census, most, per_type = _walked(ledger)
+    assert {w: ledger.census.of(w) for w in (False, True)} == census
+    assert ledger.most_of_one_type() == most
+    assert set(ledger.census.refusing) == {n for n, nd in ledger.nodes.items() if nd.taints or nd.unschedulable}
+    assert all(ledger.most_of_one_type(t) == n for t, n in per_type.items())
+    assert {w: before.census.of(w) for w in (False, True)} == expected_before[0]  # the snapshot is as it was
+    assert before.most_of_one_type() == expected_before[1]
+    req = request("x", **spec)
+    s = settings_from_spec(req.spec)
+    from vllmfit.core.placement.search import schedulable
+
+    matching = schedulable(ledger, ledger.matching(req.spec.placement.node_selector), req.spec)
+    assert reasons._why_not(ledger, req, s, matching, indexed=True) == \
+        reasons._why_not(ledger, req, s, matching, indexed=False)

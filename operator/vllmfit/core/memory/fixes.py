@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 
 from vllmfit.core import defaults
 from vllmfit.core.memory.budget import DEFAULT_POLICY, POLICIES, BudgetPolicy, utilization_within
-from vllmfit.core.memory.sizing import explicit_request, kv_request_bytes, resolve, size
+from vllmfit.core.memory.learned import size  # with a learned over-run of the same configuration on top
+from vllmfit.core.memory.sizing import explicit_request, kv_request_bytes, resolve
 from vllmfit.core.memory.types import Settings, Sizing, SpecError, fmt_gib
 from vllmfit.core.memory.validation import can_run
 from vllmfit.core.model.facts import GpuType, ModelArch, check_tp

@@ -9,7 +9,7 @@ from dataclasses import replace
 from vllmfit.core import memory
 from vllmfit.core.memory import Flags, Sizing
 from vllmfit.core.placement.fixes import _suggest
-from vllmfit.core.placement.inputs import Request
+from vllmfit.core.placement.inputs import Request, settings_of
 from vllmfit.core.placement.ledger import Booking, Decision, Ledger, ReplicaAllocation
 from vllmfit.core.placement.place import _decide
 
@@ -35,10 +35,11 @@ def decide(
     if ledger.frozen:
         ledger = ledger.scratch()
     own = ledger.release(req.key)
+    s = settings_of(req, policy, ledger.kv_grant)  # once: the decision and its fixes size the same
     try:
-        d = _decide(ledger, req, policy, keep)
+        d = _decide(ledger, req, policy, keep, s=s)
         if suggest and d.phase == "Unschedulable":
-            fixes = tuple(_suggest(ledger, req, policy, len(d.replicas)))
+            fixes = tuple(_suggest(ledger, req, policy, len(d.replicas), s))
             d = replace(
                 d,
                 suggestions=fixes,

@@ -10,7 +10,7 @@ from vllmfit.core import defaults, limits, memory
 from vllmfit.core.memory import Settings, SpecError
 from vllmfit.core.model.facts import GpuType, ModelArch
 from vllmfit.core.placement import affinity, summary
-from vllmfit.core.placement.inputs import Request, settings_from_spec, where
+from vllmfit.core.placement.inputs import Request, settings_of, where
 from vllmfit.core.placement.ledger import Decision, Ledger, NodeSet
 from vllmfit.core.placement.place import _decide, replicas_bound
 from vllmfit.core.placement.search import _UNLIMITED, _is_mig_type, _pick, schedulable
@@ -35,13 +35,13 @@ def _spec_update(spec: VLLMDeploymentSpec, fix: memory.Fix) -> dict[str, Any]:
     return update
 
 
-def _most_replicas(ledger: Ledger, req: Request, policy: memory.Policy, placed: int) -> int:
+def _most_replicas(ledger: Ledger, req: Request, policy: memory.Policy, placed: int, s: Settings) -> int:
     """The most replicas of `req` that fit now (0: none), each answer checked with a fresh decision.
     Fewer always fit if more do, so it is a bisection, between the cheap bound (place.replicas_bound:
     more never fit) and the replicas the refused decision placed (`placed`, usually the answer).
     At most limits.MAX_REPLICA_FIX_DECISIONS decisions: past them, the most that were seen to fit.
-    Not looked for (0) when the bound is above defaults.SEARCHED_REPLICAS."""
-    s = settings_from_spec(req.spec, policy, ledger.kv_grant)
+    Not looked for (0) when the bound is above defaults.SEARCHED_REPLICAS. `s`: the request's
+    settings (`settings_of`); a replica count does not change them."""
     matching = schedulable(ledger, ledger.matching(req.spec.placement.node_selector,
                                                    affinity.required_terms(req.spec)), req.spec)
     lo, hi = 0, req.spec.replicas - 1  # lo fits (0: nothing to place), hi + 1 does not
@@ -54,7 +54,8 @@ def _most_replicas(ledger: Ledger, req: Request, policy: memory.Policy, placed: 
         if lo >= hi:
             break
         mid = guess if lo < guess <= hi else (lo + hi + 1) // 2
-        d = _decide(ledger, replace(req, spec=req.spec.model_copy(update={"replicas": mid})), policy, explain=False)
+        d = _decide(ledger, replace(req, spec=req.spec.model_copy(update={"replicas": mid})), policy,
+                    explain=False, s=s)
         if d.admitted:
             lo = mid
         else:
@@ -63,9 +64,13 @@ def _most_replicas(ledger: Ledger, req: Request, policy: memory.Policy, placed: 
     return lo
 
 
-def _suggest(ledger: Ledger, req: Request, policy: memory.Policy, placed: int = 0) -> list[str]:
+def _suggest(ledger: Ledger, req: Request, policy: memory.Policy, placed: int = 0,
+             s: Settings | None = None) -> list[str]:
     """Concrete changes that make `req` fit now, each verified with a fresh decision. `placed`: the
-    replicas the refused decision placed."""
+    replicas the refused decision placed; `s`: the request's settings (`settings_of`, the learned
+    over-runs of its model included), when the caller has built them."""
+    if s is None:
+        s = settings_of(req, policy, ledger.kv_grant)
     out: list[str] = []
     spec, pin = req.spec, req.spec.placement
 
@@ -76,7 +81,7 @@ def _suggest(ledger: Ledger, req: Request, policy: memory.Policy, placed: int = 
         return d if d.admitted else None
 
     # 0. the cause, where it is one: neighbours holding KV cache their servers cannot use
-    held = _beyond_caps_fix(ledger, req, policy)
+    held = _beyond_caps_fix(ledger, req, policy, s)
     if held:
         out.append(held)
     # 1. somewhere else: drop the pin or the selector
@@ -92,10 +97,9 @@ def _suggest(ledger: Ledger, req: Request, policy: memory.Policy, placed: int = 
         if d and d.replicas:
             out.append(f"placement.nodeSelector: remove (fits on {d.replicas[0].node})")
     # 2. fewer replicas
-    if spec.replicas > 1 and (lo := _most_replicas(ledger, req, policy, placed)):
+    if spec.replicas > 1 and (lo := _most_replicas(ledger, req, policy, placed, s)):
         out.append(f"replicas: {lo}")
     # 3. memory changes, sized on the roomiest group the deployment may use
-    s = settings_from_spec(spec, policy, ledger.kv_grant)
     room = _roomiest(ledger, req, s)
     if room is not None:
         gpu, avail, budget = room
@@ -121,7 +125,7 @@ def _suggest(ledger: Ledger, req: Request, policy: memory.Policy, placed: int = 
     return out
 
 
-def _beyond_caps_fix(ledger: Ledger, req: Request, policy: memory.Policy) -> str | None:
+def _beyond_caps_fix(ledger: Ledger, req: Request, policy: memory.Policy, s: Settings) -> str | None:
     """When `req` would fit if the deployments holding KV cache beyond their maxNumSeqs x maxModelLen
     (kvCache.grow, or the room granted by default before issue 33) held only that: which of them,
     on the GPUs it would take, and how much beyond their caps. Checked by deciding again with those
@@ -134,7 +138,7 @@ def _beyond_caps_fix(ledger: Ledger, req: Request, policy: memory.Policy) -> str
         for key, bookings in held.items():
             ledger.restore(key, [replace(b, footprint=replace(b.footprint, kv_cache=b.footprint.kv_cache - b.kv_beyond),
                                          kv_beyond=0) for b in bookings])
-        d = _decide(ledger, req, policy, explain=False)
+        d = _decide(ledger, req, policy, explain=False, s=s)
     finally:
         for key, bookings in held.items():
             ledger.restore(key, bookings)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from vllmfit.core import defaults, memory
@@ -80,6 +80,27 @@ class NodeInfo:
             return None
         return untolerated(self.taints, self.unschedulable, tolerations)
 
+    def one_type(self, whole: bool) -> tuple[GpuType, int] | None | bool:
+        """(its one GPU type, how many) when every GPU of the node (`whole`: every whole GPU, MIG
+        slices left out, as groups of several GPUs use them) is of one type; False when there are
+        several types, None when there are none. Computed once per node (a refusal's causes count
+        nodes by it: core.placement.summary)."""
+        return self._one_type[whole]
+
+    @functools.cached_property
+    def _one_type(self) -> tuple[tuple[GpuType, int] | None | bool, tuple[GpuType, int] | None | bool]:
+        t = self.gpus[0].gpu if self.gpus else None
+        if t is not None and all(sl.gpu is t and not sl.mig for sl in self.gpus):  # most nodes: one catalog type
+            return (t, len(self.gpus)), (t, len(self.gpus))
+        out: list[tuple[GpuType, int] | None | bool] = []
+        for whole in (False, True):
+            types: dict[GpuType, int] = {}
+            for sl in self.gpus:
+                if not (whole and sl.mig):
+                    types[sl.gpu] = types.get(sl.gpu, 0) + 1
+            out.append(next(iter(types.items())) if len(types) == 1 else (None if not types else False))
+        return out[0], out[1]
+
     @functools.cached_property
     def held_back(self) -> tuple[tuple[str, str, str, str], ...]:
         """(policy source, rule, GPU product, bytes held back as shown) per product, for refusals."""
@@ -128,6 +149,15 @@ def settings_from_spec(spec: VLLMDeploymentSpec, policy: memory.Policy = "vllm",
         lora_dtype=spec.lora.lora_dtype if spec.lora else "auto",
         cpu_offload_bytes=spec.cpu_offload_bytes,
     ), grant)
+
+
+def settings_of(req: Request, policy: memory.Policy = "vllm",
+                grant: memory.KvGrant = memory.DEFAULT_KV_GRANT) -> Settings:
+    """The settings placement sizes `req` with: its spec's (`settings_from_spec`) and the over-runs
+    learned for its model (issue 34: a configuration that over-ran books what it used). Built once
+    per review and passed on: the decision, the replicas bound and the fixes size the same."""
+    s = settings_from_spec(req.spec, policy, grant)
+    return replace(s, learned=req.learned) if req.learned else s
 
 
 def refusal(node: NodeInfo, spec: VLLMDeploymentSpec) -> str | None:

@@ -11,6 +11,7 @@ from typing import Any
 from vllmfit.core.memory import DEFAULT_KV_GRANT, Flags, Footprint, KvGrant, Sizing
 from vllmfit.core.model.facts import GpuType
 from vllmfit.core.placement import affinity
+from vllmfit.core.placement.census import Census, NodeSet
 from vllmfit.core.placement.inputs import DecisionPhase, GpuKey, GpuSlot, NodeInfo
 from vllmfit.core.placement.layers import Layer as _Layer
 
@@ -71,15 +72,6 @@ class Decision:
         ]
 
 
-@dataclass(frozen=True)
-class NodeSet:
-    """Some nodes of a ledger (a nodeSelector's matches, a pinned node), with their GPU types."""
-
-    names: tuple[str, ...]
-    members: frozenset[str]
-    types: tuple[GpuType, ...]
-
-
 class OverBudget(ValueError):
     """`Ledger.book` of a decision that no longer fits (the ledger changed since `decide`)."""
 
@@ -115,6 +107,7 @@ class Ledger:
         self._head: Any = {}  # GpuKey -> headroom as indexed; it and the maps above: dicts until shared
         self._free: dict[GpuType, list[tuple[int, str, int]]] = {}
         self._by_type: dict[str, dict[GpuType, list[int]]] = {}  # node -> type -> indices (non-MIG)
+        self.census = Census()  # the nodes by what a refusal counts (core.placement.census; read only)
         self._groups: dict[tuple[GpuType, int], list[tuple[int, str]]] = {}
         self._group_key: dict[tuple[GpuType, int], dict[str, int]] = {}  # (type, n) -> node -> its key
         self._selected: dict[tuple[object, ...], NodeSet] = {}  # (nodeSelector, affinity) -> matches
@@ -140,6 +133,7 @@ class Ledger:
             if not s.mig:
                 types.setdefault(s.gpu, []).append(s.index)
         self._by_type[node.name] = {t: sorted(ix) for t, ix in types.items()}
+        self.census.count(node, types, 1)
         for t in types:
             self._refresh_groups(node.name, t)
         return self.affected(node.name)
@@ -158,6 +152,8 @@ class Ledger:
         for s in old.gpus if old else ():
             self._unindex((s.node, s.index))
             self._slots.pop((s.node, s.index), None)
+        if old is not None:
+            self.census.count(old, self._by_type.get(name, {}), -1)
         for t in self._by_type.pop(name, {}):
             for gt, n in list(self._groups):
                 if gt == t:
@@ -169,9 +165,10 @@ class Ledger:
     def slot(self, node: str, index: int) -> GpuSlot | None:
         return self._slots.get((node, index))
 
-    def most_of_one_type(self) -> int:
-        """The most GPUs of one type (non-MIG) any node has: the largest group one deployment can use."""
-        return max((len(ix) for types in self._by_type.values() for ix in types.values()), default=0)
+    def most_of_one_type(self, t: GpuType | None = None) -> int:
+        """The most GPUs of one type (non-MIG; of type `t` if given) any node has: the largest group
+        one deployment can use (counted as nodes change: core.placement.census)."""
+        return self.census.most(t)
 
     def gpu_types(self) -> list[GpuType]:
         return sorted(self._free, key=lambda t: t.product)
@@ -341,6 +338,7 @@ class Ledger:
             if unit == "nodes":
                 self.nodes, self._slots = dict(self.nodes), dict(self._slots)
                 self._by_type = dict(self._by_type)  # values are replaced whole, never changed in place
+                self.census = self.census.copy()  # small: a few entries per GPU type
             elif unit == "acct":
                 self._used, self._head = _Layer.over(self._used), _Layer.over(self._head)
                 # dict() is one step under the GIL, while a thread may publish a lazy index there

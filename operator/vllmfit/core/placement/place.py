@@ -16,7 +16,7 @@ from vllmfit.core.placement.inputs import (
     Request,
     gpu_label,
     refusal,
-    settings_from_spec,
+    settings_of,
     where,
 )
 from vllmfit.core.placement.ledger import Decision, Ledger, NodeSet, ReplicaAllocation
@@ -129,6 +129,7 @@ def _decide(
     policy: memory.Policy,
     keep: Sequence[ReplicaAllocation] = (),
     explain: bool = True,
+    s: Settings | None = None,
 ) -> Decision:
     """decide without suggestions; replicas in `keep` stay where they are (their sizing's flags,
     when known, fix the context and concurrency of the others).
@@ -138,10 +139,10 @@ def _decide(
     group left takes, and all replicas are placed again (at most `replicas` rounds).
 
     explain=False: an Unschedulable decision carries no reasons (checking a fix needs only
-    whether it fits; the reasons cost a pass over every node)."""
-    s = settings_from_spec(req.spec, policy, ledger.kv_grant)
-    if req.learned:
-        s = replace(s, learned=req.learned)  # issue 34: a configuration that over-ran books what it used
+    whether it fits; the reasons cost a pass over every node). `s`: `settings_of(req, policy,
+    ledger.kv_grant)`, when the caller has built them already."""
+    if s is None:
+        s = settings_of(req, policy, ledger.kv_grant)
     errors = _spec_errors(req, s)
     if errors:
         return Decision(req.key, "Rejected", reasons=tuple(errors), message=f"{req.key}: {errors[0]}")

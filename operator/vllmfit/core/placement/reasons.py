@@ -20,7 +20,7 @@ from vllmfit.core import memory
 from vllmfit.core.memory import Settings, fmt_gib
 from vllmfit.core.model.facts import GpuType
 from vllmfit.core.placement import affinity, summary
-from vllmfit.core.placement.inputs import Request, gpu_label, refusal, where
+from vllmfit.core.placement.inputs import Request, gpu_label, where
 from vllmfit.core.placement.ledger import Ledger, NodeSet
 from vllmfit.core.placement.search import _UNLIMITED, _full_sizing, _min_need, _shrinkable
 
@@ -77,10 +77,7 @@ def _why_not(
     if matching is not None and indexed:
         barred, excluded = summary.barred(ledger, matching, req.spec)
     elif matching is not None:
-        for name in names:
-            if name not in allowed and (why := refusal(ledger.nodes[name], req.spec)) is not None:
-                barred[why] = barred.get(why, 0) + 1
-        excluded = sum(1 for name in names if name not in allowed) - sum(barred.values())
+        barred, excluded = summary.count_barred(ledger, names, allowed, req.spec)
     policy = _policy_line(ledger, causes)
     most = ledger.most_of_one_type()
     whole = [memory.one_node_reason(s, most)] if s.gpus > 1 and 0 < most < s.gpus else []
@@ -258,21 +255,22 @@ def _indexed_causes(ledger: Ledger, req: Request, s: Settings, matching: NodeSet
                 groups.add(_Why("few", t.product, free=have), count)
         placeable = sum(count for have, count in per_count.items() if have >= n)
         if placeable:
-            groups.add(_top(ledger, t, n, need, nodes.only), placeable)
+            groups.add(_top(ledger, t, n, need, nodes), placeable)
 
 
-def _top(ledger: Ledger, t: GpuType, n: int, need: int, only: dict[str, GpuType]) -> _Why:
+def _top(ledger: Ledger, t: GpuType, n: int, need: int, nodes: summary.NodesOfSet) -> _Why:
     """The memory cause of the single-type node of type t with the most room for a group of n
     (ties: the first node by name, then the lowest GPU index), read from the top of the index."""
     entries: list[Any] = ledger.free_index(t) if n == 1 else ledger.group_index(t, n)
     for i in range(len(entries) - 1, -1, -1):
-        if only.get(entries[i][1]) == t:
+        if nodes.only(entries[i][1]):
             top = entries[i][0]
             break
     else:  # unreachable: a node counted with n GPUs of type t is in its index
         raise AssertionError(f"no {t.product} node in the index")
-    for e in entries[bisect.bisect_left(entries, (top,)):]:
-        if only.get(e[1]) == t:
+    for j in range(bisect.bisect_left(entries, (top,)), len(entries)):
+        e = entries[j]
+        if nodes.only(e[1]):
             return _Why("memory", t.product, need, top, e[1], (e[2],) if n == 1 else (), missing=need - top)
     raise AssertionError("unreachable")
 

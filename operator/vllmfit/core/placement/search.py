@@ -88,20 +88,16 @@ def _node_matches(node: NodeInfo, spec: VLLMDeploymentSpec, *, taints: bool = Tr
 def schedulable(ledger: Ledger, matching: NodeSet | None, spec: VLLMDeploymentSpec) -> NodeSet | None:
     """`matching` (None: every node) without the nodes that refuse the spec's pods for a taint or
     a cordon; `matching` itself when no node refuses them."""
-    cache = ledger._selected  # cleared with the ledger's own selections whenever a node changes
-    barring = cache.get(("barring",))
-    if barring is None:  # the nodes that may refuse a pod at all (tainted, cordoned, no safe binding)
-        barring = cache[("barring",)] = frozenset(  # type: ignore[assignment]
-            n for n, nd in ledger.nodes.items() if nd.taints or nd.unschedulable or nd.unsafe)
-    if not barring:
+    if not ledger.census.refusing:  # the nodes that may refuse a pod at all (tainted, cordoned, no safe binding)
         return matching  # none: every node takes the spec's pods, whatever it tolerates
     tol = tolerations_of(spec)
-    key = ("taints", tol, None if matching is None else matching.members)  # a frozenset hashes once
+    key = ("taints", tol, matching)  # a NodeSet hashes its frozenset, computed once
+    cache = ledger._selected  # cleared with the ledger's own selections whenever a node changes
     if key in cache:
         return cache[key] if cache[key] is not _ALL else matching
     names = ledger.nodes if matching is None else matching.names
-    barred = {n for n in names if (nd := ledger.nodes[n]).taints or nd.unschedulable or nd.unsafe
-              if ledger.nodes[n].refuses(tol)}
+    barred = {n for n in ledger.census.refusing  # the few nodes that may refuse: no walk of every node
+              if (matching is None or n in matching.members) and ledger.nodes[n].refuses(tol)}
     result = matching if not barred else ledger.node_set(n for n in names if n not in barred)
     cache[key] = _ALL if result is None else result
     return result

@@ -2,15 +2,20 @@
 
 Derived, read-only views of a ledger's nodes: built on first use and kept in the ledger's
 selection cache (`Ledger._selected`), which is cleared whenever a node is added, changed or
-removed, so they are as current as the nodes themselves. Headroom is not summed here: it changes
-with every booking and is read from the ledger's own sorted indices (`free_index`, `group_index`).
+removed, so they are as current as the nodes themselves. For every node (no selector), they are
+read from the ledger's census (core.placement.census), kept as nodes change, so a review after a
+node changed walks no nodes; a selector's set is walked once per node state. Headroom is not summed
+here: it changes with every booking and is read from the ledger's own sorted indices (`free_index`,
+`group_index`).
 
 - `nodes_of_set`: per node set, the nodes with one GPU type (counted per type and per GPU count)
   and the few with several types (answered node by node), the nodes with an invalid budget policy
   (counted per message) and the GPU-less ones; what a refusal's reasons count.
 - `policy_line`: the budget policies of a node set and what they hold back of each product.
-- `barred`: the nodes a spec's tolerations keep out of a node set, counted per cause.
-- `most_of_type`: the most GPUs of one type any node has (the largest TP a fix may suggest).
+- `barred`: the nodes a spec's tolerations keep out of a node set, counted per cause (only the
+  census's `refusing` nodes are asked).
+- `most_of_type`: the most GPUs of one type any node has (the largest TP a fix may suggest), from
+  the census.
 - `groups_bound`: an upper bound on how many GPU groups with a given room the cluster has,
   from the sorted indices (a few bisections), so that a spec asking for more replicas than that
   is refused before any search (docs/placement.md, "Bounded work per review").
@@ -19,7 +24,7 @@ with every booking and is read from the ledger's own sorted indices (`free_index
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from vllmfit.core.model.facts import GpuType
@@ -43,45 +48,70 @@ class NodesOfSet:
     mixed: list[str] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
     nogpu: int = 0
-    only: dict[str, GpuType] = field(default_factory=dict)  # node -> its one type
+    members: frozenset[str] | None = None  # the set's nodes (None: every node)
+    apart: set[str] = field(default_factory=set)  # its nodes not counted in `single` (mixed, errors)
+
+    def only(self, name: str) -> bool:
+        """Whether `name`, a node of an index of type t, is one of `single[t]` (its one type is t)."""
+        return name not in self.apart and (self.members is None or name in self.members)
 
 
 def nodes_of_set(ledger: Ledger, matching: NodeSet | None, gpus: int) -> NodesOfSet:
     """`NodesOfSet` of `matching` (None: every node) for groups of `gpus` GPUs (MIG slices count
-    for one GPU only, as placement uses them). Cached until a node changes."""
+    for one GPU only, as placement uses them). Cached until a node changes; building it reads one
+    value each node computed once (NodeInfo.one_type)."""
     multi = gpus > 1
-    key = ("summary", None if matching is None else matching.names, multi)
+    key = ("summary", matching, multi)
     cached = ledger._selected.get(key)
     if cached is not None:
         return cached  # type: ignore[return-value]
-    out = NodesOfSet()
-    for name in ledger.nodes if matching is None else matching.names:
-        node = ledger.nodes[name]
+    out = NodesOfSet(members=None if matching is None else matching.members)
+    if matching is None:  # every node: from the ledger's census, kept as nodes change (no walk)
+        for k, count in sorted(ledger.census.of(multi).items(), key=_census_order):
+            if k[0] == "single":
+                out.single.setdefault(k[2], {})[k[3]] = count  # type: ignore[index]
+            elif k[0] == "mixed":
+                out.mixed.append(k[2])  # type: ignore[arg-type]
+                out.apart.add(k[2])  # type: ignore[arg-type]
+            elif k[0] == "error":
+                out.errors[k[3]] = out.errors.get(k[3], 0) + 1  # type: ignore[call-overload,index]
+                out.apart.add(k[2])  # type: ignore[arg-type]
+            else:
+                out.nogpu = count
+        ledger._selected[key] = out  # type: ignore[assignment]
+        return out
+    pairs: dict[tuple[GpuType, int], int] = {}
+    nodes = ledger.nodes
+    for name in matching.names:
+        node = nodes[name]
         if node.error:
             out.errors[node.error] = out.errors.get(node.error, 0) + 1
+            out.apart.add(name)
             continue
-        types: dict[GpuType, int] = {}
-        for sl in node.gpus:
-            if not (multi and sl.mig):
-                types[sl.gpu] = types.get(sl.gpu, 0) + 1
-        if not types:
+        one = node.one_type(multi)
+        if one is None:
             out.nogpu += 1
-        elif len(types) > 1:
+        elif one is False:
             out.mixed.append(name)
+            out.apart.add(name)
         else:
-            ((t, c),) = types.items()
-            per = out.single.setdefault(t, {})
-            per[c] = per.get(c, 0) + 1
-            out.only[name] = t
+            pairs[one] = pairs.get(one, 0) + 1  # type: ignore[index]
+    for (t, c), count in pairs.items():
+        out.single.setdefault(t, {})[c] = count
     ledger._selected[key] = out  # type: ignore[assignment]
     return out
+
+
+def _census_order(e: tuple[tuple[object, ...], int]) -> tuple[str, ...]:
+    k = e[0]
+    return (str(k[0]), k[2].product if k[0] == "single" else str(k[2:]), str(k[3:]))  # type: ignore[attr-defined]
 
 
 def policy_line(ledger: Ledger, matching: NodeSet | None) -> str:
     """The budget policies of the nodes of `matching` (None: all) that have a valid one, and what
     they hold back of each GPU product: 'budget policy (default) 0.9 x capacity - 2.0 GiB holds
     back 9.9 GiB of each NVIDIA-H100-80GB-HBM3'. Cached until a node changes."""
-    key = ("policy", None if matching is None else matching.names)
+    key = ("policy", matching)
     if key not in ledger._selected:
         ledger._selected[key] = _policy_line(ledger, (  # type: ignore[assignment]
             n for n in (ledger.nodes if matching is None else matching.names) if not ledger.nodes[n].error))
@@ -103,24 +133,30 @@ def _policy_line(ledger: Ledger, names: Iterable[str]) -> str:
 def barred(ledger: Ledger, matching: NodeSet, spec: VLLMDeploymentSpec) -> tuple[dict[str, int], int]:
     """The nodes outside `matching`: ({a cordon's or taint's words: nodes}, how many others, those
     a selector or affinity excludes). Cached per tolerations until a node changes."""
-    key = ("barred", matching.names, tolerations_of(spec))
+    key = ("barred", matching, tolerations_of(spec))
     if key not in ledger._selected:
-        why: dict[str, int] = {}
-        for name in ledger.nodes:
-            if name not in matching.members and (w := refusal(ledger.nodes[name], spec)) is not None:
-                why[w] = why.get(w, 0) + 1
-        excluded = len(ledger.nodes) - len(matching.members) - sum(why.values())
-        ledger._selected[key] = (why, excluded)  # type: ignore[assignment]
+        why, _ = count_barred(ledger, ledger.census.refusing, matching.members, spec)  # only these may refuse
+        ledger._selected[key] = (why, len(ledger.nodes) - len(matching.members) - sum(why.values()))  # type: ignore[assignment]
     return ledger._selected[key]  # type: ignore[return-value]
+
+
+def count_barred(ledger: Ledger, names: Iterable[str], allowed: Collection[str],
+                 spec: VLLMDeploymentSpec) -> tuple[dict[str, int], int]:
+    """Of the nodes `names` not in `allowed`: ({why the spec's pods may not go there (a cordon, a
+    taint): nodes}, how many others)."""
+    why: dict[str, int] = {}
+    outside = 0
+    for name in names:
+        if name not in allowed:
+            outside += 1
+            if (w := refusal(ledger.nodes[name], spec)) is not None:
+                why[w] = why.get(w, 0) + 1
+    return why, outside - sum(why.values())
 
 
 def most_of_type(ledger: Ledger, t: GpuType) -> int:
-    """The most whole GPUs of type t one node has (at least 1). Cached until a node changes."""
-    key = ("most", t)
-    if key not in ledger._selected:
-        ledger._selected[key] = max(  # type: ignore[assignment]
-            (len(ledger.type_indices(nd, t)) for nd in ledger.nodes), default=1) or 1
-    return ledger._selected[key]  # type: ignore[return-value]
+    """The most whole GPUs of type t one node has (at least 1), as the ledger counts them."""
+    return ledger.most_of_one_type(t) or 1
 
 
 UNBOUNDED = 1 << 62

@@ -1,0 +1,88 @@
+"""Sets of a ledger's nodes (`NodeSet`), and the ledger's census of its nodes: what a refusal counts that depends only on the nodes, kept as
+nodes are added, changed and removed (issue 32), so that no review walks the nodes.
+
+- per class of node, how many: ("single", whole, GPU type, GPUs of it) for a node with one type,
+  ("mixed", whole, node) for a node with several, ("error", whole, node, message) for a node with an
+  invalid budget policy, ("nogpu", whole) for a node without a GPU; `whole`: MIG slices left out
+  (as groups of several GPUs use the node), else counted (NodeInfo.one_type);
+- per GPU type, how many nodes have how many whole GPUs of it: the most GPUs of one type a node
+  has (the largest group one deployment can use; the largest TP a fix may suggest);
+- the nodes that may refuse a pod for a taint, a cordon or no safe GPU binding (`refusing`): the
+  only ones whose tolerations a review checks.
+
+Small (a few entries per GPU type, plus one per node that mixes types or has an invalid policy):
+the ledger copies it whole when it changes its node table while shared (Ledger._changing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllmfit.core.model.facts import GpuType
+from vllmfit.core.placement.inputs import NodeInfo
+
+Key = tuple[object, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class NodeSet:
+    """Some nodes of a ledger (a nodeSelector's matches, a pinned node), with their GPU types. A
+    cache key on every review: hashed as `members` (a frozenset hashes once), not names each time."""
+
+    names: tuple[str, ...]
+    members: frozenset[str]
+    types: tuple[GpuType, ...]
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, NodeSet) and self.names == other.names)
+
+    def __hash__(self) -> int:
+        return hash(self.members)
+
+
+class Census:
+    __slots__ = ("classes", "refusing", "sizes")
+
+    def __init__(self) -> None:
+        self.classes: dict[Key, int] = {}
+        self.sizes: dict[GpuType, dict[int, int]] = {}  # type -> GPUs of it on a node -> nodes
+        self.refusing: dict[str, None] = {}  # nodes with a taint, a cordon or no safe binding
+
+    def copy(self) -> Census:
+        new = Census()
+        new.classes, new.refusing = dict(self.classes), dict(self.refusing)
+        new.sizes = {t: dict(per) for t, per in self.sizes.items()}
+        return new
+
+    def count(self, node: NodeInfo, whole_types: dict[GpuType, list[int]], sign: int) -> None:
+        """Count `node` in (sign 1) or out (-1); `whole_types`: its whole GPUs' indices per type."""
+        for whole in (False, True):
+            one = None if node.error else node.one_type(whole)
+            key: Key = (
+                ("error", whole, node.name, node.error) if node.error else ("nogpu", whole) if one is None
+                else ("mixed", whole, node.name) if one is False else ("single", whole, *one))  # type: ignore[misc]
+            _add(self.classes, key, sign)
+        for t, ix in whole_types.items():
+            _add(self.sizes.setdefault(t, {}), len(ix), sign)
+        if node.taints or node.unschedulable or node.unsafe:
+            if sign > 0:
+                self.refusing[node.name] = None
+            else:
+                self.refusing.pop(node.name, None)
+
+    def of(self, whole: bool) -> dict[Key, int]:
+        """The classes of nodes (module docstring) for groups of whole GPUs or not -> nodes."""
+        return {k: n for k, n in self.classes.items() if k[1] is whole}
+
+    def most(self, t: GpuType | None = None) -> int:
+        """The most whole GPUs of one type (of type `t` if given) a node has; 0 without any."""
+        sizes = self.sizes.values() if t is None else (self.sizes.get(t, {}),)
+        return max((max(per) for per in sizes if per), default=0)
+
+
+def _add(counts: dict, key: object, sign: int) -> None:  # type: ignore[type-arg]
+    n = counts.get(key, 0) + sign
+    if n:
+        counts[key] = n
+    else:
+        del counts[key]
