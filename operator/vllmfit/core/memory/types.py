@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Literal
 
 from vllmfit.core import defaults, limits
 from vllmfit.core.defaults import GIB
 from vllmfit.core.memory.versions import VllmVersion
-from vllmfit.core.model.facts import GpuType, ModelArch, hash_once, state_without_hash
+from vllmfit.core.model.facts import GpuType, ModelArch, hash_once, once, state_without_hash
 from vllmfit.core.spec.status import Flags  # the one flag type: what sizing computes is what status carries
 
 Policy = Literal["vllm", "adr"]
@@ -120,7 +119,7 @@ class Footprint:
         """What the memory model predicts (with a learned correction): the floor of the booking."""
         return self.weights + self.kv_cache + self.activation + self.overhead + self.learned
 
-    @functools.cached_property
+    @once
     def total(self) -> int:  # once per footprint: read on every search, booking and index change
         """What the ledger books: the prediction, or the observed footprint plus a margin when larger."""
         return self.predicted + self.observed_excess

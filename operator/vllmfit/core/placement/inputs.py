@@ -3,14 +3,13 @@ and the memory settings a spec asks for."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from vllmfit.core import defaults, memory
 from vllmfit.core.memory import Settings
-from vllmfit.core.model.facts import GpuType, ModelArch
+from vllmfit.core.model.facts import GpuType, ModelArch, once
 from vllmfit.core.observe import attribution
 from vllmfit.core.placement.taints import Taint, Toleration, tolerations_of, untolerated
 from vllmfit.core.spec.api import KvCacheSpec, VLLMDeployment, VLLMDeploymentSpec
@@ -38,7 +37,7 @@ class GpuSlot:
     def capacity_bytes(self) -> int:
         return self.gpu.cuda_total_bytes
 
-    @functools.cached_property
+    @once
     def budget_bytes(self) -> int:
         return self.policy.budget(self.capacity_bytes)
 
@@ -87,7 +86,7 @@ class NodeInfo:
         nodes by it: core.placement.summary)."""
         return self._one_type[whole]
 
-    @functools.cached_property
+    @once
     def _one_type(self) -> tuple[tuple[GpuType, int] | None | bool, tuple[GpuType, int] | None | bool]:
         t = self.gpus[0].gpu if self.gpus else None
         if t is not None and all(sl.gpu is t and not sl.mig for sl in self.gpus):  # most nodes: one catalog type
@@ -101,7 +100,7 @@ class NodeInfo:
             out.append(next(iter(types.items())) if len(types) == 1 else (None if not types else False))
         return out[0], out[1]
 
-    @functools.cached_property
+    @once
     def held_back(self) -> tuple[tuple[str, str, str, str], ...]:
         """(policy source, rule, GPU product, bytes held back as shown) per product, for refusals."""
         return tuple(sorted({(sl.policy.source, sl.policy.rule, sl.gpu.product,

@@ -3,12 +3,13 @@ context and concurrency for all replicas. No suggestions (see `decide`)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from vllmfit.core import defaults, memory
 from vllmfit.core.memory import Footprint, Settings, Sizing, SpecError, fmt_gib
-from vllmfit.core.model.facts import GpuType
+from vllmfit.core.model.facts import GpuType, ModelArch
 from vllmfit.core.placement import affinity, bulk, summary
 from vllmfit.core.placement.inputs import (
     GpuSlot,
@@ -103,8 +104,15 @@ def _per_gpu(sizing: Sizing, s: Settings, small: GpuSlot, slots: list[GpuSlot]) 
     )
 
 
+@functools.lru_cache(maxsize=4096)
+def _validated(model: ModelArch, s: Settings) -> tuple[str, ...]:
+    """memory.validate, cached: a pure function of the model and the settings (many deployments
+    share both; a full plan validates every one)."""
+    return tuple(memory.validate(model, s))
+
+
 def _spec_errors(req: Request, s: Settings) -> list[str]:
-    errors = memory.validate(req.model, s)
+    errors = list(_validated(req.model, s))
     try:
         affinity.required_terms(req.spec)
     except ValueError as e:
