@@ -3,6 +3,7 @@ and the memory settings a spec asks for."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -122,31 +123,35 @@ def settings_from_spec(spec: VLLMDeploymentSpec, policy: memory.Policy = "vllm",
                        grant: memory.KvGrant = memory.DEFAULT_KV_GRANT) -> Settings:
     """The memory model's settings for a spec; the vLLM version comes from the image tag. No KV
     request: at most maxNumSeqs x maxModelLen, else the cluster's default `grant`, clamped to the
-    room left (memory.default_grant)."""
-    kv = spec.kv_cache or KvCacheSpec()
+    room left (memory.default_grant). Equal values give the same (interned) Settings object, built
+    and hashed once: sizing caches then find it by identity."""
+    kv, lora = spec.kv_cache, spec.lora
+    return _settings(
+        spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.dtype, spec.quantization, spec.kv_cache_dtype,
+        spec.max_model_len, spec.max_num_seqs, spec.max_num_batched_tokens, spec.gpu_memory_utilization,
+        spec.enforce_eager, spec.vllm_version or spec.image, policy, spec.strict,
+        kv.tokens if kv else None, kv.memory_bytes if kv else None, kv.concurrency if kv else None,
+        kv.typical_length if kv else None, kv.grow if kv else KvCacheSpec.model_fields["grow"].default,
+        lora.max_loras if lora else None, lora.max_lora_rank if lora else defaults.LORA_MAX_RANK,
+        lora.lora_dtype if lora else "auto", spec.cpu_offload_bytes, grant,
+    )
+
+
+@functools.lru_cache(maxsize=4096, typed=True)  # typed: 1 and 1.0 (equal keys) stay apart, as the specs do
+def _settings(tp: int, pp: int, dtype: str, quantization: str | None, kv_cache_dtype: str, max_model_len: int | None,
+              max_num_seqs: int | None, max_num_batched_tokens: int | None, gpu_memory_utilization: float | None,
+              enforce_eager: bool, vllm_version: str, policy: memory.Policy, strict: bool, kv_tokens: int | None,
+              kv_bytes: int | None, kv_concurrency: int | None, typical_len: int | None, kv_grow: bool,
+              lora_max_loras: int | None, lora_max_rank: int, lora_dtype: str, cpu_offload_bytes: int,
+              grant: memory.KvGrant) -> Settings:
+    """settings_from_spec's Settings from the spec's values: a pure function of its arguments."""
     return memory.default_grant(Settings(
-        tp=spec.tensor_parallel_size,
-        pp=spec.pipeline_parallel_size,
-        dtype=spec.dtype,
-        quantization=spec.quantization,
-        kv_cache_dtype=spec.kv_cache_dtype,
-        max_model_len=spec.max_model_len,
-        max_num_seqs=spec.max_num_seqs,
-        max_num_batched_tokens=spec.max_num_batched_tokens,
-        gpu_memory_utilization=spec.gpu_memory_utilization,
-        enforce_eager=spec.enforce_eager,
-        vllm_version=spec.vllm_version or spec.image,
-        policy=policy,
-        strict=spec.strict,
-        kv_tokens=kv.tokens,
-        kv_bytes=kv.memory_bytes,
-        kv_concurrency=kv.concurrency,
-        typical_len=kv.typical_length,
-        kv_grow=kv.grow,
-        lora_max_loras=spec.lora.max_loras if spec.lora else None,
-        lora_max_rank=spec.lora.max_lora_rank if spec.lora else defaults.LORA_MAX_RANK,
-        lora_dtype=spec.lora.lora_dtype if spec.lora else "auto",
-        cpu_offload_bytes=spec.cpu_offload_bytes,
+        tp=tp, pp=pp, dtype=dtype, quantization=quantization, kv_cache_dtype=kv_cache_dtype,
+        max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager, vllm_version=vllm_version,
+        policy=policy, strict=strict, kv_tokens=kv_tokens, kv_bytes=kv_bytes, kv_concurrency=kv_concurrency,
+        typical_len=typical_len, kv_grow=kv_grow, lora_max_loras=lora_max_loras, lora_max_rank=lora_max_rank,
+        lora_dtype=lora_dtype, cpu_offload_bytes=cpu_offload_bytes,
     ), grant)
 
 

@@ -406,9 +406,10 @@ class Ledger:
             self._refresh_groups(node, t)
 
     def _refresh_groups(self, node: str, t: GpuType) -> None:
-        for gt, n in self._groups:
+        heads = sorted([self._head[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
+        for gt, n in self._groups:  # each n's key is heads[n - 1] (_node_group_key), sorted once for all
             if gt is t or (gt.product == t.product and gt == t):  # equal types of different nodes: distinct objects
-                self._set_group_key(t, n, node, self._node_group_key(node, t, n))
+                self._set_group_key(t, n, node, heads[n - 1] if len(heads) >= n else None)
 
     def _node_group_key(self, node: str, t: GpuType, n: int) -> int | None:
         idx = self._by_type.get(node, {}).get(t, [])

