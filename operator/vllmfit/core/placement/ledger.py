@@ -129,12 +129,13 @@ class Ledger:
             self._gpu_book(s.node).setdefault(s.index, {})
             if key not in self._used:
                 self._used[key] = 0
-            self._index(key)
+            self._index(key, s.budget_bytes - self._used[key] - s.foreign_bytes)  # headroom_bytes(*key)
             if not s.mig:
                 types.setdefault(s.gpu, []).append(s.index)
         self._by_type[node.name] = {t: sorted(ix) for t, ix in types.items()}
         self.census.count(node, types, 1)
-        for t in types:
+        for t, ix in types.items():  # the whole-node group of each type indexed as nodes come, not by
+            self.group_index(t, len(ix))  # the first review that asks for it (a full pass, issue 32)
             self._refresh_groups(node.name, t)
         return self.affected(node.name)
 
@@ -412,10 +413,8 @@ class Ledger:
                 self._set_group_key(t, n, node, heads[n - 1] if len(heads) >= n else None)
 
     def _node_group_key(self, node: str, t: GpuType, n: int) -> int | None:
-        idx = self._by_type.get(node, {}).get(t, [])
-        if len(idx) < n:
-            return None
-        return sorted([self._head[(node, i)] for i in idx], reverse=True)[n - 1]
+        heads = sorted([self._head[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
+        return heads[n - 1] if len(heads) >= n else None
 
     def _set_group_key(self, t: GpuType, n: int, node: str, key: int | None) -> None:
         if self._group_key[(t, n)].get(node) == key:
