@@ -10,9 +10,10 @@ maxNumSeqs, some unset, some with a nodeSelector or pinned to a node), all seede
   released again), p50 and p99; and decide of a deployment that fits nowhere (p50 and p99 of 20);
   each also as this thread's CPU time (time.thread_time: what it costs when other jobs share the CPUs);
 - the costliest review that fits (issue 32): a 405B model at TP 8 with limits.MAX_REPLICAS
-  replicas decided on the full ledger (CPU time, p50 and max of --bulk-samples; the first builds
-  the TP 8 group index). At 1,000 nodes it is refused by the cheap bound; at 10,000 it fits, and
-  its replicas after the first are placed in bulk (docs/placement.md, "Many identical replicas");
+  replicas decided on the full ledger (CPU time, p50 and max of --bulk-samples; the first sizes
+  it first; the ledger keeps the TP 8 group index as nodes come). At 1,000 nodes it is refused by
+  the cheap bound; at 10,000 it fits, and its replicas after the first are placed in bulk
+  (docs/placement.md, "Many identical replicas");
 - peak RSS of this process (resource.getrusage);
 - the reviews are measured after `gc.freeze()`, as the operator freezes its ledger once rebuilt;
   `placement.plan` pauses the garbage collector itself (docs/placement.md, "Speed");
@@ -443,7 +444,7 @@ def main() -> None:
         "denied_cpu_p50_ms": round(1000 * statistics.median(denied_cpu), 2) if denied else None,
         "denied_cpu_p99_ms": round(1000 * _p99(denied_cpu), 2) if denied else None,
         "bulk_review_cpu_p50_ms": round(1000 * statistics.median(bulk), 1),
-        "bulk_review_cpu_max_ms": round(1000 * max(bulk), 1),  # the first builds the TP 8 group index
+        "bulk_review_cpu_max_ms": round(1000 * max(bulk), 1),  # the first sizes the model first
         "bulk_review_phase": bulk_phase,
         "peak_rss_mb": round(rss_mb, 1),
         **pack,
