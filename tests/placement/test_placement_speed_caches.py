@@ -36,8 +36,8 @@ def test_a_new_ledger_keeps_the_whole_node_group_index_as_one_built_later_would(
     assert (H100, 8) in eager and (H100, 2) in eager and (A100_40, 2) in eager  # whole nodes of each type
     ledger._groups.clear()
     ledger._group_key.clear()
-    for t, n in eager:  # built lazily from the same ledger: the same entries
-        assert ledger.group_index(t, n) == eager[(t, n)]
+    for (t, n), entries in eager.items():  # built lazily from the same ledger: the same entries
+        assert ledger.group_index(t, n) == entries
 
 
 def test_plan_restores_the_collector_as_it_found_it() -> None:
