@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import time
 import uuid
@@ -67,12 +68,17 @@ def node(name: str, gpus: int = 2, product: str = H100, annotations: dict[str, s
     }
 
 
+_SERVING: contextvars.ContextVar[Any] = contextvars.ContextVar("vllmfit_kmock_serving", default=None)
+"""The request whose reaction KMock is choosing (each request is served in a task of its own)."""
+
+
 @attrs.define(kw_only=True)
 class Emulator(kmock.KubernetesEmulator):
     """KMock's emulator, fast for thousands of requests. KMock decides which reaction serves a
     request by scanning its whole request log through every reaction's filters (O(n) per request,
-    minutes for a few thousand); here the log it scans holds only the requests being served, and
-    `journal` keeps every request for the tests to read. Like the API server (and unlike KMock),
+    minutes for a few thousand); here a request being served is the only one its reactions' filters
+    see (the log they scan otherwise holds only the requests being served), and `journal` keeps
+    every request for the tests to read. Objects named in a request are found by key, not by a scan. Like the API server (and unlike KMock),
     it gives objects POSTed with only a generateName (Kopf's Events) a name, answers a JSON Patch
     whose "test" fails with 422 (KMock: 500, which Kopf retries with the same stale patch), and its
     watch loses no change made while it starts.
@@ -86,9 +92,20 @@ class Emulator(kmock.KubernetesEmulator):
     _serving: list[Any] = attrs.field(factory=list, init=False)
 
     def __iter__(self) -> Any:
+        current = _SERVING.get()
+        if current is not None:  # choosing the reaction of this request: only it can match
+            yield current
+            return
         yield from reversed(self._serving)
 
     async def _handle(self, request: Any) -> Any:
+        token = _SERVING.set(request)
+        try:
+            return await self._handle_one(request)
+        finally:
+            _SERVING.reset(token)
+
+    async def _handle_one(self, request: Any) -> Any:
         self.journal.append(request)
         meta = request.data.get("metadata") if isinstance(request.data, dict) else None
         if request.method == kmock.method.POST and meta and meta.get("generateName") and not meta.get("name"):
@@ -101,6 +118,20 @@ class Emulator(kmock.KubernetesEmulator):
             raise kmock.KubernetesError(status=422, reason="Invalid", message=str(e)) from None
         finally:
             self._serving.remove(request)
+
+    def _KubernetesEmulator__get_objs(self, request: Any, strict: bool) -> list[Any]:  # noqa: N802
+        """KMock's object lookup, indexed: KMock compares the request with every stored object
+        (Events included) on each get, create, patch and delete, which made the emulator, not the
+        operator, the bottleneck of benchmarks/operator_scale.py at a few thousand objects. A
+        request that names the object (and its namespace, or asks strictly) is one dict lookup;
+        lists and watches still scan. Same answers as KMock's scan: the keys are
+        (resource, namespace, name) and a resource hashes and compares by (group, version, plural)."""
+        objects = self._objects._objects
+        if request.name is not None and (strict or request.namespace is not None):
+            obj = objects.get((request.resource, request.namespace, request.name))
+            return [] if obj is None else [obj]
+        return [o for (r, ns, n), o in objects.items() if r == request.resource
+                and (request.namespace is None or ns == request.namespace) and (request.name is None or n == request.name)]
 
     async def _serve_watch(self, request: Any) -> Any:
         """KMock's watch, minus its race: it snapshots the objects and only then subscribes to
