@@ -119,7 +119,7 @@ class Emulator(kmock.KubernetesEmulator):
         finally:
             self._serving.remove(request)
 
-    def _KubernetesEmulator__get_objs(self, request: Any, strict: bool) -> list[Any]:  # noqa: N802
+    def _KubernetesEmulator__get_objs(self, request: Any, strict: bool) -> list[Any]:
         """KMock's object lookup, indexed: KMock compares the request with every stored object
         (Events included) on each get, create, patch and delete, which made the emulator, not the
         operator, the bottleneck of benchmarks/operator_scale.py at a few thousand objects. A

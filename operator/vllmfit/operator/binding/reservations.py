@@ -142,6 +142,8 @@ def observe(store: Store, pod: Mapping[str, Any], deleted: bool) -> rsv.Reservat
         return None
     r = rsv.reservation_from_pod(pod, store.options.reservation)
     name = str((pod.get("metadata") or {}).get("name") or "")
+    old = store.reservations.get(name)
+    store.pins_dirty.update(x.node for x in (old, r) if x is not None)  # the UUIDs learned there may change
     if r is None or deleted:
         store.reservations.pop(name, None)
         return None
@@ -230,6 +232,7 @@ async def sync(store: Store) -> None:
                     continue
             async with store.lock:
                 store.reservations.setdefault(name, rsv.Reservation(name, node, i))
+                store.pins_dirty.add(node)
                 store.retiring.discard(name)  # a new pod of a name vllmfit deleted before
         for name in todo.delete:
             store.retiring.add(name)
@@ -240,7 +243,8 @@ async def sync(store: Store) -> None:
                     logger.error("deleting reservation %s: %s %s", name, e.status, e.reason)
                     continue
             async with store.lock:
-                store.reservations.pop(name, None)
+                if (gone := store.reservations.pop(name, None)) is not None:
+                    store.pins_dirty.add(gone.node)
 
 
 async def load(store: Store) -> None:
@@ -274,6 +278,7 @@ def whole_from_deployment(store: Store, d: Mapping[str, Any]) -> None:
         store.written.add((key, replica))
         if ann.get(builders.ANNOTATION_PINNING) == "device-plugin":
             store.whole[(key, replica)] = node
+            store.pins_dirty.add(node)
 
 
 # --- replica pods: the scheduling gate -----------------------------------------------------------

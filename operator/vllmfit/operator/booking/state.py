@@ -132,6 +132,11 @@ class Store(StatusWriter):
         self.templates: dict[tuple[str, int], str] = {}  # (deployment, replica) -> its ResourceClaimTemplate
         self.reservation_waits: dict[str, str] = {}  # reservation pod -> the scheduler's last Unschedulable message
         self.retiring: set[str] = set()  # reservation pods vllmfit itself deletes (their end is no loss)
+        # nodes whose replicas' pinning may have changed (handlers.writes.rebook_reported looks at
+        # the records there, not at every record, on each event); pins_all: look at every one
+        self.pins_dirty: set[str] = set()
+        self.pins_drained: set[str] = set()  # the nodes of the drains at the last look
+        self.pins_all = True
         self.runtime_classes: set[str] | None = None  # RuntimeClass names (None: not listed yet)
         self.dra_capacity_ok = True  # False once the API server dropped capacity requests (feature gate off)
         self.dra_refresh = ""  # why the DRA nodes must be looked at again (set while writing; finish() does it)
@@ -289,6 +294,7 @@ class Store(StatusWriter):
         self.ledger = Ledger(kv_grant=self.options.kv_grant)
         self.drains, self.refused = {}, set()
         self.records = {}
+        self.pins_all = True
         problems: list[str] = []
         ordered = sorted(deployments, key=lambda b: ((b.get("metadata") or {}).get("creationTimestamp") or "", key_of(b)))
         for body in ordered:
@@ -400,6 +406,7 @@ class Store(StatusWriter):
         self.overlay_dra(fresh)
         draining.carry(fresh, self.drains)
         self.ledger, self.records = fresh, records
+        self.pins_all = True
         return repair
 
     def adopt(self, body: Mapping[str, Any], children: Iterable[Mapping[str, Any]] | None = None) -> bool | None:
@@ -425,6 +432,7 @@ class Store(StatusWriter):
             return None
         new.written = dict(status)
         self.records[key] = new
+        self.pins_dirty.update(p.node for r in (rec, new) if r is not None for p in r.placement)
         if new.admitted:
             self.ledger.restore(key, placement.bookings_from_status(key, st))
         else:

@@ -128,7 +128,8 @@ async def delete_child(store: Store, rec: Record, apps: client.AppsV1Api, r: int
     rec.child_where.pop(r, None)
     rec.synced = None
     key = rec.key
-    store.whole.pop((key, r), None)
+    if (held := store.whole.pop((key, r), None)) is not None:
+        store.pins_dirty.add(held)  # a whole-node holder gone: its neighbours' pins may change
     store.written.discard((key, r))
     for d in store.drains.values():  # no pod of it can start any more: its drains can end
         if d.key == key and d.replica == r:
@@ -183,10 +184,13 @@ async def sync_children(store: Store, key: str) -> None:
                                                runtime_class=store.options.reservation.runtime_class,
                                                mps=store.options.mps)
 
+                held = store.whole.get((key, p.replica))
                 if await apply_deployment(apps, make, ex, rec.body) and not tmpl:
                     store.whole[(key, p.replica)] = p.node
                 else:
                     store.whole.pop((key, p.replica), None)
+                if store.whole.get((key, p.replica)) != held:  # a whole-node holder came or went there:
+                    store.pins_dirty.update(n for n in (held, p.node) if n)  # its neighbours' pins may change
                 store.written.add((key, p.replica))
                 old = store.templates.get((key, p.replica))
                 if tmpl:

@@ -217,6 +217,7 @@ async def update_node(store: Store, name: str, info: placement.NodeInfo | None, 
     specs a chance when room grew; rewrite the children whose GPU binding changed (a node moved
     from the device plugin to DRA)."""
     old = store.ledger.nodes.get(name)
+    store.pins_dirty.add(name)  # its GPUs' UUIDs (pins) may change
     if info != old:
         slots = [(s.node, s.index) for s in (old.gpus if old else ())]
         before = {k: store.ledger.headroom_bytes(*k) for k in slots}

@@ -45,6 +45,7 @@ async def finish(store: Store, fx: Effects, *, strict: bool = True, hold: bool =
     rebooked = not hold
     while rounds:
         fx, strict = rounds.pop(0)
+        touched(store, fx.sync | fx.mark)
         await _write(store, fx, strict)  # 1-3
         if any(d.stopped and d.key in fx.sync for d in store.drains.values()) \
                 and (freed := await ended_drains(store, set(fx.sync))) is not None:  # 4
@@ -167,6 +168,31 @@ async def _step(store: Store, key: str, write: Write, strict: bool) -> bool:
         return False
 
 
+def touched(store: Store, keys: set[str]) -> None:
+    """These deployments were decided, released or marked (their bookings, or their neighbours',
+    changed): the nodes they are placed or booked on are looked at by the next rebook_reported."""
+    for k in keys:
+        if (rec := store.records.get(k)) is not None:
+            store.pins_dirty.update(p.node for p in rec.placement)
+        store.pins_dirty.update(b.node for b in store.ledger.bookings_of(k))
+
+
+def pinned_anew(store: Store) -> list[str]:
+    """The records whose children may differ from what they were written from for a reason not
+    their own (pins learned from reports, a whole-node holder gone or back, a drain that ended):
+    those placed on a node where such a thing changed since the last look (store.pins_dirty, and
+    the nodes of the drains), or all of them after a rebuild or resync (store.pins_all). Issue 32:
+    looking at every record on every event was a quadratic cost at a few hundred deployments."""
+    drained = {b.node for d in store.drains.values() for b in d.bookings}
+    if store.pins_all:
+        keys = list(store.records)
+    else:
+        nodes = store.pins_dirty | drained | store.pins_drained
+        keys = sorted({k for n in nodes for k in store.ledger.deployments_on(n) if k in store.records})
+    store.pins_all, store.pins_dirty, store.pins_drained = False, set(), drained
+    return keys
+
+
 def rebook_reported(store: Store, fx: Effects) -> list[str]:
     """Reservations that reported another GPU than the one asked for: re-book their replicas on
     the GPU they hold (or give them back when it has not the room); pins learned from reports
@@ -188,7 +214,8 @@ def rebook_reported(store: Store, fx: Effects) -> list[str]:
             fx.sync.add(k)
             fx.mark.update({k} | builders.neighbours(store.ledger, builders.gpus_of(store.ledger, k)))
     table = reservations.uuid_table(store)
-    for k, rec in store.records.items():  # pins learned from the reports, a whole-node holder gone or back
+    for k in pinned_anew(store):  # pins learned from the reports, a whole-node holder gone or back
+        rec = store.records[k]
         if rec.admitted and rec.synced is not None and rec.synced != children_state(rec, table):
             fx.sync.add(k)
     return retire
