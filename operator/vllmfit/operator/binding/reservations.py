@@ -77,18 +77,42 @@ def replicas(store: Store) -> dict[tuple[str, int], tuple[str, tuple[int, ...]]]
     return {k: (n, tuple(g)) for k, (n, g) in out.items()}
 
 
-def whole(store: Store, node: str, but: str | None = None) -> bool:
+Holders = Callable[[str], set[str]]
+
+
+def holders(store: Store) -> Holders:
+    """node -> the deployments with a live replica written with device-plugin limits there (it
+    holds every GPU of the node), for one pass over many replicas (the store unchanged
+    meanwhile): store.whole grouped by node once (issue 32: `whole` per replica went over every
+    such replica of the cluster, for every replica, on every event)."""
+    by_node: dict[str, set[str]] = {}
+    for (k, _), n in store.whole.items():
+        by_node.setdefault(n, set()).add(k)
+    memo: dict[str, set[str]] = {}
+
+    def table(node: str) -> set[str]:
+        if node not in memo:
+            memo[node] = {k for k in by_node.get(node, ()) if any(b.node == node for b in store.ledger.bookings_of(k))}
+        return memo[node]
+
+    return table
+
+
+def whole(store: Store, node: str, but: str | None = None, held: Holders | None = None) -> bool:
     """A live replica (of another deployment than `but`) written with device-plugin limits holds
-    every GPU of the node."""
+    every GPU of the node. `held`: a `holders` table of the store as it is."""
+    if held is not None:
+        return bool(held(node) - {but})
     return any(n == node and k != but and any(b.node == node for b in store.ledger.bookings_of(k))
                for (k, _), n in store.whole.items())
 
 
-def needs_reservation(store: Store, key: str, replica: int, node: str, gpus: Iterable[int]) -> bool:
+def needs_reservation(store: Store, key: str, replica: int, node: str, gpus: Iterable[int],
+                      held: Holders | None = None) -> bool:
     """A replica's GPUs need reservations: a device-plugin node, the replica is not written with
     limits, and no other replica holds the whole node. Before its Deployment is first written,
     one that will get limits (builders.exclusive) needs none."""
-    if not device_plugin(store, node) or (key, replica) in store.whole or whole(store, node, but=key):
+    if not device_plugin(store, node) or (key, replica) in store.whole or whole(store, node, but=key, held=held):
         return False
     return (key, replica) in store.written or not builders.exclusive(store.ledger, key, node, list(gpus))
 
@@ -107,8 +131,9 @@ def tolerations_on(store: Store, node: str, index: int) -> list[dict[str, Any]]:
 
 def wanted(store: Store) -> set[tuple[str, int]]:
     out: set[tuple[str, int]] = set()
+    held = holders(store)
     for (key, replica), (node, gpus) in replicas(store).items():
-        if needs_reservation(store, key, replica, node, gpus):
+        if needs_reservation(store, key, replica, node, gpus, held):
             out.update((node, i) for i in gpus)
     return out
 
