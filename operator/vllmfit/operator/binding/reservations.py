@@ -12,7 +12,9 @@ The decisions are pure (vllmfit.backends.reservation); this module reads and wri
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -231,45 +233,79 @@ def rebook(store: Store, r: rsv.Reservation) -> tuple[set[str], str | None]:
     return set(keys), f"the device plugin gave {node} GPU {j} ({r.uuid}) instead of GPU {i}; re-booked on GPU {j}"
 
 
+_next_pass: weakref.WeakKeyDictionary[Store, asyncio.Future[None]] = weakref.WeakKeyDictionary()
+"""Per store: the reservation pass asked for and not started yet (callers meanwhile join it)."""
+
+
 async def sync(store: Store) -> None:
-    """Create the reservations wanted and not there; delete those no replica needs."""
+    """Create the reservations wanted and not there; delete those no replica needs. A pass looks
+    at the whole ledger (`wanted`), so callers that come while one waits to start join it rather
+    than queue one pass each behind it (issue 32: every event's finish() ran a full pass, one
+    after another, quadratic at a few hundred deployments); the pass they join starts after they
+    called, so it sees what they changed. Its error is raised to each of them."""
     if store.api is None:
         return
-    async with store.child_locks[LOCK]:
+    loop = asyncio.get_running_loop()
+    waiting = _next_pass.get(store)
+    if waiting is not None and waiting.get_loop() is loop and not waiting.done():
+        await asyncio.wait([waiting])
+        if not waiting.cancelled():
+            return waiting.result()
+    mine: asyncio.Future[None] = loop.create_future()
+    mine.add_done_callback(lambda f: f.cancelled() or f.exception())  # read here if nobody joined
+    _next_pass[store] = mine
+    try:
+        async with store.child_locks[LOCK]:
+            if _next_pass.get(store) is mine:
+                del _next_pass[store]  # started: a later caller's change needs a later pass
+            await _sync_once(store)
+    except BaseException as e:
+        if _next_pass.get(store) is mine:
+            del _next_pass[store]
+        if isinstance(e, Exception):
+            mine.set_exception(e)
+        else:
+            mine.cancel()  # its joiners run a pass of their own
+        raise
+    mine.set_result(None)
+
+
+async def _sync_once(store: Store) -> None:
+    """One pass of `sync` (hold child_locks[LOCK])."""
+    async with store.lock:
+        want = wanted(store)
+        reservations = list(store.reservations.values())
+        table = uuid_table(store)
+        known = {n: table(n) for n in {r.node for r in reservations} | {n for n, _ in want}}
+    todo = rsv.plan(want, reservations, known)
+    core = client.CoreV1Api(store.api)
+    cfg = store.options.reservation
+    taken = {r.name for r in reservations}
+    for node, i in todo.create:
+        name = rsv.reservation_name(node, i, taken)
+        taken.add(name)
+        manifest = rsv.reservation_pod(cfg, node, i, name, tolerations_on(store, node, i))
+        try:
+            await core.create_namespaced_pod(cfg.namespace, manifest)
+        except ApiException as e:
+            if e.status != 409:
+                logger.error("reservation %s for %s GPU %d: %s %s", name, node, i, e.status, e.reason)
+                continue
         async with store.lock:
-            want = wanted(store)
-            reservations = list(store.reservations.values())
-            table = uuid_table(store)
-            known = {n: table(n) for n in {r.node for r in reservations} | {n for n, _ in want}}
-        todo = rsv.plan(want, reservations, known)
-        core = client.CoreV1Api(store.api)
-        cfg = store.options.reservation
-        taken = {r.name for r in reservations}
-        for node, i in todo.create:
-            name = rsv.reservation_name(node, i, taken)
-            taken.add(name)
-            manifest = rsv.reservation_pod(cfg, node, i, name, tolerations_on(store, node, i))
-            try:
-                await core.create_namespaced_pod(cfg.namespace, manifest)
-            except ApiException as e:
-                if e.status != 409:
-                    logger.error("reservation %s for %s GPU %d: %s %s", name, node, i, e.status, e.reason)
-                    continue
-            async with store.lock:
-                store.reservations.setdefault(name, rsv.Reservation(name, node, i))
-                store.pins_dirty.add(node)
-                store.retiring.discard(name)  # a new pod of a name vllmfit deleted before
-        for name in todo.delete:
-            store.retiring.add(name)
-            try:
-                await core.delete_namespaced_pod(name, cfg.namespace)
-            except ApiException as e:
-                if e.status != 404:
-                    logger.error("deleting reservation %s: %s %s", name, e.status, e.reason)
-                    continue
-            async with store.lock:
-                if (gone := store.reservations.pop(name, None)) is not None:
-                    store.pins_dirty.add(gone.node)
+            store.reservations.setdefault(name, rsv.Reservation(name, node, i))
+            store.pins_dirty.add(node)
+            store.retiring.discard(name)  # a new pod of a name vllmfit deleted before
+    for name in todo.delete:
+        store.retiring.add(name)
+        try:
+            await core.delete_namespaced_pod(name, cfg.namespace)
+        except ApiException as e:
+            if e.status != 404:
+                logger.error("deleting reservation %s: %s %s", name, e.status, e.reason)
+                continue
+        async with store.lock:
+            if (gone := store.reservations.pop(name, None)) is not None:
+                store.pins_dirty.add(gone.node)
 
 
 async def load(store: Store) -> None:

@@ -60,4 +60,6 @@ async def on_reservation(type: str | None, body: kopf.Body, **_: Any) -> None:
         post_event(*event)
     if ended and type != "DELETED" and prev is not None:
         await gone_ok(client.CoreV1Api(store.api).delete_namespaced_pod, name, str(meta.get("namespace")))
+    if r is not None and r == prev and not events and not ended:
+        return  # as it was (the echo of vllmfit's own create, a replay): nothing to place again (issue 32)
     await place(store)
