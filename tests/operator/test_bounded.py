@@ -90,7 +90,7 @@ async def test_the_webhook_denies_a_spec_too_costly_to_decide(spinning: threadin
     assert (await webhook.review(store, vd("fine", QWEN7), None, "CREATE", False)).allowed
     # the review took no lock (it decided on the committed snapshot); the abandoned worker keeps
     # its namespace's place until it ends, then gives it back
-    assert not store.lock.locked()
+    assert not store.books.lock.locked()
     adm = webhook.Admission(per_namespace=1)
     first = asyncio.create_task(webhook.review(store, body, None, "CREATE", False, adm))
     v = await first

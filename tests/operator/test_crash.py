@@ -31,7 +31,6 @@ from opkit import (
 )
 
 from vllmfit.core.spec import api
-from vllmfit.operator.booking.state import get_store
 from vllmfit.operator.rendering import builders
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
@@ -115,7 +114,7 @@ async def run(km: Crashing, kill_at: int | None) -> int:
                     continue
                 await asyncio.sleep(0.01)
             running_is_booked(cluster, f"after {what}, crash at write {kill_at}")
-        await get_store().flush()
+        await cluster.store.writer.flush()
         running_is_booked(cluster, f"settled, crash at write {kill_at}")
         stored_fits(cluster, f"settled, crash at write {kill_at}")
         return km.writes

@@ -9,16 +9,15 @@ import kopf
 
 from vllmfit.operator.binding import runtime_classes as rcs
 from vllmfit.operator.booking import report
-from vllmfit.operator.booking.state import get_store
 from vllmfit.operator.handlers.children import sync_children
-from vllmfit.operator.handlers.common import now
+from vllmfit.operator.handlers.common import now, store_of
 from vllmfit.operator.rendering import builders
 
 
-async def on_runtimeclass(type: str | None, body: kopf.Body, **_: Any) -> None:
+async def on_runtimeclass(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A RuntimeClass appeared or went: replicas refused for want of it are written again."""
-    store = get_store()
-    await store.ready.wait()
+    store = store_of(memo)
+    await store.books.ready.wait()
     name = str((body.get("metadata") or {}).get("name") or "")
     have = await rcs.known(store)
     if have is None or not name:
@@ -29,14 +28,14 @@ async def on_runtimeclass(type: str | None, body: kopf.Body, **_: Any) -> None:
     have.add(name)
     if name != store.options.reservation.runtime_class:
         return
-    for key, rec in list(store.records.items()):
+    for key, rec in list(store.cache.records.items()):
         placed = next((c for c in rec.conditions if c.type == "Placed"), None)
         if placed is None or placed.reason != rcs.REASON:
             continue
-        async with store.changing():
+        async with store.books.changing():
             where = "; ".join(f"replica {p.replica}: {builders.placement_text(p)}" for p in rec.placement)
             rec.conditions = report.set_condition(rec.conditions, "Placed", "True", "Placed", where or "no replicas",
                                                     now(), rec.generation)
             rec.synced = None
-            store.mark([key])
+            store.writer.mark([key])
         await sync_children(store, key)
