@@ -129,30 +129,38 @@ class Books:
         `self.version` read at the same moment (no await between the two reads)."""
         return self.committed
 
+    def check(self, based_on: int) -> None:
+        """Hold the lock. Raise Stale unless the writer's ledger is still the committed snapshot
+        numbered `based_on` (the `version` read with `snapshot()`, no await between): nothing was
+        published since, and nothing changed the ledger since the last publication."""
+        if based_on != self.version or self._published != (id(self.ledger), self.ledger.version):
+            self.stale += 1
+            raise Stale(f"decided on version {based_on}; the ledger is at version {self.version}")
+
     async def apply(self, change: Callable[[Ledger], T], *, based_on: int | None = None) -> T:
         """The one writer's entry for a change decided outside the lock: take the lock; if
-        `based_on` (the `version` of the snapshot the change was decided on) is no longer the
-        committed version, raise Stale (decide again on `snapshot()`); else run `change(ledger)`
-        on the writer's ledger and publish it when the lock is released. `change` must not await
-        (it is one step) and may raise (e.g. OverBudget): then nothing is published."""
+        `based_on` (the `version` of the snapshot the change was decided on) is no longer current,
+        raise Stale (`check`: decide again on `snapshot()`); else run `change(ledger)` on the
+        writer's ledger and publish it when the lock is released. `change` must not await (it is
+        one step) and may raise (e.g. OverBudget): then nothing is published."""
         async with self.changing():
-            if based_on is not None and based_on != self.version:
-                self.stale += 1
-                raise Stale(f"decided on version {based_on}; the ledger is at version {self.version}")
+            if based_on is not None:
+                self.check(based_on)
             return change(self.ledger)
 
     async def commit(self, decision: placement.Decision, based_on: int) -> None:
         """Book an admitted decision taken on the snapshot numbered `based_on` (apply)."""
         await self.apply(lambda ledger: ledger.book(decision), based_on=based_on)
 
-    def misplaced(self, key: str) -> bool:
-        """Its bookings sit on a GPU that no longer exists or is over budget. A node whose data was
-        refused at start-up keeps what is booked on it, as a node refused live keeps its last
-        good state: nothing on it is moved."""
-        for b in self.ledger.bookings_of(key):
+    def misplaced(self, key: str, ledger: Ledger | None = None) -> bool:
+        """Its bookings sit on a GPU that no longer exists or is over budget (in `ledger`: the
+        writer's by default, or a snapshot). A node whose data was refused at start-up keeps what
+        is booked on it, as a node refused live keeps its last good state: nothing on it is moved."""
+        ledger = self.ledger if ledger is None else ledger
+        for b in ledger.bookings_of(key):
             if b.node in self.refused:
                 continue
-            if self.ledger.slot(b.node, b.index) is None or self.ledger.headroom_bytes(b.node, b.index) < 0:
+            if ledger.slot(b.node, b.index) is None or ledger.headroom_bytes(b.node, b.index) < 0:
                 return True
         return False
 

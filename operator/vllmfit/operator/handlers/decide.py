@@ -59,7 +59,7 @@ def not_admitted(rec: Record, phase: str, reason: str, message: str, fx: Effects
     metrics.ADMISSIONS.labels(phase).inc()
 
 
-def scale_keep(store: Store, rec: Record, req: Request) -> list[placement.ReplicaAllocation]:
+def scale_keep(ledger: placement.Ledger, rec: Record, req: Request) -> list[placement.ReplicaAllocation]:
     """When only spec.replicas changed (kubectl scale, an HPA), the replicas that stay keep their
     GPUs: a shrink releases the highest ones and always succeeds; a growth places only the new
     ones, and is admitted only if every new one fits. A change of nothing memory needs (env,
@@ -70,7 +70,7 @@ def scale_keep(store: Store, rec: Record, req: Request) -> list[placement.Replic
     if changes.memory_changes(old.spec, req.spec) not in ([], ["replicas"]):
         return []  # a change of what a replica needs or where it may run: decided afresh
     below = min(old.spec.replicas, req.spec.replicas)
-    return placement.held_replicas(store.books.ledger, rec.key, below, builders.to_memory_flags(rec.flags))
+    return placement.held_replicas(ledger, rec.key, below, builders.to_memory_flags(rec.flags))
 
 
 def apply_decision(store: Store, rec: Record, req: Request, d: Decision, fx: Effects, *, cause: str = "") -> None:
