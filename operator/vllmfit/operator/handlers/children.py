@@ -81,19 +81,46 @@ async def apply_service(core: client.CoreV1Api, manifest: dict[str, Any], owner:
                                             _content_type=MERGE_PATCH)  # type: ignore[call-arg]
 
 
-def children_state(store: Store, rec: Record, table: reservations.UuidTable | None = None) -> tuple[Any, ...]:
-    """What the children of `rec` are built from (to skip rewriting them unchanged). `table`: a
-    reservations.uuid_table of the store as it is, for a pass over many records."""
+def desired_object(rec: Record) -> api.VLLMDeployment | None:
+    """The VLLMDeployment its children are rendered from: its metadata and its admitted spec
+    (None: restored with an update pending, its admitted spec unknown)."""
     req = rec.admitted_request
-    # the gate is not part of it: a running replica is not restarted to add one (its GPUs get
-    # their reservations all the same)
-    pinning = tuple((tuple(reservations.pins(store, rec.key, p, table) or ()),
-                     ((claims.desired(store, rec.key, p) or {}).get("metadata") or {}).get("name"),
-                     store.backend_of(p.node),
-                     builders.booked_text(store.books.committed.bookings_of(rec.key, p.replica)))
-                    for p in rec.placement)
-    return (rec.admitted and not rec.going, tuple(builders.placement_text(p) for p in rec.placement), rec.flags,
-            req.spec if req else None, req.model.name if req else None, pinning, tuple(waiting_for_drains(store, rec)))
+    if req is None or rec.flags is None:
+        return None
+    return api.VLLMDeployment(metadata=api.ObjectMeta.model_validate(rec.body["metadata"]), spec=req.spec)
+
+
+def replica_inputs(store: Store, rec: Record, obj: api.VLLMDeployment, p: api.ReplicaPlacement,
+                   table: reservations.UuidTable | None = None) -> dict[str, Any]:
+    """Every argument of builders.deployment for one replica, save the two its writer settles
+    against the Deployment that exists (apply_deployment: `exclusive`, the GPU pinning mode a
+    replica keeps where it stays, and `gated`, the reservation gate a running replica is never
+    restarted to get). The writer renders from exactly these (`builders.deployment(**inputs,
+    exclusive=..., gated=...)`), and they are the children's cache key (children_state), so no
+    input of the rendering can be left out of the key."""
+    assert rec.admitted_request is not None and rec.flags is not None
+    committed = store.books.committed
+    mine = committed.bookings_of(rec.key, p.replica)
+    want = claims.desired(store, rec.key, p) if store.backend_of(p.node) == "dra" else None
+    return {"obj": obj, "replica": p, "flags": rec.flags, "model_name": rec.admitted_request.model.name,
+            "weights_bytes": sum(b.footprint.weights for b in mine), "pins": reservations.pins(store, rec.key, p, table),
+            "claim_template": str(want["metadata"]["name"]) if want else None, "booked": builders.booked_text(mine),
+            "runtime_class": store.options.reservation.runtime_class, "mps": store.options.mps}
+
+
+def children_state(store: Store, rec: Record, table: reservations.UuidTable | None = None) -> tuple[Any, ...]:
+    """The children's cache key (rewrite them only when it changed), derived, not listed by hand:
+    whether they run, which replicas wait for drains, each replica's backend (a DRA replica is
+    written only with its claim template), and the inputs each replica's Deployment is rendered
+    from (replica_inputs: builders.deployment's arguments, as the writer passes them; the Service
+    is rendered from the same object). `table`: a reservations.uuid_table of the store as it is,
+    for a pass over many records."""
+    running = rec.admitted and not rec.going
+    obj = desired_object(rec) if running else None
+    blocked = tuple(waiting_for_drains(store, rec))
+    replicas = tuple((store.backend_of(p.node), tuple(replica_inputs(store, rec, obj, p, table).items()))
+                     for p in rec.placement if p.replica not in blocked) if obj is not None else ()
+    return running, obj is not None, blocked, replicas
 
 
 def waiting_for_drains(store: Store, rec: Record) -> list[int]:
@@ -150,15 +177,14 @@ async def sync_children(store: Store, key: str) -> None:
         want: set[int] = set()
         blocked = set(waiting_for_drains(store, rec))
         if rec.admitted and not rec.going:
-            req = rec.admitted_request
-            if req is None or rec.flags is None:
+            obj = desired_object(rec)
+            if obj is None:
                 return  # restored with an update pending: its admitted spec is unknown; leave them
-            obj = api.VLLMDeployment(metadata=api.ObjectMeta.model_validate(rec.body["metadata"]), spec=req.spec)
-            flags = rec.flags
             for p in rec.placement:
                 if p.replica in blocked:
                     continue  # break-then-make: it starts once the pods on its GPUs are gone
                 want.add(p.replica)
+                inputs = replica_inputs(store, rec, obj, p)
                 tmpl: str | None = None
                 if store.backend_of(p.node) == "dra":
                     tmpl = await claim_template(store, rec, p)
@@ -168,19 +194,13 @@ async def sync_children(store: Store, key: str) -> None:
                 if not ex and not tmpl and (why := await runtimeclasses.refusal(store)):
                     await refuse(store, rec, runtimeclasses.REASON, why)
                     continue  # its pods could not start: not written (condition, Event)
-                pins, gated = reservations.pins(store, key, p), reservations.gated(store, key, p)
+                gated = reservations.gated(store, key, p)
+                booked = inputs["booked"]
 
-                mine = store.books.committed.bookings_of(key, p.replica)
-                weights, booked = sum(b.footprint.weights for b in mine), builders.booked_text(mine)
-
-                def make(exclusive: bool, p: api.ReplicaPlacement = p, weights: int = weights,
-                         pins: list[str] | None = pins, gated: bool = gated, tmpl: str | None = tmpl,
-                         booked: str = booked) -> dict[str, Any]:
-                    return builders.deployment(obj, p, flags, req.model.name, exclusive=exclusive and not tmpl,
-                                               weights_bytes=weights, pins=pins, gated=gated and not exclusive,
-                                               claim_template=tmpl, booked=booked,
-                                               runtime_class=store.options.reservation.runtime_class,
-                                               mps=store.options.mps)
+                def make(exclusive: bool, inputs: dict[str, Any] = inputs, gated: bool = gated,
+                         tmpl: str | None = tmpl) -> dict[str, Any]:
+                    return builders.deployment(**{**inputs, "claim_template": tmpl},
+                                               exclusive=exclusive and not tmpl, gated=gated and not exclusive)
 
                 if await apply_deployment(apps, make, ex, rec.body) and not tmpl:
                     store.cache.whole[(key, p.replica)] = p.node
