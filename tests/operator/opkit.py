@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -235,12 +234,15 @@ class Cluster:
         await self.core.delete_node(name)
 
     async def until(self, pred: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
-        deadline = time.monotonic() + timeout
+        """Poll `pred` until it holds; fail after `timeout` seconds of the event loop's time (a
+        hang guard: on a virtual clock, looptime, its seconds are virtual, never the machine's)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         while True:
             value = pred()
             if value:
                 return value
-            if time.monotonic() > deadline:
+            if loop.time() > deadline:
                 raise AssertionError(f"timed out waiting for {what or pred}")
             await asyncio.sleep(0.01)
 
@@ -281,19 +283,20 @@ class Operator:
         settings.process.ultimate_exiting_timeout = None
         self.task = asyncio.create_task(kopf.operator(settings=settings, clusterwide=True, standalone=True,
                                                       memo=kopf.Memo(store=store)))
+        loop = asyncio.get_running_loop()  # hang guards in the loop's time (virtual under looptime)
         for res in (VD, NODES, PODS):  # watching everything before the test creates objects
-            deadline = time.monotonic() + 10
+            deadline = loop.time() + 10
             while not self.km.sent("watch", res):
-                if not time.monotonic() < deadline:
+                if not loop.time() < deadline:
                     pytest.fail(f"operator never watched {res}")
                 if self.task.done():
                     self.task.result()
                 await asyncio.sleep(0.01)
-        deadline = time.monotonic() + 30
+        deadline = loop.time() + 30
         while not store.books.ready.is_set():
             if self.task.done():
                 self.task.result()
-            if time.monotonic() > deadline:
+            if loop.time() > deadline:
                 pytest.fail("the operator's start-up never finished (no ledger rebuilt in 30 s)")
             await asyncio.sleep(0.01)
         self.km.operated = True

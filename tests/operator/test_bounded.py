@@ -2,6 +2,9 @@
 with a message, and the event loop (other handlers, the liveness probe, the webhook) keeps
 running meanwhile, even when the decision is a pure-Python CPU loop that cannot be interrupted."""
 
+# The real clock, on purpose (issue 29): a decision spinning in a worker thread must really outlast
+# its time limit; on a virtual clock (looptime) a thread takes no loop time and no limit would pass.
+
 from __future__ import annotations
 
 import asyncio

@@ -33,6 +33,8 @@ from opkit import (
 from vllmfit.core.spec import api
 from vllmfit.operator.rendering import builders
 
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
+
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 @pytest.fixture
 async def crashing() -> Any:

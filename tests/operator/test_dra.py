@@ -21,6 +21,8 @@ from reservationkit import U, asked, gpu_node, replica_pod
 
 from vllmfit.backends import dra
 
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
+
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 GIB, MIB = 1 << 30, 1 << 20
 G = "resource.k8s.io"

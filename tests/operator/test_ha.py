@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from kubernetes_asyncio import client
 from opkit import DEPLOYMENTS, Cluster, Operator, node, vd
 
 from vllmfit.operator.rendering import builders
+
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 BIG = {"maxModelLen": 32768, "kvCache": {"concurrency": 16}}  # more than half of an H100's budget

@@ -1,5 +1,8 @@
 """`vllmfit operator` arguments, and the Prometheus metrics read from the live ledger."""
 
+# The real clock, on purpose (issue 29): `kopf run` (KopfRunner) runs the operator in a thread of
+# its own, against KMock in another thread; the test's guards wait for those threads in real time.
+
 from __future__ import annotations
 
 import json

@@ -4,6 +4,9 @@ every query of the Grafana dashboard naming only metrics the operator exposes; a
 `prometheus` binary is installed (Debian's prometheus package), a real Prometheus server scraping
 it and answering every dashboard query."""
 
+# The real clock, on purpose (issue 29): prometheus_client serves /metrics from a thread and a real
+# Prometheus scrapes it from another process; their waits and the hang guard are in real seconds.
+
 from __future__ import annotations
 
 import asyncio

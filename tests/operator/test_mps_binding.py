@@ -15,6 +15,8 @@ from vllmfit.backends import binding
 from vllmfit.core import defaults
 from vllmfit.operator.rendering import builders
 
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
+
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 
 

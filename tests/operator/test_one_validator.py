@@ -22,6 +22,8 @@ from vllmfit.operator.admission import webhook
 from vllmfit.operator.booking.state import Options, Store
 from vllmfit.operator.handlers import common
 
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
+
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SIDE = {"name": "proxy", "image": "busybox:1.36"}
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1, "hidden_size": 64,

@@ -26,6 +26,8 @@ from vllmfit.operator.booking.state import Books, Store
 from vllmfit.operator.handlers.vllmdeployments import reconcile
 from vllmfit.operator.rendering import builders
 
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
+
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 BIG = {"maxModelLen": 32768, "kvCache": {"concurrency": 16}}  # more than half of an H100's budget
 

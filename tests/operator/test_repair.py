@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from kubernetes_asyncio import client
 from opkit import DEPLOYMENTS, VD, Cluster, Operator, node, vd
 
 from vllmfit.core.spec import api
 from vllmfit.operator.handlers import startup
+
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 BIG = {"maxModelLen": 32768, "kvCache": {"concurrency": 8}}  # one per H100

@@ -10,11 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 import kubernetes_validate
+import pytest
 from kubernetes_asyncio import client
 from opkit import DEPLOYMENTS, PODS, VD, Cluster, Operator, vd
 from reservationkit import U, asked, gpu_node, replica_pod, reservations
 
 from vllmfit.backends import reservation as rsv
+
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 class DevicePlugin:

@@ -14,10 +14,13 @@ import math
 from typing import Any
 
 import kubernetes_validate
+import pytest
 from opkit import DEPLOYMENTS, Cluster, Operator, node, vd
 
 from vllmfit.cli import crdgen
 from vllmfit.core.spec import api
+
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"  # two fit on one H100 next to each other, not three
 SCALE = crdgen.render_crd()["spec"]["versions"][0]["subresources"]["scale"]

@@ -17,6 +17,8 @@ from opkit import Cluster, Operator
 
 from vllmfit.main import main
 
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "sharing"
 
 
