@@ -131,10 +131,10 @@ def deployments(n: int, rnd: random.Random) -> list[dict[str, Any]]:
 def budget_of(product: str) -> int:
     """A GPU's budget under the policy the operator books against (its options: `counted` unless
     --budget-policy / --budget-utilization / --budget-reserve say otherwise)."""
-    from vllmfit.operator.booking.state import get_store
+    from vllmfit.operator.booking.state import Options
     from vllmfit.sources import catalog
 
-    return get_store().options.budget.budget(catalog.gpu_for_label(product, None).cuda_total_bytes)
+    return Options().budget.budget(catalog.gpu_for_label(product, None).cuda_total_bytes)
 
 
 RUNTIME_CLASS = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
@@ -192,7 +192,7 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
     from kubernetes_asyncio import client
 
     from vllmfit.operator import handlers
-    from vllmfit.operator.booking.state import get_store
+    from vllmfit.operator.booking.state import Store
 
     port = free_port()
     ready = mp.get_context("spawn").Event()
@@ -211,8 +211,7 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
     if runtime_class:
         await client.NodeV1Api(api).create_runtime_class(RUNTIME_CLASS)
 
-    store = get_store()
-    store.kube_config = client.Configuration(host=url)
+    store = Store(kube_config=client.Configuration(host=url))  # the operator's state, passed in through the memo
     settings = kopf.OperatorSettings()
     handlers.configure(settings)
     settings.batching.exit_timeout = 0.1
@@ -222,8 +221,9 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
                                                  clusterwide=True, standalone=True))
         await started.wait()
     else:
-        task = asyncio.create_task(kopf.operator(settings=settings, clusterwide=True, standalone=True))
-        while not (store.ready.is_set() and len(store.ledger.nodes) == n_nodes):
+        task = asyncio.create_task(kopf.operator(settings=settings, clusterwide=True, standalone=True,
+                                                 memo=kopf.Memo(store=store)))
+        while not (store.books.ready.is_set() and len(store.books.ledger.nodes) == n_nodes):
             await asyncio.sleep(0.05)
     await asyncio.sleep(0.5)  # the watches are up
 

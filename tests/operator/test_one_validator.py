@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,8 +19,10 @@ from opkit import Cluster
 
 from vllmfit import main as cli
 from vllmfit.operator.admission import webhook
-from vllmfit.operator.booking.state import Options
+from vllmfit.operator.booking.state import Options, Store
 from vllmfit.operator.handlers import common
+
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SIDE = {"name": "proxy", "image": "busybox:1.36"}
@@ -159,7 +160,8 @@ async def test_one_table_through_plan_the_webhook_and_the_operator(
         cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for cm in CONFIGMAPS:
         await cluster.core.create_namespaced_config_map("tenant-a", cm)
-    store = SimpleNamespace(options=Options(), api=cluster.api, ready=SimpleNamespace(is_set=lambda: False))
+    store = Store(Options())  # not rebuilt: its books are not ready
+    store.api = cluster.api
     errors = plan_errors(tmp_path, capsys)
     paths = {"webhook": lambda s, b: webhook.review(s, b, None, "CREATE", False), "operator": common.checked}
     for name, spec, field in TABLE:

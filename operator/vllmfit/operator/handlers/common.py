@@ -33,6 +33,13 @@ MERGE_PATCH = "application/merge-patch+json"
 SETTLING = ("Starting", "Pending", "Terminating", "NotAdmitted", "ScaledToZero")
 
 
+def store_of(memo: kopf.Memo) -> Any:
+    """The operator's state (booking.state.Store), handed to every handler through Kopf's memo:
+    operator.main (or a test) builds it once and puts it in the operator's memo as `store`, and
+    Kopf gives each handler that memo (a resource's memo is a shallow copy of it)."""
+    return memo["store"]
+
+
 class Invalid(ValueError):
     """The object cannot be used as it is (message: one line naming the field)."""
 

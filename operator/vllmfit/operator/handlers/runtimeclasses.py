@@ -10,17 +10,16 @@ import kopf
 
 from vllmfit.operator.binding import runtime_classes as rcs
 from vllmfit.operator.booking import report
-from vllmfit.operator.booking.state import get_store
 from vllmfit.operator.booking.statuswriter import WRITERS
 from vllmfit.operator.handlers.children import sync_children
-from vllmfit.operator.handlers.common import now
+from vllmfit.operator.handlers.common import now, store_of
 from vllmfit.operator.rendering import builders
 
 
-async def on_runtimeclass(type: str | None, body: kopf.Body, **_: Any) -> None:
+async def on_runtimeclass(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A RuntimeClass appeared or went: replicas refused for want of it are written again."""
-    store = get_store()
-    await store.ready.wait()
+    store = store_of(memo)
+    await store.books.ready.wait()
     name = str((body.get("metadata") or {}).get("name") or "")
     have = await rcs.known(store)
     if have is None or not name:
@@ -32,8 +31,8 @@ async def on_runtimeclass(type: str | None, body: kopf.Body, **_: Any) -> None:
     if name != store.options.reservation.runtime_class:
         return
     keys: list[str] = []
-    async with store.changing():  # one critical section for all of them (not one each, behind every other event)
-        for key, rec in store.records.items():
+    async with store.books.changing():  # one critical section for all of them (not one each, behind every event)
+        for key, rec in store.cache.records.items():
             placed = next((c for c in rec.conditions if c.type == "Placed"), None)
             if placed is None or placed.reason != rcs.REASON:
                 continue
@@ -42,7 +41,7 @@ async def on_runtimeclass(type: str | None, body: kopf.Body, **_: Any) -> None:
                                                     now(), rec.generation)
             rec.synced = None  # a write that fails here is repaired by the resync (children differ)
             keys.append(key)
-        store.mark(keys)
+        store.writer.mark(keys)
     sem = asyncio.Semaphore(WRITERS)
 
     async def write(key: str) -> None:
