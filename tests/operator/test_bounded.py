@@ -18,6 +18,7 @@ from opkit import Cluster, Operator, node, vd
 from vllmfit.core import defaults, placement
 from vllmfit.core.spec import api
 from vllmfit.operator.admission import bounded, webhook
+from vllmfit.operator.booking.state import Workers
 from vllmfit.sources import catalog
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
@@ -60,14 +61,14 @@ async def test_a_decision_past_its_limit_is_rejected_and_the_loop_kept_running(s
             await asyncio.sleep(0)
 
     ticker = asyncio.create_task(tick())
-    before = bounded.abandoned
-    d = await bounded.decide(ledger, request(SLOW))
+    workers = Workers()  # the threads of one operator's Store
+    d = await bounded.decide(workers, ledger, request(SLOW))
     ticker.cancel()
     assert d.phase == "Rejected" and "took more than 0.5 s" in d.message and d.reasons == (d.message,)
-    assert bounded.abandoned == before + 1
+    assert workers.abandoned == 1
     assert ticks > 10  # the event loop ran while the thread spun
     assert ledger.deployments() == []
-    fine = await bounded.decide(ledger, request("fine"))  # other decisions still work meanwhile
+    fine = await bounded.decide(workers, ledger, request("fine"))  # other decisions still work meanwhile
     assert fine.admitted
 
 

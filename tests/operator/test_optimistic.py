@@ -22,7 +22,8 @@ from opkit import Cluster, km_url, node, vd
 from vllmfit.core import defaults
 from vllmfit.core.placement.ledger import OverBudget
 from vllmfit.operator.admission import bounded
-from vllmfit.operator.booking.state import Books, Store
+from vllmfit.operator.booking.books import Books, Stale
+from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.vllmdeployments import reconcile
 from vllmfit.operator.rendering import builders
 
@@ -43,9 +44,9 @@ class Schedule:
         self.snapshots: dict[str, list[Any]] = {k: [] for k in keys}  # the ledgers each decided on
         self.decisions: dict[str, list[Any]] = {k: [] for k in keys}
 
-    async def decide(self, ledger: Any, req: Any, **kwargs: Any) -> Any:
+    async def decide(self, workers: Any, ledger: Any, req: Any, **kwargs: Any) -> Any:
         self.snapshots[req.key].append(ledger)
-        d = await self.real(ledger, req, **kwargs)
+        d = await self.real(workers, ledger, req, **kwargs)
         self.decisions[req.key].append(d)
         if len(self.decisions[req.key]) == 1:
             if all(self.decisions.values()):
@@ -113,8 +114,6 @@ async def test_past_the_bound_a_reconcile_decides_under_the_lock_and_ends(
     """A ledger that moves between every snapshot and its commit (here: every check is Stale)
     cannot starve a reconcile: after defaults.OPTIMISTIC_DECISIONS tries it decides holding the
     lock, where nothing can make it stale."""
-    from vllmfit.operator.booking.state import Stale
-
     def always_stale(self: Books, based_on: int) -> None:
         self.stale += 1
         raise Stale("moved")
@@ -130,9 +129,9 @@ async def test_past_the_bound_a_reconcile_decides_under_the_lock_and_ends(
     calls: list[bool] = []
     real = bounded.decide
 
-    async def counted(ledger: Any, req: Any, **kwargs: Any) -> Any:
+    async def counted(workers: Any, ledger: Any, req: Any, **kwargs: Any) -> Any:
         calls.append(store.books.lock.locked())
-        return await real(ledger, req, **kwargs)
+        return await real(workers, ledger, req, **kwargs)
 
     monkeypatch.setattr(bounded, "decide", counted)
     try:

@@ -24,6 +24,7 @@ from opkit import node, vd
 from vllmfit.core import placement
 from vllmfit.operator.admission import webhook
 from vllmfit.operator.booking import state
+from vllmfit.operator.booking.books import Stale
 from vllmfit.operator.handlers.common import Effects, parse
 from vllmfit.operator.handlers.decide import apply_decision
 from vllmfit.sources import catalog
@@ -172,7 +173,7 @@ async def test_the_one_writer_commits_only_what_was_decided_on_the_current_versi
     d = placement.decide(snap, req)
     assert d.admitted
     await store.books.apply(lambda ledger: ledger.release("default/a"))  # someone else's change first
-    with pytest.raises(state.Stale):
+    with pytest.raises(Stale):
         await store.books.commit(d, seen)
     assert store.books.snapshot().bookings_of("default/b") == []
     seen = store.books.version

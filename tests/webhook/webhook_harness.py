@@ -33,6 +33,7 @@ from kubernetes_asyncio import client as kclient
 from vllmfit.core import placement
 from vllmfit.core.spec import api
 from vllmfit.operator.admission import certs, webhook
+from vllmfit.operator.booking.state import Workers
 from vllmfit.sources import catalog, resolve
 
 RESOURCE = f"{api.GROUP}/{api.VERSION}/{api.PLURAL}"
@@ -78,6 +79,7 @@ class FakeStore:
         self.books = FakeBooks(placement.Ledger(placement.node_from_object(n, catalog.gpu_for_label) for n in nodes),
                                ready)
         self.cache = SimpleNamespace(records={})  # key -> an object with .body, as the operator's Cache has
+        self.workers = Workers()  # the threads reviews run in
 
     async def request_for(self, obj: api.VLLMDeployment) -> placement.Request:
         """The one resolver without the Hub (no network in tests: a name the catalog does not know is

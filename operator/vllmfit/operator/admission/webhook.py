@@ -248,7 +248,7 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
     # and no writer waits for them). The namespace's place is given back when the thread ends,
     # not when the review gives up on it: abandoned work counts against its own namespace.
     try:
-        fut = loop.run_in_executor(bounded.review_pool(), functools.partial(
+        fut = loop.run_in_executor(store.workers.review(), functools.partial(
             check, snapshot, req, old=old.spec if old else None, dry_run=dry_run, old_flags=old_flags))
     except BaseException:
         adm.free(namespace)
@@ -259,7 +259,7 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
         async with asyncio.timeout(limit):
             return await asyncio.shield(fut)
     except TimeoutError:
-        bounded.abandoned += 1
+        store.workers.abandoned += 1
         if limit >= defaults.REVIEW_DECIDE_TIMEOUT_S:  # it had its own whole time: the spec is too costly
             return Verdict(False, bounded.too_costly_message(limit), code=422)
         return late(adm, "deciding where it fits")

@@ -140,7 +140,7 @@ async def retry_waiting(store: Store, fx: Effects) -> None:
     does not fit keeps waiting, with the reasons of now (its old ones may name no node at all)."""
     for rec in sorted((r for r in store.cache.records.values() if r.waiting and r.request), key=lambda r: r.order):
         assert rec.request is not None
-        d = await bounded.decide(store.books.ledger, rec.request)
+        d = await bounded.decide(store.workers, store.books.ledger, rec.request)
         if d.admitted:
             apply_decision(store, rec, rec.request, d, fx, cause="room freed up")
         elif d.phase == "Unschedulable" and list(d.reasons or (d.message,)) != rec.reasons:
@@ -165,7 +165,7 @@ async def replan(store: Store, node: str, fx: Effects, cause: str) -> None:
     flags = {k: r.flags for k, r in store.cache.records.items() if k in before and r.flags}
     work = store.books.ledger.fork()  # the next version, built apart (the abandoned worker keeps its own)
     try:
-        result = await bounded.run(placement.replan, work, known, flags=flags, timeout=defaults.DECIDE_TIMEOUT_S)
+        result = await bounded.run(store.workers, placement.replan, work, known, flags=flags, timeout=defaults.DECIDE_TIMEOUT_S)
         store.books.ledger = work
     except bounded.TooCostly:
         why = (f"re-placing it took more than {defaults.DECIDE_TIMEOUT_S:g} s, so it waits for room "

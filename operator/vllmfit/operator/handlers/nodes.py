@@ -265,7 +265,7 @@ async def over_budget(store: Store, node: str, fx: Effects, t: str) -> None:
         if req is None:
             continue
         old_bookings = store.books.ledger.release(key)
-        d = await bounded.decide(store.books.ledger, req)
+        d = await bounded.decide(store.workers, store.books.ledger, req)
         if d.admitted and not {(b.node, b.index) for b in d.bookings()} & bad:
             apply_decision(store, rec, req, d, fx, cause=f"{node}: a GPU it was booked on is over budget (measured)")
         else:

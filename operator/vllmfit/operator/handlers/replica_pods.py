@@ -127,7 +127,7 @@ async def allocation_failed(store: Store, pod: Mapping[str, Any], message: str) 
         if req is not None and store.cache.records.get(key) is rec and rec.admitted:
             before = builders.gpus_of(store.books.ledger, key)
             old = store.books.ledger.release(key)
-            d = await bounded.decide(store.books.ledger, req)
+            d = await bounded.decide(store.workers, store.books.ledger, req)
             same = sorted((b.node, b.index) for b in d.bookings()) == sorted((b.node, b.index) for b in old)
             if d.admitted and not same:
                 apply_decision(store, rec, req, d, fx, cause="the scheduler could not allocate its claim")

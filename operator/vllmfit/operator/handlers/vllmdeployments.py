@@ -17,9 +17,10 @@ from vllmfit.core.placement import Decision, Ledger, Request
 from vllmfit.operator import metrics
 from vllmfit.operator.admission import bounded
 from vllmfit.operator.booking import draining
+from vllmfit.operator.booking.books import Stale
 from vllmfit.operator.booking.record import Record, key_of
 from vllmfit.operator.booking.report import now
-from vllmfit.operator.booking.state import Stale, Store
+from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.children import children_state
 from vllmfit.operator.handlers.common import Effects, Invalid, checked, store_of
 from vllmfit.operator.handlers.decide import (
@@ -71,7 +72,7 @@ async def reconcile(store: Store, body: Mapping[str, Any], *, force: bool) -> No
             seen = store.cache.records.get(key)
             if not decided_already(store, seen, generation, force, snapshot):
                 keep = scale_keep(snapshot, seen, req) if seen is not None else []
-                decided = Decided(based_on, keep, await bounded.decide(snapshot, req, keep=keep))
+                decided = Decided(based_on, keep, await bounded.decide(store.workers, snapshot, req, keep=keep))
         try:
             async with store.books.lock:
                 if await commit(store, body, req, problem, force, fx, decided, under_lock=not optimistic):
@@ -133,7 +134,7 @@ async def commit(store: Store, body: Mapping[str, Any], req: Request | None, pro
         return True
     keep = scale_keep(store.books.ledger, rec, req)
     if under_lock:
-        d = await bounded.decide(store.books.ledger, req, keep=keep)
+        d = await bounded.decide(store.workers, store.books.ledger, req, keep=keep)
     elif decided is None:
         return False  # it looked decided already when the snapshot was taken
     else:
