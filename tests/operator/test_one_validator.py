@@ -21,7 +21,7 @@ from opkit import Cluster
 from vllmfit import main as cli
 from vllmfit.core.spec import api, read
 from vllmfit.operator.admission import webhook
-from vllmfit.operator.booking.state import Options, Store
+from vllmfit.operator.booking.state import Options, Store, Workers
 from vllmfit.operator.handlers import common
 
 pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
@@ -277,7 +277,8 @@ async def test_one_resolver_through_plan_the_webhook_and_the_operator(cluster: C
 
     ledger = placement.Ledger([placement.node_from_object(node, catalog.gpu_for_label)])
     books = SimpleNamespace(ready=SimpleNamespace(is_set=lambda: True), snapshot=ledger.snapshot)
-    store = SimpleNamespace(options=Options(), api=cluster.api, books=books, request_for=request_for)
+    store = SimpleNamespace(options=Options(), api=cluster.api, books=books, workers=Workers(),
+                            request_for=request_for)
     for name, _, start, transient in MODELS:
         b, key = bodies[name], f"tenant-a/{slug(name)}"
         v = await webhook.review(store, b, None, "CREATE", True)
