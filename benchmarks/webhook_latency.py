@@ -69,8 +69,8 @@ def build_store(nodes: int, deployments: int) -> tuple[FakeStore, float, int]:
     for i in range(deployments):
         obj = vllmd(f"d{i:05d}", f"team-{i % 20}", **MIX[i % len(MIX)])
         req = placement.request_from_object(read.deployment(obj), catalog.model(obj["spec"]["model"]))
-        d = placement.decide(store.ledger, req)
-        store.ledger.book(d)
+        d = placement.decide(store.books.ledger, req)
+        store.books.ledger.book(d)
         booked += d.admitted
     return store, time.perf_counter() - t, booked
 
@@ -146,7 +146,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, stream=open(os.devnull, "w"))  # noqa: SIM115 - as an operator logs
 
     store, build_s, booked = build_store(a.nodes, a.deployments)
-    gpus = len(store.ledger.slots())
+    gpus = len(store.books.ledger.slots())
     rounds: list[dict[str, dict]] = []
     with Harness(store) as h, tempfile.NamedTemporaryFile(suffix=".crt") as ca:
         ca.write(h.ca_pem())
@@ -159,7 +159,7 @@ def main() -> None:
                 "deny": measure(url, ca.name, "deny", 50, 1),
                 "worst": measure(url, ca.name, "worst", 5, 1),
             })
-        assert store.ledger.deployments() and len(store.ledger.deployments()) == booked  # nothing booked
+        assert store.books.ledger.deployments() and len(store.books.ledger.deployments()) == booked  # nothing booked
 
     def med(case: str, key: str) -> float:
         return statistics.median(r[case][key] for r in rounds)

@@ -329,7 +329,7 @@ def test_the_operators_default_kv_grant_reaches_its_ledger(monkeypatch) -> None:
 
     from vllmfit.core import choices
     from vllmfit.operator import main as opmain
-    from vllmfit.operator.booking.state import Store
+    from vllmfit.operator.booking.state import Options, Store
 
     monkeypatch.setenv("VLLMFIT_DEFAULT_KV_GRANT", "room")
     monkeypatch.setenv("VLLMFIT_DEFAULT_KV_REQUESTS", "2")
@@ -337,8 +337,6 @@ def test_the_operators_default_kv_grant_reaches_its_ledger(monkeypatch) -> None:
     opmain.add_parser(p.add_subparsers())
     grant = choices.kv_grant_from_args(p.parse_args(["operator"]))
     assert grant == memory.KvGrant("room", 2)
-    store = Store()
-    store.options.kv_grant = grant
-    store.reset()
-    assert store.ledger.kv_grant == grant
-    assert store.rebuild([], []) == [] and store.ledger.kv_grant == grant
+    store = Store(Options(kv_grant=grant))
+    assert store.books.ledger.kv_grant == grant
+    assert store.rebuild([], []) == [] and store.books.ledger.kv_grant == grant

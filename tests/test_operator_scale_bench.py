@@ -30,3 +30,10 @@ def test_operator_scale_quick_waits_for_the_runtimeclass() -> None:
     r = _run("--without-runtimeclass")
     assert r["timed_out_runs_count"] == 0 and r["unblocked_s"] is not None  # written once it exists
     assert r["waiting_cpu_percent"] is not None
+
+
+def test_operator_scale_quick_noop_kopf_baseline() -> None:
+    """The baseline the operator is held against when the emulator is the bottleneck (issue 32)."""
+    r = _run("--noop-kopf")
+    assert r["baseline"] == "noop-kopf" and r["timed_out_runs_count"] == 0 and r["children_s"] is not None
+    assert r["admitted_count"] == r["deployments"] == 20 and r["requests_count"] > 0

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -24,8 +24,8 @@ from kubernetes_asyncio import client
 
 from vllmfit.core import placement
 from vllmfit.core.spec import api
-from vllmfit.operator import handlers  # registers the handlers in Kopf's default registry
-from vllmfit.operator.booking.state import get_store
+from vllmfit.operator import handlers, metrics  # registers the handlers in Kopf's default registry
+from vllmfit.operator.booking.state import Options, Store
 
 VD = f"{api.GROUP}/{api.VERSION}/{api.PLURAL}"
 DEPLOYMENTS = "apps/v1/deployments"
@@ -67,12 +67,17 @@ def node(name: str, gpus: int = 2, product: str = H100, annotations: dict[str, s
     }
 
 
+_SERVING: contextvars.ContextVar[Any] = contextvars.ContextVar("vllmfit_kmock_serving", default=None)
+"""The request whose reaction KMock is choosing (each request is served in a task of its own)."""
+
+
 @attrs.define(kw_only=True)
 class Emulator(kmock.KubernetesEmulator):
     """KMock's emulator, fast for thousands of requests. KMock decides which reaction serves a
     request by scanning its whole request log through every reaction's filters (O(n) per request,
-    minutes for a few thousand); here the log it scans holds only the requests being served, and
-    `journal` keeps every request for the tests to read. Like the API server (and unlike KMock),
+    minutes for a few thousand); here a request being served is the only one its reactions' filters
+    see (the log they scan otherwise holds only the requests being served), and `journal` keeps
+    every request for the tests to read. Objects named in a request are found by key, not by a scan. Like the API server (and unlike KMock),
     it gives objects POSTed with only a generateName (Kopf's Events) a name, answers a JSON Patch
     whose "test" fails with 422 (KMock: 500, which Kopf retries with the same stale patch), and its
     watch loses no change made while it starts.
@@ -83,12 +88,24 @@ class Emulator(kmock.KubernetesEmulator):
 
     journal: list[Any] = attrs.field(factory=list, init=False)
     operated: bool = attrs.field(default=False, init=False)  # an Operator runs on it (Operator.start/stop)
+    store: Any = attrs.field(default=None, init=False)  # the state of the last Operator started on it
     _serving: list[Any] = attrs.field(factory=list, init=False)
 
     def __iter__(self) -> Any:
+        current = _SERVING.get()
+        if current is not None:  # choosing the reaction of this request: only it can match
+            yield current
+            return
         yield from reversed(self._serving)
 
     async def _handle(self, request: Any) -> Any:
+        token = _SERVING.set(request)
+        try:
+            return await self._handle_one(request)
+        finally:
+            _SERVING.reset(token)
+
+    async def _handle_one(self, request: Any) -> Any:
         self.journal.append(request)
         meta = request.data.get("metadata") if isinstance(request.data, dict) else None
         if request.method == kmock.method.POST and meta and meta.get("generateName") and not meta.get("name"):
@@ -101,6 +118,20 @@ class Emulator(kmock.KubernetesEmulator):
             raise kmock.KubernetesError(status=422, reason="Invalid", message=str(e)) from None
         finally:
             self._serving.remove(request)
+
+    def _KubernetesEmulator__get_objs(self, request: Any, strict: bool) -> list[Any]:
+        """KMock's object lookup, indexed: KMock compares the request with every stored object
+        (Events included) on each get, create, patch and delete, which made the emulator, not the
+        operator, the bottleneck of benchmarks/operator_scale.py at a few thousand objects. A
+        request that names the object (and its namespace, or asks strictly) is one dict lookup;
+        lists and watches still scan. Same answers as KMock's scan: the keys are
+        (resource, namespace, name) and a resource hashes and compares by (group, version, plural)."""
+        objects = self._objects._objects
+        if request.name is not None and (strict or request.namespace is not None):
+            obj = objects.get((request.resource, request.namespace, request.name))
+            return [] if obj is None else [obj]
+        return [o for (r, ns, n), o in objects.items() if r == request.resource
+                and (request.namespace is None or ns == request.namespace) and (request.name is None or n == request.name)]
 
     async def _serve_watch(self, request: Any) -> Any:
         """KMock's watch, minus its race: it snapshots the objects and only then subscribes to
@@ -140,6 +171,12 @@ class Cluster:
     def __init__(self, km: Any):
         self.km = km
         self.connect()
+
+    @property
+    def store(self) -> Store:
+        """The state (booking.state.Store) of the operator running on this cluster: what the
+        tests look into (the operator's handlers get it through Kopf's memo)."""
+        return self.km.store
 
     def connect(self) -> None:
         self.api = client.ApiClient(client.Configuration(host=str(km_url(self.km))))
@@ -202,7 +239,7 @@ class Cluster:
                 # wait until the operator has it (test_a_spec_created_before_its_node_... covers
                 # the other order).
                 name = obj["metadata"]["name"]
-                await self.until(lambda: name in get_store().node_infos, what=f"the operator to see node {name}")
+                await self.until(lambda: name in self.store.cache.node_infos, what=f"the operator to see node {name}")
         elif obj["kind"] == "Pod":
             await self.core.create_namespaced_pod(obj["metadata"]["namespace"], obj)
         else:
@@ -228,33 +265,40 @@ class Cluster:
         await self.core.delete_node(name)
 
     async def until(self, pred: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
-        deadline = time.monotonic() + timeout
+        """Poll `pred` until it holds; fail after `timeout` seconds of the event loop's time (a
+        hang guard: on a virtual clock, looptime, its seconds are virtual, never the machine's)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         while True:
             value = pred()
             if value:
                 return value
-            if time.monotonic() > deadline:
+            if loop.time() > deadline:
                 raise AssertionError(f"timed out waiting for {what or pred}")
             await asyncio.sleep(0.01)
 
     async def phase(self, name: str, *phases: str, timeout: float = 10.0) -> dict[str, Any]:
         await self.until(lambda: self.status(name).get("phase") in phases, timeout,
                          f"{name} to reach {phases}, is {self.status(name).get('phase')}")
-        await get_store().flush()
+        await self.store.writer.flush()
         return self.status(name)
 
 
 class Operator:
-    """The real operator (vllmfit.operator.handlers) running in this event loop."""
+    """The real operator (vllmfit.operator.handlers) running in this event loop. Each start is a
+    new process as far as the operator can tell: a new Store (its books, cache and status writer)
+    built from the same `options`, handed to the handlers through Kopf's memo."""
 
-    def __init__(self, km: Any, *, runtime_classes: tuple[str, ...] = ("nvidia",)):
+    def __init__(self, km: Any, *, runtime_classes: tuple[str, ...] = ("nvidia",), options: Options | None = None):
         self.km = km
         self.task: asyncio.Task[None] | None = None
         self.runtime_classes = runtime_classes  # the RuntimeClasses the cluster has (GPU Operator: nvidia)
+        self.options = options or Options()
+        self.store = Store(self.options)  # replaced at each start
 
     async def start(self) -> None:
-        store = get_store()
-        store.kube_config = client.Configuration(host=km_url(self.km))
+        self.store = store = Store(self.options, kube_config=client.Configuration(host=km_url(self.km)))
+        self.km.store = store
         for name in self.runtime_classes:
             key = (kmock.resource("node.k8s.io/v1/runtimeclasses"), None, name)
             if key not in self.km.objects or self.km.objects[key].deleted:
@@ -268,20 +312,22 @@ class Operator:
         # A stop by cancellation must never SIGKILL the test process: Kopf's "ultimate exit" timer
         # is due at once on a virtual clock (looptime), where the fuzz runs.
         settings.process.ultimate_exiting_timeout = None
-        self.task = asyncio.create_task(kopf.operator(settings=settings, clusterwide=True, standalone=True))
+        self.task = asyncio.create_task(kopf.operator(settings=settings, clusterwide=True, standalone=True,
+                                                      memo=kopf.Memo(store=store)))
+        loop = asyncio.get_running_loop()  # hang guards in the loop's time (virtual under looptime)
         for res in (VD, NODES, PODS):  # watching everything before the test creates objects
-            deadline = time.monotonic() + 10
+            deadline = loop.time() + 10
             while not self.km.sent("watch", res):
-                if not time.monotonic() < deadline:
+                if not loop.time() < deadline:
                     pytest.fail(f"operator never watched {res}")
                 if self.task.done():
                     self.task.result()
                 await asyncio.sleep(0.01)
-        deadline = time.monotonic() + 30
-        while not get_store().ready.is_set():  # the start-up replaces the event: poll, not wait
+        deadline = loop.time() + 30
+        while not store.books.ready.is_set():
             if self.task.done():
                 self.task.result()
-            if time.monotonic() > deadline:
+            if loop.time() > deadline:
                 pytest.fail("the operator's start-up never finished (no ledger rebuilt in 30 s)")
             await asyncio.sleep(0.01)
         self.km.operated = True
@@ -293,9 +339,10 @@ class Operator:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
             self.task = None
-        store = get_store()
+        store = self.store
         await store.stop()
-        store.ready.clear()  # the next start waits for its own rebuild
+        metrics.unregister(store.collector)
+        store.collector = None
         if store.api is not None:
             await store.api.close()
             store.api = None

@@ -23,8 +23,9 @@ from test_reservations import DevicePlugin, U, gates, replica_pod
 from vllmfit import main as cli_main
 from vllmfit.core import defaults, memory
 from vllmfit.core.defaults import GIB, MIB
-from vllmfit.operator.booking.state import get_store
 from vllmfit.sources import catalog
+
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 CAPACITY = 81559 * MIB  # what NVML reports as an H100 80GB's total
@@ -66,7 +67,7 @@ async def pod(cluster: Cluster, deployment: str, *, ready: bool, replica: int = 
         "labels": labels}, "status": {"phase": "Running", "containerStatuses": [{
             "name": "vllm", "image": defaults.DEFAULT_IMAGE, "imageID": "", "ready": ready, "restartCount": 0,
             "state": {"running": {}}}]}})
-    await cluster.until(lambda: uid in get_store().managed_pods(), what=f"the operator to see {deployment}'s pod")
+    await cluster.until(lambda: uid in cluster.store.cache.managed_pods(), what=f"the operator to see {deployment}'s pod")
     return uid
 
 
@@ -107,10 +108,10 @@ async def test_a_replica_using_2_gib_more_grows_its_booking_and_a_newcomer_that_
     # within one agent interval (the first inventory after a Ready pod): booked observed + margin
     want = predicted + over + MARGIN
     await cluster.until(lambda: mem(cluster, "a")["totalBytes"] == want, what="a's booking to grow")
-    await get_store().flush()
+    await cluster.store.writer.flush()
     assert cluster.get(DEPLOYMENTS, "a-0")["spec"]["template"] == template  # the measured vLLM is not restarted
     assert mem(cluster, "a")["observedExcessBytes"] == over + MARGIN
-    assert get_store().ledger.headroom_bytes("gpu-a", 0) == headroom - over - MARGIN
+    assert cluster.store.books.ledger.headroom_bytes("gpu-a", 0) == headroom - over - MARGIN
     await cluster.create(vd("b", QWEN7, kvCache=kv(b_kv), **FIXED))
     if over == 0:  # the control: on the prediction (+ the margin) b shares the GPU
         await cluster.phase("b", "Admitted")
@@ -119,7 +120,7 @@ async def test_a_replica_using_2_gib_more_grows_its_booking_and_a_newcomer_that_
     st = await cluster.phase("b", "Unschedulable")
     assert headroom - over - MARGIN < mem_alone(b_kv, non_kv) <= headroom  # it would have fitted on the prediction
     assert "gpu-a" in " ".join(st["reasons"])
-    assert get_store().ledger.over_budget() == []  # a's growth fitted the budget; nothing moved
+    assert cluster.store.books.ledger.over_budget() == []  # a's growth fitted the budget; nothing moved
     # a second node: b is placed there, a stays where it is
     await cluster.create(node("gpu-b", gpus=1, annotations=inventory(1)))
     st = await cluster.phase("b", "Admitted")
@@ -140,8 +141,8 @@ async def test_without_readiness_two_stable_samples_start_the_replica_one_interv
     used = predicted + 2 * GIB
     await agent(cluster, "gpu-a", 1, {0: [(uid, used - GIB)]}, at=stamp(0))  # still growing
     await agent(cluster, "gpu-a", 1, {0: [(uid, used)]}, at=stamp(30))  # grew by 1 GiB: not stable yet
-    await get_store().flush()
-    assert mem(cluster, "a")["totalBytes"] == predicted and ("default/a", 0) not in get_store().started
+    await cluster.store.writer.flush()
+    assert mem(cluster, "a")["totalBytes"] == predicted and ("default/a", 0) not in cluster.store.cache.started
     await agent(cluster, "gpu-a", 1, {0: [(uid, used + 10 * MIB)]}, at=stamp(60))  # within 64 MiB: stable
     await cluster.until(lambda: mem(cluster, "a")["totalBytes"] == used + 10 * MIB + MARGIN,
                         what="a's booking to grow one agent interval after its footprint stopped moving")
@@ -168,7 +169,7 @@ async def shared(cluster: Cluster, at: str) -> tuple[str, str]:
     """shared_on_gpu_1, and the pods of a-0 and b-0, both behind the gate."""
     await shared_on_gpu_1(cluster, at)
     pod_a, pod_b = await replica_pod(cluster, "a-0"), await replica_pod(cluster, "b-0")
-    await cluster.until(lambda: {("default", pod_a), ("default", pod_b)} <= set(get_store().gate_of),
+    await cluster.until(lambda: {("default", pod_a), ("default", pod_b)} <= set(cluster.store.cache.gate_of),
                         what="both pods behind the gate")
     return pod_a, pod_b
 
@@ -199,16 +200,16 @@ async def test_nothing_starts_on_a_gpu_whose_measured_free_memory_is_below_its_f
     pod_a = await replica_pod(cluster, "a-0")
     assert await DevicePlugin(cluster, {"gpu-a": U[:2]}, order={"gpu-a": [1, 0]}).serve() == [U[1]]
     await cluster.until(lambda: not gates(cluster, pod_a), what="a released: the GPU is empty")
-    st = get_store()
-    t_a = st.ledger.bookings_of("default/a")[0].footprint.total
-    t_b = st.ledger.bookings_of("default/b")[0].footprint.total
+    st = cluster.store
+    t_a = st.books.ledger.bookings_of("default/a")[0].footprint.total
+    t_b = st.books.ledger.bookings_of("default/b")[0].footprint.total
     uid = await pod(cluster, "a", ready=False)
     loading = CAPACITY - t_b + GIB - t_a  # what a holds beyond its booking while it loads
     await agent(cluster, "gpu-a", 2, {1: [(uid, t_a + loading)]}, at=stamp(0))
-    await st.flush()
-    assert st.ledger.bookings_of("default/a")[0].footprint.total == t_a  # not started: the ledger waits
+    await st.writer.flush()
+    assert st.books.ledger.bookings_of("default/a")[0].footprint.total == t_a  # not started: the ledger waits
     pod_b = await replica_pod(cluster, "b-0")
-    await cluster.until(lambda: ("default", pod_b) in st.gate_holds, what="b held by the start gate")
+    await cluster.until(lambda: ("default", pod_b) in st.cache.gate_holds, what="b held by the start gate")
     assert gates(cluster, pod_b)
     c = await cluster.until(lambda: condition(cluster.status("b"), "StartGate"), what="b's StartGate condition")
     assert c["status"] == "False"
@@ -230,7 +231,7 @@ async def test_a_gpu_over_budget_names_who_holds_what_and_takes_no_newcomer_unti
     await cluster.create(vd("b", QWEN7, **FIXED))
     await cluster.phase("a", "Admitted")
     await cluster.phase("b", "Admitted")
-    st = get_store()
+    st = cluster.store
     predicted = mem(cluster, "a")["totalBytes"]
     assert mem(cluster, "b")["totalBytes"] == predicted
     uid = await pod(cluster, "a", ready=True)
@@ -247,7 +248,7 @@ async def test_a_gpu_over_budget_names_who_holds_what_and_takes_no_newcomer_unti
         f"default/a replica 0 holds {gib(predicted + over + MARGIN)} (measured {gib(predicted + over)} + margin, "
         f"predicted {gib(predicted)}); default/b replica 0 holds {gib(predicted)} (as predicted); "
         f"others (not vllmfit) hold {gib(GIB // 2)}")
-    assert st.ledger.over_budget() == [("gpu-a", 0)]
+    assert st.books.ledger.over_budget() == [("gpu-a", 0)]
     assert (await cluster.event("b", "GpuOverBudget"))["message"] == c["message"]
     assert cluster.status("b")["phase"] == "Admitted" and cluster.status("b")["node"] == "gpu-a"
     # no newcomer is placed on that GPU while it is over budget
@@ -256,7 +257,7 @@ async def test_a_gpu_over_budget_names_who_holds_what_and_takes_no_newcomer_unti
     # a goes back within its prediction: the GPU is within budget, the conditions say so, c is placed
     await agent(cluster, "gpu-a", 1, {0: [(uid, predicted - GIB)]}, at=stamp(30))
     await cluster.until(lambda: condition(cluster.status("b"), "OverBudget")["status"] == "False")
-    assert st.ledger.over_budget() == []
+    assert st.books.ledger.over_budget() == []
     await cluster.phase("c", "Admitted")
 
 
@@ -270,8 +271,8 @@ async def test_the_second_deployment_of_a_configuration_that_over_ran_is_booked_
     uid = await pod(cluster, "first", ready=True)
     observed = predicted + 2 * GIB
     await agent(cluster, "gpu-a", 1, {0: [(uid, observed)]})
-    await cluster.until(lambda: get_store().learned, what="a learned record")
-    [rec] = get_store().learned
+    await cluster.until(lambda: cluster.store.cache.learned, what="a learned record")
+    [rec] = cluster.store.cache.learned
     assert (rec.predicted_bytes, rec.observed_bytes) == (predicted, observed)
     cm = await cluster.until(lambda: next((o for o in cluster.objects("v1/configmaps")
                                            if o["metadata"]["name"] == defaults.CALIBRATION_CONFIGMAP), None),
@@ -306,15 +307,15 @@ async def test_a_restart_keeps_the_measured_booking_and_reads_the_learned_record
         await cluster.until(lambda: mem(cluster, "first")["totalBytes"] == predicted + 2 * GIB + MARGIN)
         await cluster.until(lambda: any(o["metadata"]["name"] == defaults.CALIBRATION_CONFIGMAP
                                         for o in cluster.objects("v1/configmaps")), what="the ConfigMap")
-        learned = list(get_store().learned)
+        learned = list(cluster.store.cache.learned)
     finally:
         await op.stop()
     await cluster.reconnect()
     await op.start()
     try:
-        st = get_store()
-        assert st.learned == learned  # read back from the operator's own ConfigMap at start-up
-        [b] = st.ledger.bookings_of("default/first")
+        st = cluster.store
+        assert st.cache.learned == learned  # read back from the operator's own ConfigMap at start-up
+        [b] = st.books.ledger.bookings_of("default/first")
         assert (b.footprint.total, b.footprint.observed_excess) == (predicted + 2 * GIB + MARGIN, 2 * GIB + MARGIN)
         await cluster.create(vd("second", QWEN7, **FIXED))
         await cluster.phase("second", "Admitted")

@@ -31,8 +31,9 @@ from opkit import (
 )
 
 from vllmfit.core.spec import api
-from vllmfit.operator.booking.state import get_store
 from vllmfit.operator.rendering import builders
+
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 @pytest.fixture
@@ -115,7 +116,7 @@ async def run(km: Crashing, kill_at: int | None) -> int:
                     continue
                 await asyncio.sleep(0.01)
             running_is_booked(cluster, f"after {what}, crash at write {kill_at}")
-        await get_store().flush()
+        await cluster.store.writer.flush()
         running_is_booked(cluster, f"settled, crash at write {kill_at}")
         stored_fits(cluster, f"settled, crash at write {kill_at}")
         return km.writes

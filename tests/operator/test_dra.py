@@ -20,7 +20,8 @@ from opkit import DEPLOYMENTS, H100, PODS, Cluster, Emulator, Operator, node, vd
 from reservationkit import U, asked, gpu_node, replica_pod
 
 from vllmfit.backends import dra
-from vllmfit.operator.booking.state import get_store
+
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 GIB, MIB = 1 << 30, 1 << 20
@@ -141,7 +142,7 @@ async def test_a_replica_on_a_dra_node_claims_its_booked_memory_on_its_gpu(clust
     # the claim the controller makes from the template, allocated with exactly that much: no foreign use
     await allocate(cluster, "a-0-x-gpus-abcde", "gpu-d", "gpu-1", dra.quantity(total), labels=t["spec"]["metadata"][
         "labels"])
-    await get_store().flush()
+    await cluster.store.writer.flush()
     assert cluster.status("a")["gpus"][0]["usedBytes"] == total
 
 
@@ -149,20 +150,20 @@ async def test_a_foreign_claim_before_admission_is_foreign_use(cluster: Cluster,
     await cluster.create(dra_node("gpu-d", 2))
     await create(cluster, nvidia_slice("gpu-d", 2))
     await allocate(cluster, "training", "gpu-d", "gpu-0", "60Gi", ns="research")
-    await cluster.until(lambda: get_store().ledger.slot("gpu-d", 0) and get_store().ledger.slot(
+    await cluster.until(lambda: cluster.store.books.ledger.slot("gpu-d", 0) and cluster.store.books.ledger.slot(
         "gpu-d", 0).foreign_bytes == 60 * GIB, what="the claim to count")
     await cluster.create(vd("pinned", QWEN7, placement={"nodeName": "gpu-d", "gpuIndices": [0]}))
     st = await cluster.phase("pinned", "Admitted")
     [(i, need)] = booked(cluster, "pinned")
     assert i == 1
-    free = (math.ceil(0.9 * get_store().ledger.slot("gpu-d", 0).capacity_bytes) + int(0.55 * GIB)
+    free = (math.ceil(0.9 * cluster.store.books.ledger.slot("gpu-d", 0).capacity_bytes) + int(0.55 * GIB)
             - 60 * GIB) / GIB  # the counted policy: ceil(0.9 T) + one CUDA context
     assert st["warnings"] == [(f"pinned placement does not fit (gpu-d: GPU 0 needs {need / GIB:.1f} GiB, {free:.1f} GiB "
                                "of budget left); "
                               "placed on gpu-d GPU 1 instead")]
     await one_template(cluster, "pinned", U[1])
     await release(cluster, "training", "research")  # the job ends: GPU 0 is free again
-    await cluster.until(lambda: get_store().ledger.slot("gpu-d", 0).foreign_bytes == 0)
+    await cluster.until(lambda: cluster.store.books.ledger.slot("gpu-d", 0).foreign_bytes == 0)
     await cluster.create(vd("second", QWEN7, placement={"nodeName": "gpu-d", "gpuIndices": [0]}))
     await cluster.phase("second", "Admitted")
     assert [i for i, _ in booked(cluster, "second")] == [0]
@@ -222,7 +223,7 @@ async def test_the_rounded_up_consumed_capacity_is_what_the_ledger_counts(cluste
     await allocate(cluster, "a-0-gpus-x", "gpu-d", "gpu-0", dra.quantity(rounded), labels=t["spec"]["metadata"]["labels"])
     await cluster.until(lambda: cluster.status("a")["gpus"][0]["usedBytes"] == rounded,
                         what="the ledger to count what the claim consumes")
-    assert get_store().ledger.slot("gpu-d", 0).foreign_bytes == rounded - total
+    assert cluster.store.books.ledger.slot("gpu-d", 0).foreign_bytes == rounded - total
 
 
 async def test_a_node_moves_from_the_device_plugin_to_dra(cluster: Cluster, operator: Operator) -> None:
@@ -294,9 +295,9 @@ async def test_restart_after_a_foreign_claim_arrived_while_down(km: Any, cluster
         seen = copy.deepcopy(templates(cluster))
         op = Operator(km)
         await op.start()  # nothing changed: the same template, no second one
-        await get_store().flush()
+        await cluster.store.writer.flush()
         assert templates(cluster) == seen
-        assert get_store().ledger.slot("gpu-d", i).foreign_bytes == 60 * GIB
+        assert cluster.store.books.ledger.slot("gpu-d", i).foreign_bytes == 60 * GIB
         assert json.dumps(booked(cluster, "a")) == json.dumps([(1 - i, seen and requests_of(seen[0])[0][1])])
     finally:
         await op.stop()

@@ -12,8 +12,11 @@ from typing import Any
 from kubernetes_asyncio import client
 from opkit import DEPLOYMENTS, Cluster, Operator, node, vd
 
-from vllmfit.operator.booking.state import get_store
 from vllmfit.operator.rendering import builders
+
+# The real clock, for now (issue 29): on the virtual clock (looptime) the forged-status test failed
+# 2 runs of 3 (f never decided again within the guard) and passed 3 of 3 on the real clock; why
+# is not understood yet, so this module keeps the machine's clock until it is.
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 BIG = {"maxModelLen": 32768, "kvCache": {"concurrency": 16}}  # more than half of an H100's budget
@@ -28,12 +31,12 @@ async def test_a_new_leader_catches_up_and_sweeps_before_it_admits(cluster: Clus
     await cluster.create(vd("a", QWEN7, **BIG))
     await cluster.phase("a", "Admitted")
     a0 = await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0"), what="a-0 written")
-    store = get_store()
-    async with store.lock:  # a standby: not leading, and it never saw the old leader admit a
+    store = cluster.store
+    async with store.books.lock:  # a standby: not leading, and it never saw the old leader admit a
         store.leading = False
-        store.records.pop("default/a")
-        store.ledger.release("default/a")
-    assert not store.ledger.bookings_of("default/a")
+        store.cache.records.pop("default/a")
+        store.books.ledger.release("default/a")
+    assert not store.books.ledger.bookings_of("default/a")
     orphan = dict(a0)  # the old leader died after writing this Deployment, before its status
     orphan["metadata"] = {**a0["metadata"], "name": "old-0", "uid": "orphan",
                           "labels": {**a0["metadata"]["labels"], builders.LABEL_DEPLOYMENT: "old"}}
@@ -42,7 +45,7 @@ async def test_a_new_leader_catches_up_and_sweeps_before_it_admits(cluster: Clus
     await cluster.create(vd("b", QWEN7, **BIG))  # the first event the new leader handles
     await cluster.phase("b", "Unschedulable")  # caught up: a holds the only GPU
     assert store.leading
-    assert [b.node for b in store.ledger.bookings_of("default/a")] == ["gpu-a"]
+    assert [b.node for b in store.books.ledger.bookings_of("default/a")] == ["gpu-a"]
     await cluster.until(lambda: cluster.get(DEPLOYMENTS, "old-0") is None, timeout=3, what="old-0 swept")
     assert cluster.get(DEPLOYMENTS, "a-0") is not None
     later = list(cluster.km.journal)[n:]
@@ -69,17 +72,17 @@ async def test_a_new_leader_keeps_what_the_old_leader_admitted_after_its_last_lo
     from vllmfit.operator.handlers.sweep import list_cluster
 
     await cluster.create(node("gpu-a", gpus=1))
-    store = get_store()
+    store = cluster.store
     before_a = await list_cluster(store)  # the standby's last look: the node, no VLLMDeployment
     assert before_a[1] == []
     await cluster.create(vd("a", QWEN7, **BIG))  # the old leader admits a
     await cluster.phase("a", "Admitted")
     await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0"), what="a-0 written")
     admitted = cluster.status("a")
-    async with store.lock:  # the old leader dies; the standby never saw a
+    async with store.books.lock:  # the old leader dies; the standby never saw a
         store.rebuild(*before_a)
         store.leading = False
-    assert not store.ledger.bookings_of("default/a") and "default/a" not in store.records
+    assert not store.books.ledger.bookings_of("default/a") and "default/a" not in store.cache.records
     n = len(cluster.km.journal)
     # Kopf replays every object to the new leader: a first (an event about a), then a newcomer
     await cluster.custom.patch_namespaced_custom_object(
@@ -88,7 +91,7 @@ async def test_a_new_leader_keeps_what_the_old_leader_admitted_after_its_last_lo
     await cluster.until(lambda: store.leading, what="the standby to take the lead")
     await cluster.create(vd("b", QWEN7, **BIG))
     await cluster.until(lambda: cluster.status("b").get("phase"), what="b decided")
-    await store.flush()
+    await store.writer.flush()
     later = list(cluster.km.journal)[n:]
     assert not _index(later, "DELETE", "/deployments/a-0"), \
         "the new leader deleted a-0, a running Deployment the old leader admitted"
@@ -98,7 +101,7 @@ async def test_a_new_leader_keeps_what_the_old_leader_admitted_after_its_last_lo
     assert cluster.get(DEPLOYMENTS, "a-0") is not None
     assert cluster.status("a").get("placement") == admitted.get("placement")
     assert cluster.status("a").get("phase") == "Admitted"
-    assert [bk.node for bk in store.ledger.bookings_of("default/a")] == ["gpu-a"]
+    assert [bk.node for bk in store.books.ledger.bookings_of("default/a")] == ["gpu-a"]
 
 
 async def test_a_forged_admitted_status_patched_in_while_the_operator_runs_books_nothing(
@@ -124,15 +127,15 @@ async def test_a_forged_admitted_status_patched_in_while_the_operator_runs_books
     op = Operator(km)
     await op.start()  # restored: no record is this process's own
     try:
-        store = get_store()
+        store = cluster.store
         await cluster.custom.patch_namespaced_custom_object_status(
             api.GROUP, api.VERSION, "default", api.PLURAL, "f", {"status": forged},
             _content_type="application/merge-patch+json")
         await cluster.until(lambda: cluster.status("f").get("phase") == "Unschedulable"
-                            and store.records["default/f"].mine, what="f decided again")
-        await store.flush()
-        assert not store.ledger.bookings_of("default/f")
-        assert [b.node for b in store.ledger.bookings_of("default/a")] == ["gpu-a"]
+                            and store.cache.records["default/f"].mine, what="f decided again")
+        await store.writer.flush()
+        assert not store.books.ledger.bookings_of("default/f")
+        assert [b.node for b in store.books.ledger.bookings_of("default/a")] == ["gpu-a"]
         assert cluster.get(DEPLOYMENTS, "f-0") is None
         assert cluster.status("f").get("phase") == "Unschedulable"
     finally:

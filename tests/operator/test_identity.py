@@ -12,6 +12,8 @@ from opkit import TEST_AGENT, VD, Cluster, Operator, node, vd
 
 from vllmfit import __version__
 
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
+
 
 @pytest.fixture
 def pod_name(monkeypatch: pytest.MonkeyPatch) -> str:

@@ -12,11 +12,13 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import pytest
 from opkit import DEPLOYMENTS, PODS, Cluster, Operator, node, vd
 
-from vllmfit.operator.booking.state import get_store
 from vllmfit.operator.handlers.writes import settle_drains
 from vllmfit.operator.rendering import builders
+
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 BIG = {"maxModelLen": 32768, "kvCache": {"concurrency": 16}}  # more than half of an H100's budget
@@ -57,12 +59,12 @@ async def stays(cluster: Cluster, name: str, phase: str) -> None:
     stopped replica's memory (its drain) and is caught up (every status written), the step that
     would free the room runs (writes.settle_drains lists the stopped replicas' pods; the old one
     is listed), and the phase is unchanged."""
-    store = get_store()
-    await cluster.until(lambda: any(d.stopped for d in store.drains.values()),
+    store = cluster.store
+    await cluster.until(lambda: any(d.stopped for d in store.books.drains.values()),
                         what="the operator to hold the stopped replica's memory (its drain)")
-    await store.flush()
+    await store.writer.flush()
     await settle_drains(store)
-    await store.flush()
+    await store.writer.flush()
     assert cluster.status(name).get("phase") == phase, \
         f"{name} became {cluster.status(name).get('phase')} while the old pod still held the GPU"
 
@@ -195,8 +197,8 @@ def test_a_status_alone_books_nothing_at_restart() -> None:
                              ([child(a, "gpu-a:1")], False), ([child(a, "gpu-a:0")], True)):
         s = Store()
         problems = s.rebuild([gpu], [a], children, [])
-        assert bool(s.ledger.bookings_of("ns/a")) is booked, children
-        assert s.records["ns/a"].admitted is booked
+        assert bool(s.books.ledger.bookings_of("ns/a")) is booked, children
+        assert s.cache.records["ns/a"].admitted is booked
         assert booked or any("not restored" in p for p in problems)
 
 
@@ -208,13 +210,13 @@ def test_a_pod_nothing_books_is_a_drain_at_restart_until_it_is_gone() -> None:
     pod = child(a, "gpu-a:0") | {"status": {"phase": "Running"}}
     s = Store()
     s.rebuild([gpu], [a], [], [pod])  # its Deployment is gone, its pod still terminates
-    [d] = s.drains.values()
+    [d] = s.books.drains.values()
     assert (d.key, d.replica, d.where, d.stopped) == ("ns/a", 0, "gpu-a:0", True)
-    assert s.ledger.headroom_bytes("gpu-a", 0) == 0  # nothing else fits beside it
-    assert draining.ended(s.drains, "ns", "a", [pod]) == []
-    assert draining.ended(s.drains, "ns", "a", []) == [d.name]
+    assert s.books.ledger.headroom_bytes("gpu-a", 0) == 0  # nothing else fits beside it
+    assert draining.ended(s.books.drains, "ns", "a", [pod]) == []
+    assert draining.ended(s.books.drains, "ns", "a", []) == [d.name]
     done = pod | {"status": {"phase": "Succeeded"}}
-    assert draining.ended(s.drains, "ns", "a", [done]) == [d.name]
+    assert draining.ended(s.books.drains, "ns", "a", [done]) == [d.name]
 
 
 def test_refused_node_data_at_restart_moves_nothing() -> None:
@@ -225,8 +227,8 @@ def test_refused_node_data_at_restart_moves_nothing() -> None:
     bad = {"metadata": {"name": "gpu-a", "labels": {**gpu["metadata"]["labels"], "nvidia.com/gpu.count": "nan"}}}
     s = Store()
     problems = s.rebuild([bad], [a], [child(a, "gpu-a:0")], [])
-    assert problems and "gpu-a" in s.refused
-    assert s.ledger.bookings_of("ns/a") and not s.misplaced("ns/a")
+    assert problems and "gpu-a" in s.books.refused
+    assert s.books.ledger.bookings_of("ns/a") and not s.books.misplaced("ns/a")
 
 
 async def test_a_booking_whose_status_cannot_be_written_because_the_object_is_gone_starts_nothing(
@@ -239,28 +241,25 @@ async def test_a_booking_whose_status_cannot_be_written_because_the_object_is_go
     from test_state import node as bare_node
 
     from vllmfit.core import placement
-    from vllmfit.operator.booking.state import get_store
+    from vllmfit.operator.booking.state import Store
     from vllmfit.operator.handlers import common, decide, writes
     from vllmfit.sources import catalog
 
-    store = get_store()
-    store.reset()
+    store = Store()  # no operator runs: the test is its one handler
     store.api = client.ApiClient(client.Configuration(host=km_url(km)))
     try:
         store.rebuild([bare_node("gpu-a", 1)], [])
         obj = vd_body("gone", kvCache={"concurrency": 1})  # never created in the API (or deleted since)
-        rec = store.upsert(obj)
+        rec = store.cache.upsert(obj)
         req = placement.request_from_object(common.parse(obj), catalog.model(QWEN7))
         fx = common.Effects()
-        async with store.lock:
-            decide.apply_decision(store, rec, req, placement.decide(store.ledger, req), fx)
+        async with store.books.lock:
+            decide.apply_decision(store, rec, req, placement.decide(store.books.ledger, req), fx)
         assert rec.admitted and fx.sync == {"ns/gone"}
         await writes.finish(store, fx, strict=False, hold=False)
         assert cluster.get(DEPLOYMENTS, "gone-0", ns="ns") is None
     finally:
         await store.api.close()
-        store.api = None
-        store.reset()
 
 
 MID = {"maxModelLen": 32768, "kvCache": {"concurrency": 8}}  # fits beside SMALL, not beside BIG

@@ -1,5 +1,8 @@
 """`vllmfit operator` arguments, and the Prometheus metrics read from the live ledger."""
 
+# The real clock, on purpose (issue 29): `kopf run` (KopfRunner) runs the operator in a thread of
+# its own, against KMock in another thread; the test's guards wait for those threads in real time.
+
 from __future__ import annotations
 
 import json
@@ -15,7 +18,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from vllmfit import main as cli
 from vllmfit.core import memory
 from vllmfit.operator import main
-from vllmfit.operator.booking.state import get_store
 from vllmfit.sources import catalog
 
 GIB = 1 << 30
@@ -36,27 +38,25 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 def test_operator_command_runs_kopf_clusterwide_with_its_flags(captured: dict[str, Any],
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POD_NAME", "vllmfit-operator-abc")
-    store = get_store()
-    old = (store.options.namespace, store.options.default_image, store.options.budget)
-    try:
-        assert cli.main(["operator", "--metrics-port", "0", "--health-port", "18081", "--peering", "vllmfit",
-                         "--default-image", "registry.local/vllm:v0.21.0", "--namespace", "vllmfit-system",
-                         "--no-webhook"]) == 0
-        assert captured["clusterwide"] is True
-        assert (captured["standalone"], captured["peering_name"]) == (False, "vllmfit")
-        assert captured["priority"] == main.peering_priority("vllmfit-operator-abc")  # from POD_NAME
-        assert captured["liveness_endpoint"] == "http://0.0.0.0:18081/healthz"
-        settings: kopf.OperatorSettings = captured["settings"]
-        assert settings.persistence.finalizer == "vllmfit.dev/finalizer"
-        assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
-        assert (store.options.namespace, store.options.default_image) == ("vllmfit-system",
-                                                                          "registry.local/vllm:v0.21.0")
-        captured.clear()
-        assert cli.main(["operator", "--metrics-port", "0", "--health-port", "0", "--no-webhook"]) == 0
-        assert (captured["standalone"], captured["peering_name"], captured["liveness_endpoint"]) == (True, None, None)
-        assert captured["priority"] is None
-    finally:
-        store.options.namespace, store.options.default_image, store.options.budget = old
+    assert cli.main(["operator", "--metrics-port", "0", "--health-port", "18081", "--peering", "vllmfit",
+                     "--default-image", "registry.local/vllm:v0.21.0", "--namespace", "vllmfit-system",
+                     "--no-webhook"]) == 0
+    assert captured["clusterwide"] is True
+    assert (captured["standalone"], captured["peering_name"]) == (False, "vllmfit")
+    assert captured["priority"] == main.peering_priority("vllmfit-operator-abc")  # from POD_NAME
+    assert captured["liveness_endpoint"] == "http://0.0.0.0:18081/healthz"
+    settings: kopf.OperatorSettings = captured["settings"]
+    assert settings.persistence.finalizer == "vllmfit.dev/finalizer"
+    assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+    store = captured["memo"]["store"]  # built once from the flags, handed to the handlers in the memo
+    assert (store.options.namespace, store.options.default_image) == ("vllmfit-system",
+                                                                      "registry.local/vllm:v0.21.0")
+    assert store.books.ledger.kv_grant == store.options.kv_grant
+    captured.clear()
+    assert cli.main(["operator", "--metrics-port", "0", "--health-port", "0", "--no-webhook"]) == 0
+    assert (captured["standalone"], captured["peering_name"], captured["liveness_endpoint"]) == (True, None, None)
+    assert captured["priority"] is None
+    assert captured["memo"]["store"] is not store  # each run builds its own
 
 
 def samples() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -75,7 +75,7 @@ def test_replicas_get_distinct_stable_peering_priorities() -> None:
 
 
 async def test_metrics_follow_the_ledger(cluster: Cluster, operator: Operator, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(get_store().options, "budget", memory.BudgetPolicy(0.90, 0))  # BUDGET's figures (counted)
+    monkeypatch.setattr(cluster.store.options, "budget", memory.BudgetPolicy(0.90, 0))  # BUDGET's figures (counted)
     before = samples().get(("vllmfit_admissions_total", (("result", "Admitted"),)), 0)
     await cluster.create(node("gpu-a", gpus=2))
     await cluster.create(vd("llama", "Qwen/Qwen2.5-7B-Instruct"))
@@ -96,7 +96,7 @@ async def test_metrics_follow_the_ledger(cluster: Cluster, operator: Operator, m
     assert m[("vllmfit_reconcile_seconds_count", ())] >= 1
 
 
-def test_kopf_run_module_serves_the_operator() -> None:
+def test_kopf_run_module_serves_the_operator(monkeypatch: pytest.MonkeyPatch) -> None:
     """`kopf run -m vllmfit.operator`, the CLI way (KopfRunner), against KMock in its own thread."""
     import asyncio
     import threading
@@ -109,6 +109,7 @@ def test_kopf_run_module_serves_the_operator() -> None:
     from opkit import VD, Emulator
 
     from vllmfit.core.spec import api
+    from vllmfit.operator.handlers import startup
 
     loop = asyncio.new_event_loop()
     started, stop = threading.Event(), asyncio.Event()
@@ -138,8 +139,10 @@ def test_kopf_run_module_serves_the_operator() -> None:
         key = (kmock.resource(VD), "default", "llama")
         return ((km.objects[key].raw.get("status") or {}).get("phase")) if key in km.objects else None
 
-    store = get_store()
-    store.kube_config = client.Configuration(host=url)
+    async def kube_config() -> client.Configuration:
+        return client.Configuration(host=url)
+
+    monkeypatch.setattr(startup, "load_config", kube_config)  # `kopf run` has no flags: the default store
     try:
         with KopfRunner(["run", "-A", "--standalone", "-m", "vllmfit.operator"], timeout=30) as runner:
             deadline = time.monotonic() + 10

@@ -4,6 +4,9 @@ every query of the Grafana dashboard naming only metrics the operator exposes; a
 `prometheus` binary is installed (Debian's prometheus package), a real Prometheus server scraping
 it and answering every dashboard query."""
 
+# The real clock, on purpose (issue 29): prometheus_client serves /metrics from a thread and a real
+# Prometheus scrapes it from another process; their waits and the hang guard are in real seconds.
+
 from __future__ import annotations
 
 import asyncio
@@ -28,7 +31,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vllmfit.core import defaults, memory
 from vllmfit.operator import metrics
-from vllmfit.operator.booking.state import get_store
 from vllmfit.sources import catalog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,8 +138,8 @@ def query(base: str, promql: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def metrics_port(monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr(get_store().options, "budget", memory.BudgetPolicy(0.90, 2 * GIB, context_bytes=0))  # ADR-0002's figures
+def metrics_port(operator: Operator, monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(operator.store.options, "budget", memory.BudgetPolicy(0.90, 2 * GIB, context_bytes=0))  # ADR-0002's figures
     port = free_port()
     metrics.serve(port, addr="127.0.0.1")
     return port
@@ -149,7 +151,7 @@ async def scenario(cluster: Cluster) -> dict[str, Any]:
     await cluster.create(node("gpu-a", gpus=2, annotations={defaults.INVENTORY_ANNOTATION: inventory({})}))
     await cluster.create(vd("llama", "Qwen/Qwen2.5-7B-Instruct", ns="ml", maxModelLen=8192))
     await cluster.until(lambda: cluster.status("llama", "ml").get("phase") == "Admitted", what="llama admitted")
-    await get_store().flush()
+    await cluster.store.writer.flush()
     st = cluster.status("llama", "ml")
     [mem] = st["memory"]
     labels = {"vllmfit.dev/deployment": "llama", "vllmfit.dev/replica": "0", "app.kubernetes.io/managed-by": "vllmfit"}

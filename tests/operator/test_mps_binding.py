@@ -13,8 +13,9 @@ from opkit import DEPLOYMENTS, Cluster, node, vd
 
 from vllmfit.backends import binding
 from vllmfit.core import defaults
-from vllmfit.operator.booking.state import get_store
 from vllmfit.operator.rendering import builders
+
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 
@@ -25,7 +26,7 @@ def vllm_env(d: dict[str, Any]) -> dict[str, str]:
 
 @pytest.mark.parametrize("on", [True, False], ids=["mps", "off"])
 async def test_sharing_replicas_get_their_booking_as_the_mps_limit(cluster: Cluster, operator: Any, on: bool) -> None:
-    store = get_store()
+    store = cluster.store
     store.options.mps = binding.Mps() if on else None
     try:
         await cluster.create(node("gpu-a", gpus=1))

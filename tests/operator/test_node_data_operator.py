@@ -14,6 +14,8 @@ from prometheus_client import REGISTRY
 
 from vllmfit.core import defaults
 
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
+
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 
 

@@ -21,8 +21,10 @@ from opkit import Cluster
 from vllmfit import main as cli
 from vllmfit.core.spec import api, read
 from vllmfit.operator.admission import webhook
-from vllmfit.operator.booking.state import Options
+from vllmfit.operator.booking.state import Options, Store, Workers
 from vllmfit.operator.handlers import common
+
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SIDE = {"name": "proxy", "image": "busybox:1.36"}
@@ -168,7 +170,8 @@ async def test_one_table_through_plan_the_webhook_and_the_operator(
         cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for cm in CONFIGMAPS:
         await cluster.core.create_namespaced_config_map("tenant-a", cm)
-    store = SimpleNamespace(options=Options(), api=cluster.api, ready=SimpleNamespace(is_set=lambda: False))
+    store = Store(Options())  # not rebuilt: its books are not ready
+    store.api = cluster.api
     errors = plan_errors(tmp_path, capsys)
     paths = {"webhook": lambda s, b: webhook.review(s, b, None, "CREATE", False), "operator": common.checked}
     for name, spec, field in TABLE:
@@ -273,8 +276,9 @@ async def test_one_resolver_through_plan_the_webhook_and_the_operator(cluster: C
         return req
 
     ledger = placement.Ledger([placement.node_from_object(node, catalog.gpu_for_label)])
-    store = SimpleNamespace(options=Options(), api=cluster.api, ready=SimpleNamespace(is_set=lambda: True),
-                            snapshot=ledger.snapshot, request_for=request_for)
+    books = SimpleNamespace(ready=SimpleNamespace(is_set=lambda: True), snapshot=ledger.snapshot)
+    store = SimpleNamespace(options=Options(), api=cluster.api, books=books, workers=Workers(),
+                            request_for=request_for)
     for name, _, start, transient in MODELS:
         b, key = bodies[name], f"tenant-a/{slug(name)}"
         v = await webhook.review(store, b, None, "CREATE", True)

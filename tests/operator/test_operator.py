@@ -8,15 +8,17 @@ import math
 from typing import Any
 
 import kmock
+import pytest
 from opkit import DEPLOYMENTS, H100, SERVICES, VD, Cluster, Operator, node, used_from_statuses, vd
 
 from vllmfit.core import defaults
 from vllmfit.core.spec import api
 from vllmfit.operator.booking import report
-from vllmfit.operator.booking.state import get_store
 from vllmfit.operator.handlers import common, decide, startup
 from vllmfit.operator.rendering import builders
 from vllmfit.sources import catalog
+
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
 
 GIB = 1 << 30
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
@@ -95,7 +97,7 @@ async def test_update_recomputes_flags_and_patches_the_same_deployment(cluster: 
     await cluster.patch_spec("llama", {"maxModelLen": 8192, "extraArgs": ["--enable-prefix-caching"]})
     await cluster.until(lambda: cluster.status("llama").get("observedGeneration") == 2)
     await cluster.until(lambda: "--max-model-len=8192" in args_of(cluster, "llama-0"))
-    await get_store().flush()
+    await cluster.store.writer.flush()
     st = cluster.status("llama")
     assert st["flags"]["maxModelLen"] == 8192
     assert total(st) < total(before)  # a shorter context books less KV cache
@@ -119,7 +121,7 @@ async def test_delete_frees_room_and_the_neighbours_headroom_grows(cluster: Clus
     await cluster.delete("a")
     await cluster.until(lambda: cluster.get(VD, "a") is None, what="a to be gone")
     await cluster.until(lambda: cluster.status("b")["gpus"][0]["headroomBytes"] == BUDGET - total(b))
-    assert get_store().ledger.deployments() == ["default/b"]
+    assert cluster.store.books.ledger.deployments() == ["default/b"]
 
 
 async def test_colocated_deployments_share_the_gpu_through_visible_devices(cluster: Cluster,
@@ -156,7 +158,7 @@ async def test_a_newcomer_shares_without_limits_and_the_first_keeps_its_device_p
     await cluster.create(vd("second", QWEN7, maxModelLen=8192))
     await cluster.phase("second", "Admitted")
     await cluster.until(lambda: cluster.get(DEPLOYMENTS, "second-0"))
-    await get_store().flush()
+    await cluster.store.writer.flush()
     first = cluster.get(DEPLOYMENTS, "first-0")["spec"]["template"]["spec"]
     assert first["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1  # unchanged: not restarted
     assert env_of(cluster, "second-0")["NVIDIA_VISIBLE_DEVICES"] == "0"
@@ -182,7 +184,7 @@ async def test_two_deployments_in_the_same_instant_never_both_take_the_last_room
     # each books more than half of the GPU's budget
     await asyncio.gather(*(cluster.create(vd(n, QWEN7, gpuMemoryUtilization=0.5)) for n in ("x", "y")))
     await cluster.until(lambda: {cluster.status(n).get("phase") for n in "xy"} == {"Admitted", "Unschedulable"})
-    await get_store().flush()
+    await cluster.store.writer.flush()
     statuses = [cluster.status(n) for n in "xy"]
     assert sum(s["phase"] == "Admitted" for s in statuses) == 1
     assert all(v <= BUDGET for v in used_from_statuses(statuses).values())
@@ -266,7 +268,7 @@ async def test_a_waiting_spec_retried_in_vain_says_why_it_waits_now(cluster: Clu
     loser = next(n for n in "xy" if cluster.status(n)["phase"] == "Unschedulable")
     await cluster.until(lambda: "GPU 0" in cluster.status(loser)["reasons"][0],
                         what=f"{loser}'s reason to name GPU 0, is {cluster.status(loser)['reasons']}")
-    await get_store().flush()
+    await cluster.store.writer.flush()
     st = cluster.status(loser)
     assert "gpu-a" in condition(st, "Admitted")["message"]
 
@@ -335,7 +337,7 @@ async def test_restart_rebuilds_the_same_ledger_and_doubles_nothing(km: Any, clu
         return {k: [(b.replica, b.node, b.index, b.footprint.weights, b.footprint.kv_cache, b.footprint.activation,
                      b.footprint.total) for b in ledger.bookings_of(k)] for k in ledger.deployments()}
 
-    before = bookings(get_store().ledger)
+    before = bookings(cluster.store.books.ledger)
     statuses = {n: cluster.status(n) for n in names}
     templates = {d["metadata"]["name"]: d["spec"]["template"] for d in cluster.objects(DEPLOYMENTS)}
     assert all(t["metadata"]["annotations"][builders.ANNOTATION_BOOKED] for t in templates.values())
@@ -345,8 +347,8 @@ async def test_restart_rebuilds_the_same_ledger_and_doubles_nothing(km: Any, clu
     await op.start()
     try:
         await cluster.phase("e", "Admitted")
-        await get_store().flush()
-        new = get_store().ledger
+        await cluster.store.writer.flush()
+        new = cluster.store.books.ledger
         after = bookings(new)
         assert {k: v for k, v in after.items() if k != "default/e"} == before
         for n in names:
@@ -377,7 +379,7 @@ async def test_hundred_deployments_at_once_never_overbook_a_gpu(km: Any, cluster
     final = {"Admitted", "Unschedulable", "Rejected"}
     await cluster.until(lambda: len(ph := cluster.phases()) == 100 and set(ph.values()) <= final,
                         timeout=30, what="every deployment to reach a final phase")
-    await get_store().flush()
+    await cluster.store.writer.flush()
 
     # Replay every status write in the order the API server received them: after each one, the
     # bytes booked per GPU (from the stored statuses alone) stay within the GPU's budget.
@@ -392,7 +394,7 @@ async def test_hundred_deployments_at_once_never_overbook_a_gpu(km: Any, cluster
     phases = [cluster.status(o["metadata"]["name"])["phase"] for o in objs]
     admitted = phases.count("Admitted")
     assert admitted > 10 and phases.count("Unschedulable") > 0
-    ledger = get_store().ledger
+    ledger = cluster.store.books.ledger
     for (n, i), v in used_from_statuses([cluster.status(o["metadata"]["name"]) for o in objs]).items():
         assert ledger.used_bytes(n, i) == v <= BUDGET
     replicas = sum(len(cluster.status(o["metadata"]["name"])["placement"]) for o in objs)
@@ -456,7 +458,7 @@ async def test_scaling_down_deletes_the_extra_replica(cluster: Cluster, operator
     await cluster.until(lambda: cluster.get(DEPLOYMENTS, "r-0") and cluster.get(DEPLOYMENTS, "r-1"))
     await cluster.patch_spec("r", {"replicas": 1})
     await cluster.until(lambda: cluster.get(DEPLOYMENTS, "r-1") is None, what="r-1 deleted")
-    await get_store().flush()
+    await cluster.store.writer.flush()
     st = cluster.status("r")
     assert len(st["placement"]) == 1 and len(st["memory"]) == 1 and cluster.get(DEPLOYMENTS, "r-0")
 
@@ -467,13 +469,13 @@ async def test_resync_on_a_quiet_active_operator_changes_nothing(cluster: Cluste
         await cluster.create(vd(name, QWEN7, maxModelLen=8192))
     for name in ("a", "b"):
         await cluster.phase(name, "Admitted")
-    store = get_store()
-    await store.flush()
-    records = dict(store.records)
+    store = cluster.store
+    await store.writer.flush()
+    records = dict(store.cache.records)
 
     def bookings() -> dict[str, list[tuple[Any, ...]]]:
         return {k: [(b.replica, b.node, b.index, b.footprint.weights, b.footprint.kv_cache, b.footprint.total)
-                    for b in store.ledger.bookings_of(k)] for k in store.ledger.deployments()}
+                    for b in store.books.ledger.bookings_of(k)] for k in store.books.ledger.deployments()}
 
     before = bookings()
     for _ in range(100):  # it skips while a status write or a change is in flight (KMock echoes some)
@@ -483,7 +485,7 @@ async def test_resync_on_a_quiet_active_operator_changes_nothing(cluster: Cluste
     else:
         raise AssertionError("resync never ran on a quiet operator")
     assert bookings() == before
-    assert all(store.records[k] is records[k] for k in records)
+    assert all(store.cache.records[k] is records[k] for k in records)
 
 
 async def test_a_status_written_by_the_previous_active_replica_is_booked_not_doubled(
@@ -497,10 +499,10 @@ async def test_a_status_written_by_the_previous_active_replica_is_booked_not_dou
     peer = Store()  # what the other replica decided
     peer.rebuild([node("gpu-a", gpus=1)], [])
     obj = vd("old", QWEN7, maxModelLen=32768, kvCache={"concurrency": 8})
-    rec = peer.upsert(obj)
+    rec = peer.cache.upsert(obj)
     req = await peer.request_for(common.parse(obj))
-    decide.apply_decision(peer, rec, req, pl.decide(peer.ledger, req), common.Effects())
-    obj["status"] = report.status(rec, peer.ledger)
+    decide.apply_decision(peer, rec, req, pl.decide(peer.books.ledger, req), common.Effects())
+    obj["status"] = report.status(rec, peer.books.ledger)
     obj["metadata"]["annotations"] = {"vllmfit.dev/last-handled-configuration": json.dumps(
         {"spec": obj["spec"], "metadata": {}})}
     obj["metadata"]["finalizers"] = ["vllmfit.dev/finalizer"]
@@ -514,14 +516,14 @@ async def test_a_status_written_by_the_previous_active_replica_is_booked_not_dou
         "metadata": {"labels": labels}, "spec": {"containers": [{"name": "vllm", "image": "vllm"}]}}}
     await client.AppsV1Api(cluster.api).create_namespaced_deployment("default", written)  # the peer wrote it too
     await cluster.create(obj)
-    await cluster.until(lambda: get_store().ledger.bookings_of("default/old"), what="the peer's bookings")
+    await cluster.until(lambda: cluster.store.books.ledger.bookings_of("default/old"), what="the peer's bookings")
     await cluster.create(vd("new", QWEN7, maxModelLen=32768, kvCache={"concurrency": 16}))  # fits only on an empty GPU
     st = await cluster.phase("new", "Unschedulable")
     assert "GPU 0" in st["reasons"][0]
-    assert not get_store().records["default/old"].mine  # adopted as the peer wrote it, not decided again
+    assert not cluster.store.cache.records["default/old"].mine  # adopted as the peer wrote it, not decided again
     assert cluster.status("old") == obj["status"]
     used = used_from_statuses([cluster.status("old"), cluster.status("new")])
-    assert used == {("gpu-a", 0): total(cluster.status("old"))} and get_store().ledger.used_bytes("gpu-a", 0) == \
+    assert used == {("gpu-a", 0): total(cluster.status("old"))} and cluster.store.books.ledger.used_bytes("gpu-a", 0) == \
         total(cluster.status("old"))
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from kubernetes_asyncio import client
 from opkit import DEPLOYMENTS, VD, Cluster, Operator, node, vd
 
 from vllmfit.core.spec import api
-from vllmfit.operator.booking.state import get_store
 from vllmfit.operator.handlers import startup
+
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 BIG = {"maxModelLen": 32768, "kvCache": {"concurrency": 8}}  # one per H100
@@ -45,7 +47,7 @@ async def test_a_deletion_seen_only_as_an_event_frees_the_room(cluster: Cluster,
     await drop(cluster, "a")
     await cluster.phase("b", "Admitted")
     await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0") is None, what="a-0 stopped")
-    assert get_store().ledger.deployments() == ["default/b"]
+    assert cluster.store.books.ledger.deployments() == ["default/b"]
 
 
 async def test_a_resync_after_a_missed_deletion_frees_the_room_and_retries_the_waiting(
@@ -62,8 +64,8 @@ async def test_a_resync_after_a_missed_deletion_frees_the_room_and_retries_the_w
         await cluster.reconnect()
         await drop(cluster, "a")  # while no operator watches
         await op.start()
-        store = get_store()
-        await store.flush()
+        store = cluster.store
+        await store.writer.flush()
         await resync(store)
         st = await cluster.phase("b", "Admitted")
         assert st["node"] == "gpu-a"
@@ -82,11 +84,11 @@ async def test_a_resync_repairs_a_status_that_differs_from_the_record(cluster: C
         api.GROUP, api.VERSION, "default", api.PLURAL, "a", {"status": None},
         _content_type="application/merge-patch+json")
     assert cluster.status("a") == {}
-    store = get_store()
+    store = cluster.store
     await resync(store)
-    await store.flush()
+    await store.writer.flush()
     assert cluster.status("a") == st
-    assert [b.node for b in store.ledger.bookings_of("default/a")] == ["gpu-a"]
+    assert [b.node for b in store.books.ledger.bookings_of("default/a")] == ["gpu-a"]
 
 
 async def test_the_resync_stops_a_deployment_no_booking_covers(cluster: Cluster, operator: Operator) -> None:
@@ -98,6 +100,6 @@ async def test_the_resync_stops_a_deployment_no_booking_covers(cluster: Cluster,
     stray["metadata"] = {**stray["metadata"], "name": "a-1", "uid": "stray"}
     # a replica left behind (a crash before its release was written)
     await client.AppsV1Api(cluster.api).create_namespaced_deployment("default", stray)
-    await resync(get_store())
+    await resync(cluster.store)
     await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-1") is None, what="a-1 stopped")
     assert cluster.get(DEPLOYMENTS, "a-0") is not None and cluster.get(VD, "a") is not None

@@ -10,12 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 import kubernetes_validate
+import pytest
 from kubernetes_asyncio import client
 from opkit import DEPLOYMENTS, PODS, VD, Cluster, Operator, vd
 from reservationkit import U, asked, gpu_node, replica_pod, reservations
 
 from vllmfit.backends import reservation as rsv
-from vllmfit.operator.booking.state import get_store
+
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 class DevicePlugin:
@@ -54,7 +56,7 @@ def visible(cluster: Cluster, deployment: str) -> str:
 
 
 async def settle(cluster: Cluster) -> None:
-    await get_store().flush()
+    await cluster.store.writer.flush()
 
 
 async def test_shared_gpu_is_held_by_one_reservation_and_the_gate_opens_once_it_reports(
@@ -73,7 +75,7 @@ async def test_shared_gpu_is_held_by_one_reservation_and_the_gate_opens_once_it_
     for version in ("1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0", "1.36.0"):
         assert kubernetes_validate.validate(cluster.get(PODS, pod_a), version, strict=True)
         assert kubernetes_validate.validate(cluster.get(DEPLOYMENTS, "a-0"), version, strict=True)
-    await cluster.until(lambda: ("default", pod_a) in get_store().gated or not gates(cluster, pod_a))
+    await cluster.until(lambda: ("default", pod_a) in cluster.store.cache.gated or not gates(cluster, pod_a))
     assert gates(cluster, pod_a) == [{"name": rsv.GATE}]  # not held yet: it waits, it does not crash
     dp = DevicePlugin(cluster, {"gpu-a": U[:2]}, order={"gpu-a": [1, 0]})
     assert await dp.serve() == [U[1]]
@@ -193,7 +195,7 @@ async def test_restart_between_reservation_and_report_and_after_a_mismatch(km: A
         await op.start()  # a second restart changes nothing
         await settle(cluster)
         assert cluster.status("a")["gpuList"] == "0" and len(reservations(cluster)) == 1
-        assert get_store().ledger.deployments() == ["default/a"]
+        assert cluster.store.books.ledger.deployments() == ["default/a"]
     finally:
         await op.stop()
 
@@ -213,7 +215,7 @@ async def test_a_reservation_the_scheduler_cannot_place_is_explained(cluster: Cl
                                     for e in cluster.events("a")), what="the ReservationPending event")
     await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0"))
     pod = await replica_pod(cluster, "a-0")
-    await cluster.until(lambda: ("default", pod) in get_store().gated or not gates(cluster, pod))
+    await cluster.until(lambda: ("default", pod) in cluster.store.cache.gated or not gates(cluster, pod))
     assert gates(cluster, pod) == [{"name": rsv.GATE}]
 
 
@@ -238,7 +240,7 @@ async def test_a_neighbour_of_a_whole_node_replica_needs_no_reservation_even_aft
         await cluster.reconnect()
         op = Operator(km)
         await op.start()
-        await cluster.until(lambda: ("default/first", 0) in get_store().whole, what="the whole-node holder read back")
+        await cluster.until(lambda: ("default/first", 0) in cluster.store.cache.whole, what="the whole-node holder read back")
         await settle(cluster)
         for name in ("second-0", "first-0"):
             assert "schedulingGates" not in cluster.get(DEPLOYMENTS, name)["spec"]["template"]["spec"]

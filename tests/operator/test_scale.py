@@ -14,11 +14,13 @@ import math
 from typing import Any
 
 import kubernetes_validate
+import pytest
 from opkit import DEPLOYMENTS, Cluster, Operator, node, vd
 
 from vllmfit.cli import crdgen
 from vllmfit.core.spec import api
-from vllmfit.operator.booking.state import get_store
+
+pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"  # two fit on one H100 next to each other, not three
 SCALE = crdgen.render_crd()["spec"]["versions"][0]["subresources"]["scale"]
@@ -88,7 +90,7 @@ async def test_hpa_grows_while_it_fits_never_past_and_shrinks_always(cluster: Cl
     # 15 waiting requests per pod against a target of 10: ceil(1 x 15 / 10) = 2 replicas
     assert await hpa_sync(cluster, h, 15) == 2
     await cluster.until(lambda: cluster.status("s").get("replicas") == 2, what="2 replicas")
-    await get_store().flush()
+    await cluster.store.writer.flush()
     st = cluster.status("s")
     assert st["placement"][0] == first  # the replica that was there stays
     assert st["ready"] == "0/2" and st["phase"] == "Admitted"
@@ -100,7 +102,7 @@ async def test_hpa_grows_while_it_fits_never_past_and_shrinks_always(cluster: Cl
     await cluster.until(lambda: next((c for c in cluster.status("s").get("conditions", [])
                                       if c["type"] == "Admitted" and c["status"] == "False"), None),
                         what="the growth refused")
-    await get_store().flush()
+    await cluster.store.writer.flush()
     st = cluster.status("s")
     assert st["replicas"] == 2 and st["ready"] == "0/3" and len(st["placement"]) == 2
     admitted = next(c for c in st["conditions"] if c["type"] == "Admitted")
@@ -111,11 +113,11 @@ async def test_hpa_grows_while_it_fits_never_past_and_shrinks_always(cluster: Cl
     # 2 waiting per pod: ceil(2 x 2 / 10) = 1; a shrink always succeeds and frees s-1's room
     assert await hpa_sync(cluster, h, 2) == 1
     await cluster.until(lambda: cluster.get(DEPLOYMENTS, "s-1") is None, what="s-1 deleted")
-    await get_store().flush()
+    await cluster.store.writer.flush()
     st = cluster.status("s")
     assert (st["replicas"], st["ready"], st["placement"][0]) == (1, "0/1", first)
     assert next(c for c in st["conditions"] if c["type"] == "Admitted")["status"] == "True"
-    assert len(get_store().ledger.bookings_of("default/s")) == 1
+    assert len(cluster.store.books.ledger.bookings_of("default/s")) == 1
 
 
 async def test_a_change_nothing_needs_memory_for_keeps_every_replica_where_it_is(cluster: Cluster,
@@ -127,7 +129,7 @@ async def test_a_change_nothing_needs_memory_for_keeps_every_replica_where_it_is
     await cluster.patch_spec("k", {"env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}],
                                    "podTemplate": {"spec": {"tolerations": [{"key": "x", "operator": "Exists"}]}}})
     await cluster.until(lambda: cluster.status("k").get("observedGeneration") == 2, what="generation 2")
-    await get_store().flush()
+    await cluster.store.writer.flush()
     assert cluster.status("k")["placement"] == before
     assert not any(e["reason"] == "Moved" for e in cluster.events("k"))
     dep = cluster.get(DEPLOYMENTS, "k-0")

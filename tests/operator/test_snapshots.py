@@ -24,6 +24,7 @@ from opkit import node, vd
 from vllmfit.core import placement
 from vllmfit.operator.admission import webhook
 from vllmfit.operator.booking import state
+from vllmfit.operator.booking.books import Stale
 from vllmfit.operator.handlers.common import Effects, parse
 from vllmfit.operator.handlers.decide import apply_decision
 from vllmfit.sources import catalog
@@ -48,16 +49,16 @@ class StatusApi:
 def admitted_store(bodies: list[dict[str, Any]]) -> state.Store:
     """A Store with one H100 and these deployments admitted by the operator's own path."""
     store = state.Store()
-    store.ledger = placement.Ledger([placement.node_from_object(node("gpu-a", 1), catalog.gpu_for_label)])
+    store.books.ledger = placement.Ledger([placement.node_from_object(node("gpu-a", 1), catalog.gpu_for_label)])
     for body in bodies:
-        rec = store.upsert(body)
+        rec = store.cache.upsert(body)
         req = placement.request_from_object(parse(body), catalog.model(body["spec"]["model"]))
-        d = placement.decide(store.ledger, req)
+        d = placement.decide(store.books.ledger, req)
         assert d.admitted, d.message
         apply_decision(store, rec, req, d, Effects())
     store.leading = True
-    store.publish()
-    store.ready.set()
+    store.books.publish()
+    store.books.ready.set()
     return store
 
 
@@ -85,22 +86,22 @@ async def test_a_dry_run_update_review_never_shows_a_half_changed_ledger(held_de
     a = vd("a", maxModelLen=8192, kvCache={"memory": "40Gi"})
     store = admitted_store([a])
     armed.set()
-    booked = store.ledger.bookings_of("default/a")
-    assert booked and store.records["default/a"].admitted
-    store.records["default/a"].written = {}  # its status is still to be written
+    booked = store.books.ledger.bookings_of("default/a")
+    assert booked and store.cache.records["default/a"].admitted
+    store.cache.records["default/a"].written = {}  # its status is still to be written
 
     loop = asyncio.get_running_loop()
     changed = {**a, "spec": {**a["spec"], "maxModelLen": 4096}}
     review = asyncio.create_task(webhook.review(store, changed, a, "UPDATE", True))
     assert await loop.run_in_executor(None, inside.wait, 30)  # the review is deciding, A set aside
     try:
-        await store._patch_status("default/a")  # the status writer, meanwhile
+        await store.writer._patch_status("default/a")  # the status writer, meanwhile
         written = dict(StatusApi.sent)["default/a"]
         assert written["phase"] == "Admitted"
         assert [(m["node"], m["index"]) for m in written["memory"]] == [(b.node, b.index) for b in booked]
         # a resync meanwhile reads back what was written (nodes and statuses as listed)
         listed = {**a, "status": written}
-        async with store.lock:
+        async with store.books.lock:
             store.resync([node("gpu-a", 1)], [listed])
     finally:
         go.set()
@@ -112,14 +113,14 @@ async def test_a_dry_run_update_review_never_shows_a_half_changed_ledger(held_de
     def held(bs: list[placement.Booking]) -> list[tuple[str, int, int]]:
         return [(b.node, b.index, b.footprint.total) for b in bs]
 
-    assert held(store.ledger.bookings_of("default/a")) == held(booked)  # the resync restored A
+    assert held(store.books.ledger.bookings_of("default/a")) == held(booked)  # the resync restored A
 
     # B fits an empty H100 but not beside A: it must be refused, never booked over A
     b = vd("b", maxModelLen=8192, kvCache={"memory": "40Gi"})
     req = placement.request_from_object(parse(b), catalog.model(b["spec"]["model"]))
-    d = placement.decide(store.snapshot(), req)
+    d = placement.decide(store.books.snapshot(), req)
     assert not d.admitted, f"B admitted onto A's GPU: {d.message}"
-    assert store.ledger.over_budget() == []
+    assert store.books.ledger.over_budget() == []
 
 
 async def test_readers_see_the_committed_snapshot_while_a_critical_section_is_open():
@@ -127,12 +128,12 @@ async def test_readers_see_the_committed_snapshot_while_a_critical_section_is_op
     version the last critical section committed, and the next one once the lock is released."""
     a = vd("a", maxModelLen=8192, kvCache={"memory": "40Gi"})
     store = admitted_store([a])
-    before, version = store.snapshot(), store.version
-    async with store.changing():
-        store.ledger.release("default/a")
+    before, version = store.books.snapshot(), store.books.version
+    async with store.books.changing():
+        store.books.ledger.release("default/a")
         await asyncio.sleep(0)  # a reader may run here
-        assert store.snapshot() is before and store.snapshot().bookings_of("default/a")
-    assert store.version == version + 1 and store.snapshot().bookings_of("default/a") == []
+        assert store.books.snapshot() is before and store.books.snapshot().bookings_of("default/a")
+    assert store.books.version == version + 1 and store.books.snapshot().bookings_of("default/a") == []
     assert before.bookings_of("default/a")  # a snapshot never changes
 
 
@@ -168,13 +169,13 @@ async def test_the_one_writer_commits_only_what_was_decided_on_the_current_versi
     store = admitted_store([a])
     b = vd("b", maxModelLen=8192, kvCache={"memory": "5Gi"})
     req = placement.request_from_object(parse(b), catalog.model(b["spec"]["model"]))
-    snap, seen = store.snapshot(), store.version
+    snap, seen = store.books.snapshot(), store.books.version
     d = placement.decide(snap, req)
     assert d.admitted
-    await store.apply(lambda ledger: ledger.release("default/a"))  # someone else's change first
-    with pytest.raises(state.Stale):
-        await store.commit(d, seen)
-    assert store.snapshot().bookings_of("default/b") == []
-    seen = store.version
-    await store.commit(placement.decide(store.snapshot(), req), seen)
-    assert store.snapshot().bookings_of("default/b") and store.version == seen + 1
+    await store.books.apply(lambda ledger: ledger.release("default/a"))  # someone else's change first
+    with pytest.raises(Stale):
+        await store.books.commit(d, seen)
+    assert store.books.snapshot().bookings_of("default/b") == []
+    seen = store.books.version
+    await store.books.commit(placement.decide(store.books.snapshot(), req), seen)
+    assert store.books.snapshot().bookings_of("default/b") and store.books.version == seen + 1

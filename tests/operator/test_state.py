@@ -72,13 +72,13 @@ def admitted_status(store: Store, name: str, **spec: Any) -> dict[str, Any]:
     of the context as its KV cache (with no kvCache it would take the room left: issue 24)."""
     spec = {"kvCache": {"concurrency": 1}, **spec}
     req = placement.request_from_object(obj(name, **spec), catalog.model(QWEN7))
-    d = placement.decide(store.ledger, req)
+    d = placement.decide(store.books.ledger, req)
     assert d.admitted
-    store.ledger.book(d)
-    rec = store.upsert(body(name, **spec))
+    store.books.ledger.book(d)
+    rec = store.cache.upsert(body(name, **spec))
     fx = common.Effects()
     decide.apply_decision(store, rec, req, d, fx)
-    return report.status(rec, store.ledger)
+    return report.status(rec, store.books.ledger)
 
 
 def test_rebuild_restores_the_same_ledger_from_statuses_and_nodes() -> None:
@@ -89,15 +89,15 @@ def test_rebuild_restores_the_same_ledger_from_statuses_and_nodes() -> None:
     rejected = body("dddd", {"phase": "Rejected", "reasons": ["bad"]})
     restarted = Store()
     restarted.rebuild([node("gpu-a", 2)], [body(n, st) for n, st in statuses.items()] + [rejected])
-    assert restarted.ready.is_set()
-    for key in live.ledger.deployments():
-        assert [(b.replica, b.node, b.index, b.footprint.total) for b in restarted.ledger.bookings_of(key)] == \
-               [(b.replica, b.node, b.index, b.footprint.total) for b in live.ledger.bookings_of(key)]
+    assert restarted.books.ready.is_set()
+    for key in live.books.ledger.deployments():
+        assert [(b.replica, b.node, b.index, b.footprint.total) for b in restarted.books.ledger.bookings_of(key)] == \
+               [(b.replica, b.node, b.index, b.footprint.total) for b in live.books.ledger.bookings_of(key)]
     for i in (0, 1):
-        assert restarted.ledger.used_bytes("gpu-a", i) == live.ledger.used_bytes("gpu-a", i)
-    rec = restarted.records["ns/bb"]
+        assert restarted.books.ledger.used_bytes("gpu-a", i) == live.books.ledger.used_bytes("gpu-a", i)
+    rec = restarted.cache.records["ns/bb"]
     assert rec.admitted and rec.children == {0} and rec.flags == api.Flags.model_validate(statuses["bb"]["flags"])
-    assert restarted.records["ns/dddd"].outcome == "Rejected" and not restarted.ledger.bookings_of("ns/dddd")
+    assert restarted.cache.records["ns/dddd"].outcome == "Rejected" and not restarted.books.ledger.bookings_of("ns/dddd")
 
 
 def test_record_from_a_status_with_a_pending_update_waits_for_room() -> None:
@@ -115,17 +115,17 @@ def test_an_update_that_does_not_fit_keeps_the_admitted_spec() -> None:
     store.rebuild([node("gpu-a", 1)], [])
     admitted_status(store, "x", kvCache={"concurrency": 8})
     admitted_status(store, "yy", kvCache={"concurrency": 8})  # a neighbour: together they leave less than x's update needs
-    rec = store.records["ns/x"]
-    before = store.ledger.bookings_of("ns/x")
+    rec = store.cache.records["ns/x"]
+    before = store.books.ledger.bookings_of("ns/x")
     flags = rec.flags
     rec.generation = 2
     big = obj("x", maxModelLen=32768, kvCache={"concurrency": 16})
     req = placement.request_from_object(big, catalog.model(QWEN7))
     fx = common.Effects()
-    decide.apply_decision(store, rec, req, placement.decide(store.ledger, req), fx)
-    st = report.status(rec, store.ledger)
+    decide.apply_decision(store, rec, req, placement.decide(store.books.ledger, req), fx)
+    st = report.status(rec, store.books.ledger)
     assert st["phase"] == "Admitted" and st["flags"] == flags.model_dump(by_alias=True, mode="json")
-    assert store.ledger.bookings_of("ns/x") == before
+    assert store.books.ledger.bookings_of("ns/x") == before
     admitted = next(c for c in st["conditions"] if c["type"] == "Admitted")
     assert (admitted["status"], admitted["reason"]) == ("False", "UpdateUnschedulable")
     assert "still serving the admitted spec" in admitted["message"]
@@ -140,26 +140,26 @@ def overfull_gpu_a() -> tuple[Store, list[placement.Booking]]:
     store.rebuild([node("gpu-a", 1), node("gpu-b", 1)], [])
     for name in ("a", "bb"):  # fixed sizes: neither can shrink its context to stay
         admitted_status(store, name, placement={"nodeName": "gpu-a"}, maxModelLen=32768, kvCache={"concurrency": 8})
-    old_a = store.ledger.bookings_of("ns/a")
-    nodes = {n.name: n for n in store.ledger.nodes.values()}
+    old_a = store.books.ledger.bookings_of("ns/a")
+    nodes = {n.name: n for n in store.books.ledger.nodes.values()}
     grown = placement.NodeInfo("gpu-a", {}, tuple(placement.GpuSlot(s.node, s.index, s.gpu, s.uuid,
-                                                                    foreign_bytes=store.ledger.headroom_bytes(
+                                                                    foreign_bytes=store.books.ledger.headroom_bytes(
                                                                         "gpu-a", 0) + 10 * GIB)
                                                   for s in nodes["gpu-a"].gpus))
-    store.ledger.set_node(grown)
-    assert store.ledger.headroom_bytes("gpu-a", 0) < 0
+    store.books.ledger.set_node(grown)
+    assert store.books.ledger.headroom_bytes("gpu-a", 0) < 0
     return store, old_a
 
 
 async def test_replan_moves_the_newest_off_an_overfull_gpu_and_keeps_the_oldest() -> None:
     store, old_a = overfull_gpu_a()
-    used = store.ledger.used_bytes("gpu-a", 0)
+    used = store.books.ledger.used_bytes("gpu-a", 0)
     fx = common.Effects()
     await decide.replan(store, "gpu-a", fx, "node gpu-a changed")
-    assert store.ledger.bookings_of("ns/a") == old_a  # the oldest stays
-    moved = store.ledger.bookings_of("ns/bb")
+    assert store.books.ledger.bookings_of("ns/a") == old_a  # the oldest stays
+    moved = store.books.ledger.bookings_of("ns/bb")
     assert {b.node for b in moved} == {"gpu-b"}
-    assert store.ledger.headroom_bytes("gpu-a", 0) >= 0 and store.ledger.used_bytes("gpu-a", 0) < used + 10 * GIB
+    assert store.books.ledger.headroom_bytes("gpu-a", 0) >= 0 and store.books.ledger.used_bytes("gpu-a", 0) < used + 10 * GIB
     assert [(e[1], e[2]) for e in fx.events] == [("Warning", "Moved")]
     assert "node gpu-a changed" in fx.events[0][3] and fx.sync == {"ns/bb"}
 
@@ -195,9 +195,9 @@ async def test_a_replan_past_its_time_limit_evicts_without_moving_and_never_bloc
         release.set()
         ticker.cancel()
     assert ticks >= 5  # the loop kept serving while the worker searched
-    assert store.ledger.bookings_of("ns/a") == old_a and store.ledger.bookings_of("ns/bb") == []
-    assert store.ledger.over_budget() == []
-    rec = store.records["ns/bb"]
+    assert store.books.ledger.bookings_of("ns/a") == old_a and store.books.ledger.bookings_of("ns/bb") == []
+    assert store.books.ledger.over_budget() == []
+    rec = store.cache.records["ns/bb"]
     assert not rec.admitted and rec.outcome == "Unschedulable" and rec.waiting
     message = next(c.message for c in rec.conditions if c.type == "Admitted")
     assert message.startswith("node gpu-a changed: re-placing it took more than 0.2 s"), message
@@ -208,13 +208,13 @@ async def test_removing_a_node_makes_what_fits_nowhere_unschedulable() -> None:
     store = Store()
     store.rebuild([node("gpu-a", 1)], [])
     admitted_status(store, "a")
-    store.records["ns/a"].children = {0}
-    store.ledger.remove_node("gpu-a")
+    store.cache.records["ns/a"].children = {0}
+    store.books.ledger.remove_node("gpu-a")
     fx = common.Effects()
     await decide.replan(store, "gpu-a", fx, "node gpu-a was removed")
-    rec = store.records["ns/a"]
+    rec = store.cache.records["ns/a"]
     assert not rec.admitted and rec.outcome == "Unschedulable" and rec.waiting
-    assert store.ledger.bookings_of("ns/a") == []
+    assert store.books.ledger.bookings_of("ns/a") == []
     assert fx.sync == {"ns/a"}  # its Deployment is deleted
     assert "node gpu-a was removed" in fx.events[-1][3]
 
@@ -235,26 +235,26 @@ def test_resync_catches_a_standby_up_and_changes_nothing_on_the_active_replica()
     listing = []
     for name in ("a", "bb"):
         st = admitted_status(active, name)
-        active.records[f"ns/{name}"].written = st
+        active.cache.records[f"ns/{name}"].written = st
         listing.append(body(name, pruned(st)))  # what the API server keeps after the merge patches
     standby = Store()
     standby.rebuild([node("gpu-a", 2)], listing[:1])  # started before "bb" was admitted
-    assert standby.ledger.bookings_of("ns/bb") == []
+    assert standby.books.ledger.bookings_of("ns/bb") == []
 
     standby.resync([node("gpu-a", 2)], listing)
     for key in ("ns/a", "ns/bb"):
-        assert [(b.node, b.index, b.footprint.total) for b in standby.ledger.bookings_of(key)] == \
-               [(b.node, b.index, b.footprint.total) for b in active.ledger.bookings_of(key)]
-    assert standby.records["ns/bb"].admitted
+        assert [(b.node, b.index, b.footprint.total) for b in standby.books.ledger.bookings_of(key)] == \
+               [(b.node, b.index, b.footprint.total) for b in active.books.ledger.bookings_of(key)]
+    assert standby.cache.records["ns/bb"].admitted
 
-    kept = dict(active.records)
-    used = {i: active.ledger.used_bytes("gpu-a", i) for i in (0, 1)}
+    kept = dict(active.cache.records)
+    used = {i: active.books.ledger.used_bytes("gpu-a", i) for i in (0, 1)}
     active.resync([node("gpu-a", 2)], listing)
-    assert all(active.records[k] is kept[k] for k in kept)  # its own records (pods, conditions) stay
-    assert {i: active.ledger.used_bytes("gpu-a", i) for i in (0, 1)} == used
+    assert all(active.cache.records[k] is kept[k] for k in kept)  # its own records (pods, conditions) stay
+    assert {i: active.books.ledger.used_bytes("gpu-a", i) for i in (0, 1)} == used
 
     active.resync([node("gpu-a", 2)], listing[1:])  # "a" was deleted meanwhile
-    assert "ns/a" not in active.records and active.ledger.bookings_of("ns/a") == []
+    assert "ns/a" not in active.cache.records and active.books.ledger.bookings_of("ns/a") == []
 
 
 def test_statuses_written_by_the_previous_active_replica_are_adopted_once() -> None:
@@ -264,11 +264,11 @@ def test_statuses_written_by_the_previous_active_replica_are_adopted_once() -> N
     taker = Store()  # the standby that takes over: it started before "a" was admitted
     taker.rebuild([node("gpu-a", 2)], [])
     assert taker.adopt(body("a", pruned(st)))
-    assert taker.records["ns/a"].admitted and not taker.records["ns/a"].mine
-    assert [b.footprint.total for b in taker.ledger.bookings_of("ns/a")] == \
-           [b.footprint.total for b in active.ledger.bookings_of("ns/a")]
+    assert taker.cache.records["ns/a"].admitted and not taker.cache.records["ns/a"].mine
+    assert [b.footprint.total for b in taker.books.ledger.bookings_of("ns/a")] == \
+           [b.footprint.total for b in active.books.ledger.bookings_of("ns/a")]
     assert not taker.adopt(body("a", pruned(st)))  # the same status again: nothing new
-    taker.records["ns/a"].mine = True
+    taker.cache.records["ns/a"].mine = True
     assert not taker.adopt(body("a", {"phase": "Unschedulable"}))  # echoes of its own writes are ignored
     assert not taker.adopt(body("new", {}))  # a new object is for the create handler
 
@@ -280,7 +280,7 @@ def test_own_pods_memory_in_the_agent_inventory_is_not_counted_twice() -> None:
     live.rebuild([node("gpu-a", 1)], [])
     st = admitted_status(live, "a", maxModelLen=4096)
     st["podUids"] = ["pod-of-a"]
-    booked = live.ledger.used_bytes("gpu-a", 0)
+    booked = live.books.ledger.used_bytes("gpu-a", 0)
     own, other = 20 * GIB, 3 * GIB  # the vLLM process of ns/a, and somebody else's process
     inv = inventory.GpuInventory(sampled_at="2030-01-01T00:00:00Z", gpus=[inventory.InventoryGpu(
         index=0, uuid="GPU-0", product=H100, total_bytes=81559 << 20, used_bytes=own + other + GIB,
@@ -292,8 +292,8 @@ def test_own_pods_memory_in_the_agent_inventory_is_not_counted_twice() -> None:
     restarted = Store()
     restarted.rebuild([with_agent], [body("a", st, maxModelLen=4096)])
     # foreign = the other pod's 3 GiB + 1 GiB no process explains; ns/a's 20 GiB is its booking
-    assert restarted.ledger.slot("gpu-a", 0).foreign_bytes == other + GIB
-    assert restarted.ledger.used_bytes("gpu-a", 0) == booked + other + GIB
+    assert restarted.books.ledger.slot("gpu-a", 0).foreign_bytes == other + GIB
+    assert restarted.books.ledger.used_bytes("gpu-a", 0) == booked + other + GIB
 
 
 def test_a_node_whose_labels_turn_bad_keeps_its_gpus_on_resync() -> None:
@@ -305,11 +305,11 @@ def test_a_node_whose_labels_turn_bad_keeps_its_gpus_on_resync() -> None:
     bad = copy.deepcopy(good)
     bad["metadata"]["labels"]["nvidia.com/gpu.count"] = "two"
     store.resync([bad], [])
-    assert [s.index for s in store.ledger.nodes["gpu-a"].gpus] == [0, 1]
+    assert [s.index for s in store.books.ledger.nodes["gpu-a"].gpus] == [0, 1]
     fixed = copy.deepcopy(good)
     fixed["metadata"]["labels"]["nvidia.com/gpu.count"] = "1"
     store.resync([fixed], [])
-    assert [s.index for s in store.ledger.nodes["gpu-a"].gpus] == [0]
+    assert [s.index for s in store.books.ledger.nodes["gpu-a"].gpus] == [0]
 
 
 def test_refused_node_data_on_rebuild_is_reported() -> None:
@@ -319,9 +319,7 @@ def test_refused_node_data_on_rebuild_is_reported() -> None:
     assert any("nvidia.com/gpu.count" in p for p in problems)
 
 
-def test_the_node_handler_keeps_the_last_good_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    store = Store()
-    monkeypatch.setattr(nodes, "get_store", lambda: store)
+def test_the_node_handler_keeps_the_last_good_state() -> None:
     good = nodes.node_info(node("gpu-a", 2))
     assert good is not None
     bad = node("gpu-a", 2)
@@ -346,8 +344,8 @@ def test_resync_ignores_a_stale_inventory_and_uses_the_gfd_labels() -> None:
     store = Store()
     fresh = datetime.now(UTC)
     store.rebuild([with_inventory(fresh, 30 << 30)], [])
-    assert store.ledger.nodes["gpu-a"].gpus[0].foreign_bytes == 30 << 30
+    assert store.books.ledger.nodes["gpu-a"].gpus[0].foreign_bytes == 30 << 30
     old = fresh - timedelta(seconds=defaults.INVENTORY_STALE_SECONDS + 60)  # the agent stopped publishing
     store.resync([with_inventory(old, 30 << 30)], [])
-    slot = store.ledger.nodes["gpu-a"].gpus[0]
+    slot = store.books.ledger.nodes["gpu-a"].gpus[0]
     assert slot.foreign_bytes == 0 and slot.uuid is None  # the GFD labels' GPU, not the stale inventory

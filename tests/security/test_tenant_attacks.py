@@ -27,7 +27,6 @@ from opkit import DEPLOYMENTS, H100, PODS, Cluster, Operator, node, vd
 from vllmfit.backends import reservation as rsv
 from vllmfit.core import defaults
 from vllmfit.operator.binding import reservations as reservations_mod
-from vllmfit.operator.booking.state import get_store
 from vllmfit.operator.handlers.sweep import sweep
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
@@ -49,7 +48,7 @@ def gpu_node(name: str, n: int) -> dict[str, Any]:
 
 
 def real_reservations(cluster: Cluster) -> list[dict[str, Any]]:
-    ns = get_store().options.reservation.namespace
+    ns = cluster.store.options.reservation.namespace
     return [p for p in cluster.objects(PODS, ns) if rsv.is_reservation(p)]
 
 
@@ -91,39 +90,39 @@ async def test_a_forged_reservation_holds_nothing_and_cannot_drop_the_real_one(
     name = real["metadata"]["name"]
     await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0"))
     pod = await replica_pod(cluster, "a-0")
-    await cluster.until(lambda: ("default", pod) in get_store().gated, what="the replica pod to be gated")
+    await cluster.until(lambda: ("default", pod) in cluster.store.cache.gated, what="the replica pod to be gated")
     # The tenant forges the reservation: its name, labels, annotations and the booked GPU's UUID.
     fake = forged(name, "tenant-a", "gpu-a", 1, U[1])
     await cluster.create(fake)
     await cluster.until(lambda: cluster.get(PODS, name, "tenant-a"))
-    await get_store().flush()
-    await cluster.until(lambda: get_store().reservations.get(name) is None  # (old code: it took the forgery's UUID)
-                        or get_store().reservations[name].uuid is None, timeout=1.0, what="nothing reported")
+    await cluster.store.writer.flush()
+    await cluster.until(lambda: cluster.store.cache.reservations.get(name) is None  # (old code: it took the forgery's UUID)
+                        or cluster.store.cache.reservations[name].uuid is None, timeout=1.0, what="nothing reported")
     assert gates(cluster, pod) == [{"name": rsv.GATE}]  # nothing opened by the forgery
-    assert get_store().reservations[name].uuid is None  # the real one has not reported yet
+    assert cluster.store.cache.reservations[name].uuid is None  # the real one has not reported yet
     ev = await cluster.event(name, "NotAReservation")
     assert ev["involvedObject"]["namespace"] == "tenant-a" and "tenant-a" in ev["message"]
     assert reservations_mod.LOOKALIKE_REASON == "NotAReservation"
     # Deleting the forgery (same name) drops nothing: the real reservation stays known and held.
     await cluster.core.delete_namespaced_pod(name, "tenant-a")
-    await get_store().flush()
-    assert name in get_store().reservations
+    await cluster.store.writer.flush()
+    assert name in cluster.store.cache.reservations
     assert [p["metadata"]["name"] for p in real_reservations(cluster)] == [name]
     # The real one reports: the gate opens.
     await cluster.patch_pod(name, {"metadata": {"annotations": {rsv.ANNOTATION_UUID: U[1]}},
                                    "spec": {"nodeName": "gpu-a"}, "status": {"phase": "Running"}},
-                            ns=get_store().options.reservation.namespace)
+                            ns=cluster.store.options.reservation.namespace)
     await cluster.until(lambda: gates(cluster, pod) == [], what="the gate to open for the real report")
 
 
 async def test_a_lookalike_made_by_another_controller_in_vllmfits_namespace_is_ignored(
         cluster: Cluster, operator: Operator) -> None:
     await cluster.create(gpu_node("gpu-a", 2))
-    ns = get_store().options.reservation.namespace
+    ns = cluster.store.options.reservation.namespace
     owner = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "x", "uid": "x", "controller": True}]
     await cluster.create(forged("vllmfit-gpu-x-0", ns, "gpu-a", 0, U[0], ownerReferences=owner))
     await cluster.event("vllmfit-gpu-x-0", "NotAReservation")
-    assert "vllmfit-gpu-x-0" not in get_store().reservations
+    assert "vllmfit-gpu-x-0" not in cluster.store.cache.reservations
 
 
 ESCAPES: list[tuple[str, dict[str, Any], str]] = [
@@ -171,7 +170,7 @@ async def test_the_sweep_goes_on_past_an_object_it_may_not_delete(
     km["delete", kmock.resource("v1/pods"), kmock.namespace("locked")] << 403 << {
         "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
         "message": "pods \"ghost-0\" is forbidden"}
-    gone = await sweep(get_store())
+    gone = await sweep(cluster.store)
     assert gone == ["Pod open/ghost-0"]  # the 403 in "locked" is logged and skipped; "open" is swept
 
 
@@ -188,5 +187,5 @@ async def test_a_sweep_answer_about_one_deployment_stops_nothing(
                 "containers": [{"name": "x", "image": "i"}]}}}})
     km["get", kmock.resource("apps/v1/deployments"), kmock.namespace("locked")] << status << {
         "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": status}
-    gone = await sweep(get_store())
+    gone = await sweep(cluster.store)
     assert gone == ["Deployment open/ghost-0"]

@@ -14,7 +14,7 @@ import re
 
 import pytest
 import yaml
-from webhook_harness import H100, gfd_node
+from webhook_harness import H100, FakeStore, gfd_node
 
 from vllmfit.core import memory, placement
 from vllmfit.core.defaults import GIB
@@ -281,15 +281,10 @@ class Unresolvable(Exception):
         self.transient = transient
 
 
-class Store:
+class Store(FakeStore):
     def __init__(self, error: Exception | None = None, ready: bool = True):
-        self.ledger = ledger(gfd_node("gpu-node-a", 1))
-        self.lock, self.ready, self.error = asyncio.Lock(), asyncio.Event(), error
-        if ready:
-            self.ready.set()
-
-    def snapshot(self):
-        return self.ledger.snapshot()
+        super().__init__([gfd_node("gpu-node-a", 1)], ready=ready)
+        self.error = error
 
     async def request_for(self, obj):
         if self.error:
@@ -383,8 +378,13 @@ async def test_a_review_that_fails_gives_its_namespace_place_back():
     """A store that cannot give a snapshot makes the review fail (the handler answers 400), and
     the namespace keeps both its places: a failure never leaks one."""
     class Broken(Store):
-        def snapshot(self):
-            raise RuntimeError("no ledger")
+        def __init__(self) -> None:
+            super().__init__()
+
+            def snapshot():
+                raise RuntimeError("no ledger")
+
+            self.books.snapshot = snapshot
 
     adm = webhook.Admission(per_namespace=1)
     for _ in range(3):

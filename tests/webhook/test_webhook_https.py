@@ -44,7 +44,7 @@ def server():
 @pytest.fixture
 def hook(server):
     """The server with a fresh two-GPU ledger, and a keep-alive client trusting the injected CA."""
-    server.store.ledger = FakeStore(NODES).ledger
+    server.store.books.ledger = FakeStore(NODES).books.ledger
     server.run(_set_ready(server.store, True))
     with httpx.Client(base_url=server.url, verify=server.ssl_context(), timeout=10) as c:
         server.client = c
@@ -52,7 +52,7 @@ def hook(server):
 
 
 async def _set_ready(store, ready: bool) -> None:
-    store.ready.set() if ready else store.ready.clear()
+    store.books.ready.set() if ready else store.books.ready.clear()
 
 
 def post(h, path: str, review) -> dict:
@@ -142,14 +142,14 @@ def test_an_unknown_model_is_denied_with_the_resolvers_message(hook):
 
 
 def test_dry_run_answers_would_it_fit_and_books_nothing(hook):
-    before = usage(hook.store.ledger)
+    before = usage(hook.store.books.ledger)
     resp = validate(hook, vllmd("probe", model=MODEL_8B, maxModelLen=8192), dry_run=True)
     assert resp["allowed"] is True
     assert any(w.startswith("dry run: would be placed on gpu-node-a GPU [0] with --max-model-len=8192")
                for w in resp["warnings"])
     no = validate(hook, vllmd("probe", model=MODEL_8B, maxModelLen=131072, kvCache={"concurrency": 64}), dry_run=True)
     assert no["allowed"] is False
-    assert usage(hook.store.ledger) == before and hook.store.ledger.deployments() == []
+    assert usage(hook.store.books.ledger) == before and hook.store.books.ledger.deployments() == []
 
 
 def test_before_the_ledger_is_ready_a_spec_is_refused_saying_so(hook):
@@ -161,7 +161,7 @@ def test_before_the_ledger_is_ready_a_spec_is_refused_saying_so(hook):
 
 
 def test_an_exception_in_the_handler_is_a_denial_with_a_message(hook):
-    hook.store.ledger = None  # decide() will fail inside the handler
+    hook.store.books.ledger = None  # decide() will fail inside the handler
     resp = validate(hook, vllmd("boom", model=MODEL_8B, maxModelLen=8192))
     assert resp["allowed"] is False and resp["status"]["code"] == 400
     assert resp["status"]["message"].startswith("vllmfit webhook error: AttributeError")
@@ -172,9 +172,9 @@ def test_an_exception_in_the_handler_is_a_denial_with_a_message(hook):
 
 def admit(h, obj: dict) -> None:
     """What the operator does after admission: decide and book."""
-    d = placement.decide(h.store.ledger, request(obj))
+    d = placement.decide(h.store.books.ledger, request(obj))
     assert d.admitted
-    h.store.ledger.book(d)
+    h.store.books.ledger.book(d)
 
 
 def test_updates_are_rechecked_with_their_own_allocation_released(hook):
@@ -205,7 +205,7 @@ def test_metadata_only_updates_are_never_rechecked(hook):
 def test_two_reviews_at_once_both_pass_and_the_operators_booking_decides(hook):
     """docs/webhook.md, 'Advisory': the webhook never reserves; the operator's serialized booking
     is authoritative and marks the later deployment Unschedulable."""
-    hook.store.ledger = FakeStore([gfd_node("gpu-node-a", 1)]).ledger  # room for one of them
+    hook.store.books.ledger = FakeStore([gfd_node("gpu-node-a", 1)]).books.ledger  # room for one of them
     a = vllmd("a", model=MODEL_8B, maxModelLen=32768, kvCache={"concurrency": 8})
     b = vllmd("b", model=MODEL_8B, maxModelLen=32768, kvCache={"concurrency": 8})
 
@@ -216,10 +216,10 @@ def test_two_reviews_at_once_both_pass_and_the_operators_booking_decides(hook):
 
     responses = asyncio.run(both())
     assert [r.json()["response"]["allowed"] for r in responses] == [True, True]
-    assert hook.store.ledger.deployments() == []
-    first = placement.decide(hook.store.ledger, request(a))
-    hook.store.ledger.book(first)
-    second = placement.decide(hook.store.ledger, request(b))
+    assert hook.store.books.ledger.deployments() == []
+    first = placement.decide(hook.store.books.ledger, request(a))
+    hook.store.books.ledger.book(first)
+    second = placement.decide(hook.store.books.ledger, request(b))
     assert first.phase == "Admitted" and second.phase == "Unschedulable"
     assert validate(hook, b)["allowed"] is False  # from now on the webhook sees it too
 
@@ -317,9 +317,9 @@ def test_the_operators_store_and_default_image(tmp_path):
     """The real vllmfit.operator.booking.state.Store behind the webhook, and --default-image in the patch."""
     state = pytest.importorskip("vllmfit.operator.booking.state")
     store = state.Store()
-    store.ledger = FakeStore(NODES).ledger
-    store.publish()  # the writer changed it: commit
-    store.ready.set()
+    store.books.ledger = FakeStore(NODES).books.ledger
+    store.books.publish()  # the writer changed it: commit
+    store.books.ready.set()
     with Harness(store, ["--default-image", "registry.local/vllm:v0.9.2"]) as h, \
             httpx.Client(base_url=h.url, verify=h.ssl_context()) as c:
         h.client = c
@@ -352,13 +352,13 @@ def test_kubectl_scale_is_reviewed_like_a_spec_change(hook):
 
     spec = {"model": MODEL_8B, "maxModelLen": 8192, "gpuMemoryUtilization": 0.6, "replicas": 1}  # > half a GPU
     obj = vllmd("big", **spec)
-    d = placement.decide(hook.store.ledger, request(obj))
+    d = placement.decide(hook.store.books.ledger, request(obj))
     assert d.admitted
-    hook.store.ledger.book(d)
+    hook.store.books.ledger.book(d)
     obj["status"] = {"phase": "Admitted", "flags": {"maxModelLen": d.flags.max_model_len,
                                                     "maxNumSeqs": d.flags.max_num_seqs,
                                                     "gpuMemoryUtilization": d.flags.gpu_memory_utilization}}
-    hook.store.records["default/big"] = SimpleNamespace(body=obj)
+    hook.store.cache.records["default/big"] = SimpleNamespace(body=obj)
     try:
         # 2 replicas: the other node's GPU takes the second one
         assert post(hook, f"/{webhook.VALIDATE_ID}", scale_review("big", 2, 1))["allowed"] is True
@@ -372,5 +372,5 @@ def test_kubectl_scale_is_reviewed_like_a_spec_change(hook):
         resp = post(hook, f"/{webhook.VALIDATE_ID}", scale_review("unknown", 5, 1))
         assert resp["allowed"] is True and "the operator will check" in resp["warnings"][0]
     finally:
-        hook.store.records.clear()
-        hook.store.ledger.release("default/big")
+        hook.store.cache.records.clear()
+        hook.store.books.ledger.release("default/big")

@@ -17,13 +17,9 @@ MODEL_8B = "meta-llama/Llama-3.1-8B-Instruct"
 
 @pytest.fixture(scope="module")
 def server():
-    saved = webhook.observer
-    webhook.observer = metrics.observe_review  # as `vllmfit operator` sets it (operator/main.py)
-    try:
-        with Harness(FakeStore([gfd_node("gpu-node-a", 1)])) as h:
-            yield h
-    finally:
-        webhook.observer = saved
+    # observed by the metrics, as `vllmfit operator` sets it up (operator/main.py)
+    with Harness(FakeStore([gfd_node("gpu-node-a", 1)]), observer=metrics.observe_review) as h:
+        yield h
 
 
 def count(hook: str, outcome: str) -> float:

@@ -40,8 +40,8 @@ async def review_all(store: FakeStore, deployments: list[dict]) -> dict[str, tup
         v = await webhook.review(store, body, None, "CREATE", False)
         assert v.allowed, v.message
         req = await store.request_for(read.deployment(body))
-        d = placement.decide(store.ledger, req)
-        store.ledger.book(d)
+        d = placement.decide(store.books.ledger, req)
+        store.books.ledger.book(d)
         r = d.replicas[0]
         out[req.key] = (r.node, r.gpus, r.sizing.granted_tokens)
     return out
@@ -67,7 +67,7 @@ def test_the_clusters_default_grant_reaches_the_webhook(capsys):
     got = asyncio.run(review_all(store, bodies[:1]))
     assert [t for *_, t in got.values()] == [4 * 1024]
     store = FakeStore(nodes)
-    store.ledger.kv_grant = memory.KvGrant("room")
+    store.books.ledger.kv_grant = memory.KvGrant("room")
     got = asyncio.run(review_all(store, bodies[:1]))
     assert [t for *_, t in got.values()] == [1024 * 1024]
 
@@ -94,7 +94,7 @@ def test_the_webhook_names_neighbours_holding_room_beyond_their_caps_first():
                         "concurrencyAtMaxModelLen": round(grown.max_concurrency, 2)},
             "memory": [{"node": "gpu-h100-s", "index": i, "weightsBytes": fp.weights, "kvCacheBytes": fp.kv_cache,
                         "activationBytes": fp.activation, "overheadBytes": fp.overhead, "totalBytes": fp.total}]})
-        store.ledger.restore(f"old/chat-{i}", placement.bookings_from_status(f"old/chat-{i}", st))
+        store.books.ledger.restore(f"old/chat-{i}", placement.bookings_from_status(f"old/chat-{i}", st))
     v = asyncio.run(webhook.review(store, deployments[0], None, "CREATE", False))
     assert not v.allowed
     fixes = v.message.split("Fits with: ", 1)[1]

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Self
 
 import kmock
@@ -32,6 +33,7 @@ from kubernetes_asyncio import client as kclient
 from vllmfit.core import placement
 from vllmfit.core.spec import api
 from vllmfit.operator.admission import certs, webhook
+from vllmfit.operator.booking.state import Workers
 from vllmfit.sources import catalog, resolve
 
 RESOURCE = f"{api.GROUP}/{api.VERSION}/{api.PLURAL}"
@@ -55,20 +57,29 @@ def _model(name: str) -> Any:
     return catalog.model(name)  # catalog.model rebuilds its alias table on every call (~0.3 ms)
 
 
-class FakeStore:
-    """The Store interface (snapshot, ready, request_for) over the catalog; `ledger` is what
-    the tests book into (the operator's writer ledger), `snapshot()` freezes it as it is."""
+class FakeBooks:
+    """The books as the webhook reads them (ready, snapshot); `ledger` is what the tests book
+    into (the operator's writer ledger), `snapshot()` freezes it as it is."""
 
-    def __init__(self, nodes: Iterable[Mapping[str, Any]] = (), *, ready: bool = True):
-        self.ledger = placement.Ledger(placement.node_from_object(n, catalog.gpu_for_label) for n in nodes)
+    def __init__(self, ledger: placement.Ledger, ready: bool) -> None:
+        self.ledger = ledger
         self.lock = asyncio.Lock()
         self.ready = asyncio.Event()
-        self.records: dict[str, Any] = {}  # key -> an object with .body, as the operator's Store has
         if ready:
             self.ready.set()
 
     def snapshot(self) -> placement.Ledger:
         return self.ledger.snapshot()
+
+
+class FakeStore:
+    """The Store interface the webhook uses (books, cache.records, request_for) over the catalog."""
+
+    def __init__(self, nodes: Iterable[Mapping[str, Any]] = (), *, ready: bool = True):
+        self.books = FakeBooks(placement.Ledger(placement.node_from_object(n, catalog.gpu_for_label) for n in nodes),
+                               ready)
+        self.cache = SimpleNamespace(records={})  # key -> an object with .body, as the operator's Cache has
+        self.workers = Workers()  # the threads reviews run in
 
     async def request_for(self, obj: api.VLLMDeployment) -> placement.Request:
         """The one resolver without the Hub (no network in tests: a name the catalog does not know is
@@ -114,8 +125,9 @@ def parser() -> argparse.ArgumentParser:
 
 class Harness:
     def __init__(self, store: Any, extra_args: Iterable[str] = (), *, configs: bool = True,
-                 file_check_interval: float | None = None):
+                 file_check_interval: float | None = None, observer: webhook.Observer | None = None):
         self.store = store
+        self.observer = observer  # told of every review (the operator passes its metrics)
         self.file_check_interval = file_check_interval
         self.port = free_port()
         self.args = parser().parse_args(["--namespace", NAMESPACE, "--webhook-host", "127.0.0.1",
@@ -153,11 +165,11 @@ class Harness:
     async def _main(self) -> None:
         self.loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        if hasattr(self.store, "lock"):  # the store's asyncio primitives must live in this loop
-            self.store.lock, ready = asyncio.Lock(), self.store.ready.is_set()
-            self.store.ready = asyncio.Event()
+        if isinstance(self.store.books, FakeBooks):  # its asyncio primitives must live in this loop
+            self.store.books.lock, ready = asyncio.Lock(), self.store.books.ready.is_set()
+            self.store.books.ready = asyncio.Event()
             if ready:
-                self.store.ready.set()
+                self.store.books.ready.set()
         async with kmock.KubernetesEmulator() as k, kmock.Server(k):
             self.kmock = k
             k.resources.load_bundled()
@@ -178,7 +190,8 @@ class Harness:
             settings = kopf.OperatorSettings()
             settings.posting.enabled = False
             self.kube = certs.KubeApi(kclient.Configuration(host=str(k.url).rstrip("/")))
-            webhook.setup(settings, self.args, self.store, registry=registry, kube=self.kube)
+            webhook.setup(settings, self.args, self.store, registry=registry, kube=self.kube,
+                          observer=self.observer)
             self.server = settings.admission.server
             if self.file_check_interval is not None:
                 settings.admission.server.file_check_interval = self.file_check_interval

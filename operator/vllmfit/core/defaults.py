@@ -172,6 +172,11 @@ DECIDE_TIMEOUT_S = 10.0
 """The operator's limit for one decision (create, update, a waiting spec retried)."""
 DECIDE_WORKERS = 4
 """Threads deciding at once; one stuck past its limit holds one until it ends."""
+OPTIMISTIC_DECISIONS = 3
+"""How many times a reconcile decides on the committed snapshot without the writer's lock before
+it gives up on optimism (issue 29): each commit that finds the ledger changed since its snapshot
+(Stale) decides again on the new one; past this many, it decides holding the lock, which nothing
+can make stale, so every reconcile ends."""
 SEARCHED_REPLICAS = 128
 """The most replicas of one spec a refusal places one by one. A spec asking for more replicas than
 the cluster could hold by a cheap bound (core.placement.summary.groups_bound: a few bisections of

@@ -236,24 +236,24 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from vllmfit.operator import handlers, metrics
-    from vllmfit.operator.booking.state import get_store
+    from vllmfit.operator.booking.state import Store
 
     options = options_from_args(args)  # before anything starts: a bad policy is one line and exit code 2
     kopf.configure(verbose=args.verbose)
-    store = get_store()
-    store.options = options
-    store.reset()  # nothing is held yet: its ledger (and snapshot) with the options' KV grant
+    # The operator's state, built once and passed in: to every Kopf handler through the memo
+    # (handlers.common.store_of), to the webhook through setup, to the metrics at start-up.
+    store = Store(options)
     settings = kopf.OperatorSettings()
     handlers.configure(settings)
     hook = _webhook()
     if hook is not None:
-        hook.observer = metrics.observe_review
-        hook.setup(settings, args, store)
+        hook.setup(settings, args, store, observer=metrics.observe_review)
     if args.metrics_port:
         metrics.serve(args.metrics_port)
     liveness = f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
     # Kopf stops on SIGINT/SIGTERM by itself (it installs the signal handlers) and returns.
     priority = peering_priority(os.environ.get("POD_NAME") or socket.gethostname()) if args.peering else None
     asyncio.run(kopf.operator(settings=settings, clusterwide=True, standalone=args.peering is None,
-                              peering_name=args.peering, priority=priority, liveness_endpoint=liveness))
+                              peering_name=args.peering, priority=priority, liveness_endpoint=liveness,
+                              memo=kopf.Memo(store=store)))
     return 0

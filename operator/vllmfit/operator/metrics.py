@@ -2,9 +2,10 @@
 
 One registry: prometheus_client's default REGISTRY. Two kinds of metric:
 
-- read from the live Store at scrape time by `StoreCollector` (the ledger, the records, the agent's
-  attributions, the reservation pods and DRA claims), so a gauge can never disagree with what the
-  operator decides on, and the handlers need no call to keep them current;
+- read from the operator's state at scrape time by `StoreCollector` (the committed ledger, the
+  records, the agent's attributions, the reservation pods and DRA claims), so a gauge can never
+  disagree with what the operator decides on, and the handlers need no call to keep them current.
+  The collector is given the state it reads (`register(store)`); nothing here holds it;
 - events counted where they happen: ADMISSIONS (each decision), RECONCILE / RECONCILE_ERRORS
   (handlers), NODE_DATA_REFUSED (node data refused), WEBHOOK (each admission review, by outcome;
   observed through `observe_review`, which the webhook calls through its `observer` hook).
@@ -17,6 +18,7 @@ states) except NODE_DATA_REFUSED's node. docs/metrics.md gives the bound of each
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import platform
 from collections.abc import Awaitable, Callable, Iterator
@@ -85,15 +87,18 @@ def _timestamp(text: str | None) -> float | None:
 
 
 class StoreCollector(Collector):
-    """The ledger, the records and what the agents and the backends report, read at scrape time."""
+    """The ledger, the records and what the agents and the backends report, read at scrape time
+    from `store` (booking.state.Store)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
 
     def collect(self) -> Iterator[Any]:
         from vllmfit.core.observe.attribution import split_unit_index
         from vllmfit.operator.booking import report
-        from vllmfit.operator.booking.state import get_store
 
-        store = get_store()
-        ledger = store.committed  # a committed snapshot: never half-changed
+        store = self.store
+        ledger = store.books.committed  # a committed snapshot: never half-changed
 
         def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, doc, labels=labels)
@@ -130,7 +135,7 @@ class StoreCollector(Collector):
                      ["version", "python_version"])
 
         units: dict[tuple[str, int], Any] = {}
-        for node, att in sorted(store.attributions.items()):
+        for node, att in sorted(store.cache.attributions.items()):
             for index, u in att.units.items():
                 units[(node, index)] = u
             ts = _timestamp(getattr(att, "sampled_at", None))
@@ -151,12 +156,12 @@ class StoreCollector(Collector):
                 observed.add_metric(labels, u.used_bytes)
             for b in ledger.bookings_on(slot.node, slot.index):
                 pred.add_metric([*_split(b.deployment), str(b.replica), b.node, gpu], b.footprint.predicted)
-        for node, att in sorted(store.attributions.items()):
+        for node, att in sorted(store.cache.attributions.items()):
             for deployment, by_unit in sorted(att.by_deployment.items()):
                 for unit, n in sorted(by_unit.items()):
                     g, mig = split_unit_index(unit)
                     obs.add_metric([*_split(deployment), node, str(unit if mig is not None else g)], n)
-        for key, rec in sorted(store.records.items()):
+        for key, rec in sorted(store.cache.records.items()):
             ns, name = _split(key)
             phase.add_metric([ns, name, report.phase(rec)], 1)
             for o in rec.observed:
@@ -165,45 +170,44 @@ class StoreCollector(Collector):
                 if o.predicted_bytes > 0:
                     ratio.add_metric(labels, o.drift_bytes / o.predicted_bytes)
         states = dict.fromkeys(RESERVATION_STATES, 0)
-        for r in store.reservations.values():
+        for r in store.cache.reservations.values():
             if r.terminating:
                 states["terminating"] += 1
             elif r.reported:
                 states["held"] += 1
-            elif r.name in store.reservation_waits:
+            elif r.name in store.cache.reservation_waits:
                 states["unschedulable"] += 1
             else:
                 states["pending"] += 1
         for state, n in states.items():
             reservations.add_metric([state], n)
         cs = dict.fromkeys(CLAIM_STATES, 0)
-        for c in store.claims.values():
+        for c in store.cache.claims.values():
             cs["allocated" if (c.get("status") or {}).get("allocation") else "pending"] += 1
         for state, n in cs.items():
             claims.add_metric([state], n)
-        ready.add_metric([], 1 if store.ready.is_set() else 0)
+        ready.add_metric([], 1 if store.books.ready.is_set() else 0)
         info.add_metric([__version__, platform.python_version()], 1)
         yield from (capacity, budget, booked, foreign, used, head, observed, pred, obs, drift, ratio, phase,
                     sampled, reservations, claims, ready, info)
 
 
-_collector: StoreCollector | None = None
-_served: set[int] = set()
+def register(store: Any) -> StoreCollector:
+    """Add a collector of `store` to the registry; give it back with `unregister` when that
+    operator stops (tests run many operators in one process, one at a time)."""
+    collector = StoreCollector(store)
+    REGISTRY.register(collector)
+    for outcome in ("allowed", "denied"):  # the series alerts divide by exist from the start
+        WEBHOOK.labels("validate", outcome)
+    return collector
 
 
-def register() -> None:
-    """Add the Store collector to the registry (once per process)."""
-    global _collector
-    if _collector is None:
-        _collector = StoreCollector()
-        REGISTRY.register(_collector)
-        for outcome in ("allowed", "denied"):  # the series alerts divide by exist from the start
-            WEBHOOK.labels("validate", outcome)
+def unregister(collector: StoreCollector | None) -> None:
+    if collector is not None:
+        with contextlib.suppress(KeyError):
+            REGISTRY.unregister(collector)
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:
-    """Serve /metrics on `port` (once per port per process)."""
-    register()
-    if port and port not in _served:
-        start_http_server(port, addr=addr)
-        _served.add(port)
+    """Serve /metrics (the default registry) on `port`."""
+    start_http_server(port, addr=addr)

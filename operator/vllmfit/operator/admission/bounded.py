@@ -6,8 +6,8 @@
 limit. Past it, the caller gets a Rejected decision that says why ("too costly to decide"), the
 event loop never stopped serving (Kopf's handlers, the liveness probe, the webhook), and the
 thread is abandoned: it works on a snapshot nobody changes, so whatever it does later touches
-nothing the operator uses, and its result is dropped. Webhook reviews use their own pool
-(`review_pool`), so the operator's decisions and the tenants' reviews never wait for each other.
+nothing the operator uses, and its result is dropped. The pools are the Store's (state.Workers:
+nothing here is global); webhook reviews use their own pool (`Workers.review`), so the operator's decisions and the tenants' reviews never wait for each other.
 
 Why a thread and not a process: a worker process needs the ledger pickled and unpickled on every
 decision (1,000 nodes x 8 GPUs, 4,000 deployments: 20 ms + 120 ms, measured), more than the
@@ -22,7 +22,6 @@ bounded either way.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import logging
 from collections.abc import Callable
@@ -33,41 +32,20 @@ from vllmfit.core import defaults, placement
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_review_pool: concurrent.futures.ThreadPoolExecutor | None = None
-abandoned = 0  # decisions given up on (tests, metrics)
-
-
 class TooCostly(Exception):
     """A decision did not finish within its limit (message: one line for the user)."""
 
 
-def pool() -> concurrent.futures.ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        _pool = concurrent.futures.ThreadPoolExecutor(defaults.DECIDE_WORKERS, thread_name_prefix="vllmfit-decide")
-    return _pool
-
-
-def review_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The webhook's threads (defaults.REVIEW_WORKERS), apart from the operator's."""
-    global _review_pool
-    if _review_pool is None:
-        _review_pool = concurrent.futures.ThreadPoolExecutor(defaults.REVIEW_WORKERS,
-                                                             thread_name_prefix="vllmfit-review")
-    return _review_pool
-
-
-async def run(fn: Callable[..., T], *args: Any, timeout: float, **kwargs: Any) -> T:
-    """fn(*args, **kwargs) in the pool; raises TooCostly after `timeout` seconds. The arguments
-    must not be shared with the event loop's state (pass copies): the call may go on after it."""
-    global abandoned
-    fut = asyncio.get_running_loop().run_in_executor(pool(), functools.partial(fn, *args, **kwargs))
+async def run(workers: Any, fn: Callable[..., T], *args: Any, timeout: float, **kwargs: Any) -> T:
+    """fn(*args, **kwargs) in the operator's pool (`workers`: the Store's state.Workers); raises
+    TooCostly after `timeout` seconds. The arguments must not be shared with the event loop's
+    state (pass copies): the call may go on after it."""
+    fut = asyncio.get_running_loop().run_in_executor(workers.decide(), functools.partial(fn, *args, **kwargs))
     try:
         async with asyncio.timeout(timeout):
             return await asyncio.shield(fut)
     except TimeoutError:
-        abandoned += 1
+        workers.abandoned += 1
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody waits for it: no warning
         raise TooCostly(too_costly_message(timeout)) from None
 
@@ -82,12 +60,12 @@ def too_costly(req: placement.Request, e: TooCostly) -> placement.Decision:
     return placement.Decision(req.key, "Rejected", reasons=(str(e),), message=str(e))
 
 
-async def decide(ledger: placement.Ledger, req: placement.Request, *, timeout: float | None = None,
+async def decide(workers: Any, ledger: placement.Ledger, req: placement.Request, *, timeout: float | None = None,
                  **kwargs: Any) -> placement.Decision:
-    """placement.decide(ledger, req, **kwargs) within `timeout` (default DECIDE_TIMEOUT_S), else
-    Rejected with a message. Decides on `ledger.snapshot()`: the ledger as it is now, which the
-    caller (holding the lock) applies the decision to."""
+    """placement.decide(ledger, req, **kwargs) in `workers`' pool within `timeout` (default
+    DECIDE_TIMEOUT_S), else Rejected with a message. Decides on `ledger.snapshot()`: the ledger as
+    it is now (a committed snapshot is its own), which the caller applies the decision to."""
     try:
-        return await run(placement.decide, ledger.snapshot(), req, timeout=timeout or defaults.DECIDE_TIMEOUT_S, **kwargs)
+        return await run(workers, placement.decide, ledger.snapshot(), req, timeout=timeout or defaults.DECIDE_TIMEOUT_S, **kwargs)
     except TooCostly as e:
         return too_costly(req, e)

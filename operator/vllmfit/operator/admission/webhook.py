@@ -227,7 +227,7 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
             old = None
         if old is not None and not memory_changes(old.spec, obj.spec):
             return Verdict(True)
-    if not store.ready.is_set():
+    if not store.books.ready.is_set():
         return late(adm, "the operator is starting") if adm.fail_open else Verdict(False, NOT_READY, code=429)
     try:
         async with asyncio.timeout_at(deadline):
@@ -240,7 +240,7 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
             return Verdict(True, warnings=(f"{message}; the operator will retry",))
         return Verdict(False, message, code=422)
     namespace = obj.metadata.namespace or "default"
-    snapshot = store.snapshot()  # before the place is taken: nothing between them may raise
+    snapshot = store.books.snapshot()  # before the place is taken: nothing between them may raise
     if not await adm.slot(namespace, deadline):
         return late(adm, BUSY.format(n=adm.per_namespace))
     old_flags = old.status.flags if old is not None and old.status is not None else None
@@ -248,7 +248,7 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
     # and no writer waits for them). The namespace's place is given back when the thread ends,
     # not when the review gives up on it: abandoned work counts against its own namespace.
     try:
-        fut = loop.run_in_executor(bounded.review_pool(), functools.partial(
+        fut = loop.run_in_executor(store.workers.review(), functools.partial(
             check, snapshot, req, old=old.spec if old else None, dry_run=dry_run, old_flags=old_flags))
     except BaseException:
         adm.free(namespace)
@@ -259,7 +259,7 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
         async with asyncio.timeout(limit):
             return await asyncio.shield(fut)
     except TimeoutError:
-        bounded.abandoned += 1
+        store.workers.abandoned += 1
         if limit >= defaults.REVIEW_DECIDE_TIMEOUT_S:  # it had its own whole time: the spec is too costly
             return Verdict(False, bounded.too_costly_message(limit), code=422)
         return late(adm, "deciding where it fits")
@@ -267,8 +267,7 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
 
 def stored_object(store: Store, key: str) -> Mapping[str, Any] | None:
     """The VLLMDeployment `key` as the operator last saw it (its records), if it has one."""
-    records = getattr(store, "records", None)
-    rec = records.get(key) if isinstance(records, Mapping) else None
+    rec = store.cache.records.get(key)
     body = getattr(rec, "body", None)
     return body if isinstance(body, Mapping) else None
 
@@ -289,30 +288,25 @@ async def review_scale(store: Store, scale: Mapping[str, Any], dry_run: bool,
     return await review(store, new, current, "UPDATE", dry_run, admission)
 
 
-# Told of every review answered: (webhook, outcome, seconds). The operator sets it to
-# vllmfit.operator.metrics.observe_review (the metrics module sits beside this one, not below).
-observer: Callable[[str, str, float], None] | None = None
+Observer = Callable[[str, str, float], None]
+"""Told of every review answered: (webhook, outcome, seconds). The operator passes
+vllmfit.operator.metrics.observe_review (the metrics module sits beside this one, not below)."""
 
 
-def _observe(webhook: str, outcome: str, t0: float) -> None:
-    if observer is not None:
-        observer(webhook, outcome, time.monotonic() - t0)
-
-
-def _default_store() -> Store:
-    from vllmfit.operator.booking import state
-
-    return state.get_store()
-
-
-def register(registry: kopf.OperatorRegistry | None = None, store: Store | None = None,
-             default_image: str | None = None, admission: Admission | None = None) -> None:
+def register(registry: kopf.OperatorRegistry | None, store: Store,
+             default_image: str | None = None, admission: Admission | None = None,
+             observer: Observer | None = None) -> None:
     """Register the two admission handlers (ids = URL paths) in `registry` (Kopf's default if None).
-    `store=None` reads vllmfit.operator.booking.state.get_store() on each request. `default_image`: the
-    operator's --default-image, written by the mutating webhook instead of the pydantic default.
-    `admission`: the bounds and fairness of reviews (one per webhook; default: fail closed)."""
+    `store`: the operator's state (booking.state.Store), whose committed ledger every review reads.
+    `default_image`: the operator's --default-image, written by the mutating webhook instead of the
+    pydantic default. `admission`: the bounds and fairness of reviews (one per webhook; default:
+    fail closed). `observer`: told of every review answered (the operator's metrics)."""
     overrides = {"image": default_image} if default_image else {}
     adm = admission or Admission()
+
+    def _observe(webhook: str, outcome: str, t0: float) -> None:
+        if observer is not None:
+            observer(webhook, outcome, time.monotonic() - t0)
 
     @kopf.on.validate(api.GROUP, api.VERSION, api.PLURAL, id=VALIDATE_ID, operations=OPERATIONS,
                       subresource="*", registry=registry)
@@ -321,11 +315,11 @@ def register(registry: kopf.OperatorRegistry | None = None, store: Store | None 
         t0 = time.monotonic()
         try:
             if subresource == "scale":
-                v = await review_scale(store or _default_store(), dict(body), dryrun, adm)
+                v = await review_scale(store, dict(body), dryrun, adm)
             elif subresource is not None:  # status is the operator's: never reviewed
                 return
             else:
-                v = await review(store or _default_store(), dict(body), dict(old) if old is not None else None,
+                v = await review(store, dict(body), dict(old) if old is not None else None,
                                  operation, dryrun, adm)
         except Invalid as e:
             _observe("validate", "invalid", t0)
@@ -436,17 +430,18 @@ def admission_of(args: argparse.Namespace) -> Admission:
                      budget_s=defaults.review_budget_s(timeout))
 
 
-def setup(settings: kopf.OperatorSettings, args: argparse.Namespace, store: Store | None = None, *,
-          registry: kopf.OperatorRegistry | None = None, kube: certs.Api | None = None) -> None:
+def setup(settings: kopf.OperatorSettings, args: argparse.Namespace, store: Store, *,
+          registry: kopf.OperatorRegistry | None = None, kube: certs.Api | None = None,
+          observer: Observer | None = None) -> None:
     """Register the handlers and configure settings.admission.server (nothing with --no-webhook).
     Certificates are prepared when Kopf starts the server, not here."""
     if getattr(args, "no_webhook", False):
         return
     auth = client_auth(args)
-    register(registry, store, getattr(args, "default_image", None), admission_of(args))
+    register(registry, store, getattr(args, "default_image", None), admission_of(args), observer)
 
     def tls() -> Awaitable[tuple[Path | None, Path, Path]]:
         # the operator's own client configuration when it has one (tests point it at KMock)
-        return prepare_tls(args, kube or certs.KubeApi(getattr(store or _default_store(), "kube_config", None)))
+        return prepare_tls(args, kube or certs.KubeApi(getattr(store, "kube_config", None)))
 
     settings.admission.server = Server(addr=args.webhook_host, port=args.webhook_port, tls=tls, **auth)

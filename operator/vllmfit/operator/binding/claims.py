@@ -46,10 +46,10 @@ def claim_nodes(store: Store, body: Mapping[str, Any] | None) -> set[str]:
 def observe_slice(store: Store, body: Mapping[str, Any], deleted: bool) -> set[str]:
     """Record a slice (hold the lock). Returns the nodes it concerns (before and after)."""
     name = str((body.get("metadata") or {}).get("name") or "")
-    old = store.slices.pop(name, None)
+    old = store.cache.slices.pop(name, None)
     if not deleted:
-        store.slices[name] = dict(body)
-    store.slices_changed()
+        store.cache.slices[name] = dict(body)
+    store.cache.slices_changed()
     return {str(n) for n in ((old or {}).get("spec", {}).get("nodeName"),
                              (body.get("spec") or {}).get("nodeName")) if n}
 
@@ -57,9 +57,9 @@ def observe_slice(store: Store, body: Mapping[str, Any], deleted: bool) -> set[s
 def observe_claim(store: Store, body: Mapping[str, Any], deleted: bool) -> set[str]:
     """Record a claim (hold the lock). Returns the nodes whose devices it used or uses."""
     key = claim_key(body)
-    old = store.claims.pop(key, None)
+    old = store.cache.claims.pop(key, None)
     if not deleted:
-        store.claims[key] = dict(body)
+        store.cache.claims[key] = dict(body)
     return claim_nodes(store, old) | claim_nodes(store, body)
 
 
@@ -87,13 +87,13 @@ def wanted(store: Store, key: str, p: api.ReplicaPlacement
     if store.backend_of(p.node) != "dra":
         return None
     need: dict[int, int] = {}
-    for b in store.ledger.bookings_of(key, p.replica):
+    for b in store.books.ledger.bookings_of(key, p.replica):
         if b.node == p.node:
             need[b.index] = need.get(b.index, 0) + b.footprint.predicted  # measured growth rewrites no claim
     gpus = []
     by_uuid = {d.uuid: d for d in store.devices().get(p.node, []) if d.uuid}
     for g in p.gpus:
-        slot = store.ledger.slot(p.node, g.index)
+        slot = store.books.ledger.slot(p.node, g.index)
         if slot is None or not slot.uuid or g.index not in need:
             return None
         gpus.append((slot.uuid, need[g.index]))
@@ -171,5 +171,5 @@ async def load(store: Store) -> None:
             replica = int(labels.get(dra.LABEL_REPLICA, ""))
         except ValueError:
             continue
-        store.templates[(f"{meta.get('namespace') or 'default'}/{labels.get(dra.LABEL_DEPLOYMENT)}", replica)] = \
+        store.cache.templates[(f"{meta.get('namespace') or 'default'}/{labels.get(dra.LABEL_DEPLOYMENT)}", replica)] = \
             str(meta.get("name"))

@@ -12,7 +12,9 @@ The decisions are pure (vllmfit.backends.reservation); this module reads and wri
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -37,13 +39,13 @@ def device_plugin(store: Store, node: str) -> bool:
 
 
 def slot_uuids(store: Store, node: str) -> dict[int, str | None]:
-    info = store.ledger.nodes.get(node)
+    info = store.books.ledger.nodes.get(node)
     return {s.index: s.uuid for s in info.gpus if not s.mig} if info else {}
 
 
 def uuids(store: Store, node: str) -> dict[int, str]:
     """Known and reservation-reported UUIDs of the node's GPUs."""
-    return rsv.learned_uuids(store.reservations.values(), node, slot_uuids(store, node))
+    return rsv.learned_uuids(store.cache.reservations.values(), node, slot_uuids(store, node))
 
 
 UuidTable = Callable[[str], dict[int, str]]
@@ -54,7 +56,7 @@ def uuid_table(store: Store) -> UuidTable:
     reservations grouped by node once, each node's answer computed once (issue 32: `uuids` per
     replica went over every reservation of the cluster, for every record on every event)."""
     by_node: dict[str, list[rsv.Reservation]] = {}
-    for r in store.reservations.values():
+    for r in store.cache.reservations.values():
         by_node.setdefault(r.node, []).append(r)
     memo: dict[str, dict[int, str]] = {}
 
@@ -69,34 +71,59 @@ def uuid_table(store: Store) -> UuidTable:
 def replicas(store: Store) -> dict[tuple[str, int], tuple[str, tuple[int, ...]]]:
     """(deployment, replica) -> (node, GPUs) from the ledger."""
     out: dict[tuple[str, int], tuple[str, list[int]]] = {}
-    for key in store.ledger.deployments():
-        for b in store.ledger.bookings_of(key):
+    for key in store.books.ledger.deployments():
+        for b in store.books.ledger.bookings_of(key):
             out.setdefault((key, b.replica), (b.node, []))[1].append(b.index)
     return {k: (n, tuple(g)) for k, (n, g) in out.items()}
 
 
-def whole(store: Store, node: str, but: str | None = None) -> bool:
+Holders = Callable[[str], set[str]]
+
+
+def holders(store: Store) -> Holders:
+    """node -> the deployments with a live replica written with device-plugin limits there (it
+    holds every GPU of the node), for one pass over many replicas (the store unchanged
+    meanwhile): store.cache.whole grouped by node once (issue 32: `whole` per replica went over
+    every such replica of the cluster, for every replica, on every event)."""
+    by_node: dict[str, set[str]] = {}
+    for (k, _), n in store.cache.whole.items():
+        by_node.setdefault(n, set()).add(k)
+    memo: dict[str, set[str]] = {}
+
+    def table(node: str) -> set[str]:
+        if node not in memo:
+            memo[node] = {k for k in by_node.get(node, ())
+                          if any(b.node == node for b in store.books.ledger.bookings_of(k))}
+        return memo[node]
+
+    return table
+
+
+def whole(store: Store, node: str, but: str | None = None, held: Holders | None = None) -> bool:
     """A live replica (of another deployment than `but`) written with device-plugin limits holds
-    every GPU of the node."""
-    return any(n == node and k != but and any(b.node == node for b in store.ledger.bookings_of(k))
-               for (k, _), n in store.whole.items())
+    every GPU of the node. `held`: a `holders` table of the store as it is."""
+    if held is not None:
+        return bool(held(node) - {but})
+    return any(n == node and k != but and any(b.node == node for b in store.books.ledger.bookings_of(k))
+               for (k, _), n in store.cache.whole.items())
 
 
-def needs_reservation(store: Store, key: str, replica: int, node: str, gpus: Iterable[int]) -> bool:
+def needs_reservation(store: Store, key: str, replica: int, node: str, gpus: Iterable[int],
+                      held: Holders | None = None) -> bool:
     """A replica's GPUs need reservations: a device-plugin node, the replica is not written with
     limits, and no other replica holds the whole node. Before its Deployment is first written,
     one that will get limits (builders.exclusive) needs none."""
-    if not device_plugin(store, node) or (key, replica) in store.whole or whole(store, node, but=key):
+    if not device_plugin(store, node) or (key, replica) in store.cache.whole or whole(store, node, but=key, held=held):
         return False
-    return (key, replica) in store.written or not builders.exclusive(store.ledger, key, node, list(gpus))
+    return (key, replica) in store.cache.written or not builders.exclusive(store.books.ledger, key, node, list(gpus))
 
 
 def tolerations_on(store: Store, node: str, index: int) -> list[dict[str, Any]]:
     """The tolerations a reservation for `node` GPU `index` needs: those of every deployment
     booked there (backends.reservation.tolerations_for)."""
     specs = []
-    for b in store.ledger.bookings_on(node, index):
-        rec = store.records.get(b.deployment)
+    for b in store.books.ledger.bookings_on(node, index):
+        rec = store.cache.records.get(b.deployment)
         req = rec.admitted_request or rec.request if rec is not None else None
         if req is not None:
             specs.append(req.spec)
@@ -105,8 +132,9 @@ def tolerations_on(store: Store, node: str, index: int) -> list[dict[str, Any]]:
 
 def wanted(store: Store) -> set[tuple[str, int]]:
     out: set[tuple[str, int]] = set()
+    held = holders(store)
     for (key, replica), (node, gpus) in replicas(store).items():
-        if needs_reservation(store, key, replica, node, gpus):
+        if needs_reservation(store, key, replica, node, gpus, held):
             out.update((node, i) for i in gpus)
     return out
 
@@ -140,22 +168,23 @@ def observe(store: Store, pod: Mapping[str, Any], deleted: bool) -> rsv.Reservat
         return None
     r = rsv.reservation_from_pod(pod, store.options.reservation)
     name = str((pod.get("metadata") or {}).get("name") or "")
+    old = store.cache.reservations.get(name)
+    store.cache.pins_dirty.update(x.node for x in (old, r) if x is not None)  # the UUIDs learned there may change
     if r is None or deleted:
-        store.reservations.pop(name, None)
+        store.cache.reservations.pop(name, None)
         return None
-    store.reservations[name] = r
+    store.cache.reservations[name] = r
     return r
 
 
 LOOKALIKE_REASON = "NotAReservation"
-_reported: dict[int, set[str]] = {}  # id(store) -> uids (or ns/name) of lookalikes already reported
 
 
 def report_lookalike(store: Store, pod: Mapping[str, Any], why: str, deleted: bool) -> None:
     """Log a pod that poses as a reservation, and post one Event on it (once per pod)."""
     meta = pod.get("metadata") or {}
     key = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
-    seen = _reported.setdefault(id(store), set())
+    seen = store.cache.lookalikes
     if deleted:
         seen.discard(key)
         return
@@ -176,11 +205,11 @@ def rebook(store: Store, r: rsv.Reservation) -> tuple[set[str], str | None]:
     reservation is deleted, and another one is asked for."""
     node, i = r.node, r.index
     j = rsv.mismatch(r, slot_uuids(store, node))
-    ledger = store.ledger
+    ledger = store.books.ledger
     if j is None or not ledger.bookings_on(node, i) or ledger.bookings_on(node, j):
         return set(), None
     if any(o.name != r.name and not o.terminating and rsv.serves(o, slot_uuids(store, node)) == i
-           for o in store.reservations.values() if o.node == node):
+           for o in store.cache.reservations.values() if o.node == node):
         return set(), None  # i is held by another reservation: this one is surplus
     keys = sorted({b.deployment for b in ledger.bookings_on(node, i)})
     old = {k: ledger.release(k) for k in keys}
@@ -193,49 +222,85 @@ def rebook(store: Store, r: rsv.Reservation) -> tuple[set[str], str | None]:
                        f"which has not the room; asking again")
     uu = slot_uuids(store, node)
     for k in keys:
-        rec = store.records.get(k)
+        rec = store.cache.records.get(k)
         if rec is not None:
             rec.placement = rsv.swap_placement(rec.placement, node, i, j, uu)
     return set(keys), f"the device plugin gave {node} GPU {j} ({r.uuid}) instead of GPU {i}; re-booked on GPU {j}"
 
 
+_next_pass: weakref.WeakKeyDictionary[Store, asyncio.Future[None]] = weakref.WeakKeyDictionary()
+"""Per store: the reservation pass asked for and not started yet (callers meanwhile join it)."""
+
+
 async def sync(store: Store) -> None:
-    """Create the reservations wanted and not there; delete those no replica needs."""
+    """Create the reservations wanted and not there; delete those no replica needs. A pass looks
+    at the whole ledger (`wanted`), so callers that come while one waits to start join it rather
+    than queue one pass each behind it (issue 32: every event's finish() ran a full pass, one
+    after another, quadratic at a few hundred deployments); the pass they join starts after they
+    called, so it sees what they changed. Its error is raised to each of them."""
     if store.api is None:
         return
-    async with store.child_locks[LOCK]:
-        async with store.lock:
-            want = wanted(store)
-            reservations = list(store.reservations.values())
-            table = uuid_table(store)
-            known = {n: table(n) for n in {r.node for r in reservations} | {n for n, _ in want}}
-        todo = rsv.plan(want, reservations, known)
-        core = client.CoreV1Api(store.api)
-        cfg = store.options.reservation
-        taken = {r.name for r in reservations}
-        for node, i in todo.create:
-            name = rsv.reservation_name(node, i, taken)
-            taken.add(name)
-            manifest = rsv.reservation_pod(cfg, node, i, name, tolerations_on(store, node, i))
-            try:
-                await core.create_namespaced_pod(cfg.namespace, manifest)
-            except ApiException as e:
-                if e.status != 409:
-                    logger.error("reservation %s for %s GPU %d: %s %s", name, node, i, e.status, e.reason)
-                    continue
-            async with store.lock:
-                store.reservations.setdefault(name, rsv.Reservation(name, node, i))
-                store.retiring.discard(name)  # a new pod of a name vllmfit deleted before
-        for name in todo.delete:
-            store.retiring.add(name)
-            try:
-                await core.delete_namespaced_pod(name, cfg.namespace)
-            except ApiException as e:
-                if e.status != 404:
-                    logger.error("deleting reservation %s: %s %s", name, e.status, e.reason)
-                    continue
-            async with store.lock:
-                store.reservations.pop(name, None)
+    loop = asyncio.get_running_loop()
+    waiting = _next_pass.get(store)
+    if waiting is not None and waiting.get_loop() is loop and not waiting.done():
+        await asyncio.wait([waiting])
+        if not waiting.cancelled():
+            return waiting.result()
+    mine: asyncio.Future[None] = loop.create_future()
+    mine.add_done_callback(lambda f: f.cancelled() or f.exception())  # read here if nobody joined
+    _next_pass[store] = mine
+    try:
+        async with store.cache.child_locks[LOCK]:
+            if _next_pass.get(store) is mine:
+                del _next_pass[store]  # started: a later caller's change needs a later pass
+            await _sync_once(store)
+    except BaseException as e:
+        if _next_pass.get(store) is mine:
+            del _next_pass[store]
+        if isinstance(e, Exception):
+            mine.set_exception(e)
+        else:
+            mine.cancel()  # its joiners run a pass of their own
+        raise
+    mine.set_result(None)
+
+
+async def _sync_once(store: Store) -> None:
+    """One pass of `sync` (hold child_locks[LOCK])."""
+    async with store.books.lock:
+        want = wanted(store)
+        reservations = list(store.cache.reservations.values())
+        table = uuid_table(store)
+        known = {n: table(n) for n in {r.node for r in reservations} | {n for n, _ in want}}
+    todo = rsv.plan(want, reservations, known)
+    core = client.CoreV1Api(store.api)
+    cfg = store.options.reservation
+    taken = {r.name for r in reservations}
+    for node, i in todo.create:
+        name = rsv.reservation_name(node, i, taken)
+        taken.add(name)
+        manifest = rsv.reservation_pod(cfg, node, i, name, tolerations_on(store, node, i))
+        try:
+            await core.create_namespaced_pod(cfg.namespace, manifest)
+        except ApiException as e:
+            if e.status != 409:
+                logger.error("reservation %s for %s GPU %d: %s %s", name, node, i, e.status, e.reason)
+                continue
+        async with store.books.lock:
+            store.cache.reservations.setdefault(name, rsv.Reservation(name, node, i))
+            store.cache.pins_dirty.add(node)
+            store.cache.retiring.discard(name)  # a new pod of a name vllmfit deleted before
+    for name in todo.delete:
+        store.cache.retiring.add(name)
+        try:
+            await core.delete_namespaced_pod(name, cfg.namespace)
+        except ApiException as e:
+            if e.status != 404:
+                logger.error("deleting reservation %s: %s %s", name, e.status, e.reason)
+                continue
+        async with store.books.lock:
+            if (gone := store.cache.reservations.pop(name, None)) is not None:
+                store.cache.pins_dirty.add(gone.node)
 
 
 async def load(store: Store) -> None:
@@ -247,7 +312,7 @@ async def load(store: Store) -> None:
     for pod in store.api.sanitize_for_serialization(pods).get("items") or []:
         observe(store, pod, False)
     apps = client.AppsV1Api(store.api)
-    for ns in sorted({rec.namespace for rec in store.records.values() if rec.admitted}):
+    for ns in sorted({rec.namespace for rec in store.cache.records.values() if rec.admitted}):
         listed = await apps.list_namespaced_deployment(ns, label_selector=builders.selector(),
                                                        _request_timeout=30)
         for d in store.api.sanitize_for_serialization(listed).get("items") or []:
@@ -262,9 +327,10 @@ def whole_from_deployment(store: Store, d: Mapping[str, Any]) -> None:
     key, replica, where = ours
     node = where.split(":", 1)[0]
     if node:
-        store.written.add((key, replica))
+        store.cache.written.add((key, replica))
         if (meta.get("annotations") or {}).get(builders.ANNOTATION_PINNING) == "device-plugin":
-            store.whole[(key, replica)] = node
+            store.cache.whole[(key, replica)] = node
+            store.cache.pins_dirty.add(node)
 
 
 # --- replica pods: the scheduling gate -----------------------------------------------------------
@@ -289,34 +355,34 @@ def track(store: Store, pod: Mapping[str, Any], deleted: bool) -> None:
     meta = pod.get("metadata") or {}
     key = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
     if deleted or not has_gate(pod):
-        store.gated.pop(key, None)
-        store.gate_of.pop(key, None)
-        store.gate_holds.pop(key, None)
+        store.cache.gated.pop(key, None)
+        store.cache.gate_of.pop(key, None)
+        store.cache.gate_holds.pop(key, None)
     else:
-        store.gated[key] = (pod_node(pod), pod_pins(pod), [g for g in (pod.get("spec") or {}).get(
+        store.cache.gated[key] = (pod_node(pod), pod_pins(pod), [g for g in (pod.get("spec") or {}).get(
             "schedulingGates") or []])
         ours = builders.replica_of({**meta, "namespace": key[0]})
         if ours is None:
-            store.gate_of.pop(key, None)
+            store.cache.gate_of.pop(key, None)
         else:
-            store.gate_of[key] = (ours[0], ours[1], ours[2] or None)
+            store.cache.gate_of[key] = (ours[0], ours[1], ours[2] or None)
 
 
 def openable(store: Store) -> list[tuple[str, str, list[dict[str, Any]]]]:
     """Gated pods whose GPUs are all held now and whose GPUs the agent measured room on
-    (`measured.gate`: what it holds back is in `store.gate_holds`). Hold the lock."""
+    (`measured.gate`: what it holds back is in `store.cache.gate_holds`). Hold the lock."""
     out = []
-    for (ns, name), (node, pinned, gates) in sorted(store.gated.items()):
-        if not rsv.gate_open(pinned, rsv.held_uuids(store.reservations.values(), node)):
+    for (ns, name), (node, pinned, gates) in sorted(store.cache.gated.items()):
+        if not rsv.gate_open(pinned, rsv.held_uuids(store.cache.reservations.values(), node)):
             continue
-        owner = store.gate_of.get((ns, name))
+        owner = store.cache.gate_of.get((ns, name))
         if owner is not None:  # the start gate on measured room (issue 34)
             verdict = measured.gate(store, owner[0], owner[1], made_for=owner[2])
             start_condition(store, owner[0], name, verdict)
             if not verdict.open:
-                store.gate_holds[(ns, name)] = verdict.reason
+                store.cache.gate_holds[(ns, name)] = verdict.reason
                 continue
-            store.gate_holds.pop((ns, name), None)
+            store.cache.gate_holds.pop((ns, name), None)
         out.append((ns, name, [g for g in gates if g.get("name") != rsv.GATE]))
     return out
 
@@ -327,7 +393,7 @@ START_GATE = "StartGate"
 
 def start_condition(store: Store, key: str, pod: str, verdict: Any) -> None:
     """The StartGate condition of `key` (and a Warning Event when a hold begins or changes)."""
-    rec = store.records.get(key)
+    rec = store.cache.records.get(key)
     if rec is None:
         return
     old = next((c for c in rec.conditions if c.type == START_GATE), None)
@@ -337,13 +403,13 @@ def start_condition(store: Store, key: str, pod: str, verdict: Any) -> None:
         return
     rec.conditions = report.set_condition(rec.conditions, START_GATE, status, reason, message, report.now(),
                                           rec.generation)
-    store.mark([key])
+    store.writer.mark([key])
     if not verdict.open:
         report.post_event(rec.body, "Warning", "StartHeld", message)
 
 
 async def ungate(store: Store) -> None:
-    async with store.lock:
+    async with store.books.lock:
         todo = openable(store)
     core = client.CoreV1Api(store.api)
     for ns, name, rest in todo:
@@ -354,5 +420,5 @@ async def ungate(store: Store) -> None:
             if e.status not in (404, 422):
                 logger.error("pod %s/%s: removing the scheduling gate failed: %s %s", ns, name, e.status, e.reason)
             continue
-        async with store.lock:
-            store.gated.pop((ns, name), None)
+        async with store.books.lock:
+            store.cache.gated.pop((ns, name), None)

@@ -2,7 +2,7 @@
 NVIDIA_VISIBLE_DEVICES is refused with a condition, not created to fail at start, when the
 runtime class it needs (chart value `placement.reservation.runtimeClassName`) does not exist.
 
-`store.runtime_classes` is None until the first list (`known`, lazily; the watch in
+`store.cache.runtime_classes` is None until the first list (`known`, lazily; the watch in
 handlers/runtimeclasses keeps it); a cluster where the operator may not list them (403/404) is
 believed (nothing refused)."""
 
@@ -22,7 +22,7 @@ REASON = "RuntimeClassNotFound"
 
 async def known(store: Store) -> set[str] | None:
     """The RuntimeClasses of the cluster (listed once; the watch keeps them). None: unknown."""
-    if store.runtime_classes is None:
+    if store.cache.runtime_classes is None:
         try:
             listed = await client.NodeV1Api(store.api).list_runtime_class()
         except ApiException as e:
@@ -30,8 +30,8 @@ async def known(store: Store) -> set[str] | None:
                 logger.info("RuntimeClasses cannot be listed (%s %s): none is checked", e.status, e.reason)
                 return None
             raise
-        store.runtime_classes = {str(rc.metadata.name) for rc in listed.items or [] if rc.metadata}
-    return store.runtime_classes
+        store.cache.runtime_classes = {str(rc.metadata.name) for rc in listed.items or [] if rc.metadata}
+    return store.cache.runtime_classes
 
 
 async def refusal(store: Store) -> str | None:

@@ -49,7 +49,7 @@ def records_from_configmap(cm: dict[str, Any]) -> list[learned.Record]:
 
 
 def configmap(store: Store) -> dict[str, Any]:
-    text = json.dumps({"records": [r.as_data() for r in store.learned]}, indent=1, sort_keys=True)
+    text = json.dumps({"records": [r.as_data() for r in store.cache.learned]}, indent=1, sort_keys=True)
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": defaults.CALIBRATION_CONFIGMAP, "namespace": namespace(store),
                          "labels": {defaults.MANAGED_BY_LABEL: defaults.MANAGED_BY}},
@@ -71,19 +71,19 @@ async def load(store: Store) -> None:
         logger.warning("learned records: cannot read ConfigMap %s: %s", defaults.CALIBRATION_CONFIGMAP, e)
         return
     try:
-        store.learned = records_from_configmap(cm)
+        store.cache.learned = records_from_configmap(cm)
     except UserError as e:
         logger.warning("learned records: %s", e)
         return
-    logger.info("learned records: %d configuration(s) read back", len(store.learned))
+    logger.info("learned records: %d configuration(s) read back", len(store.cache.learned))
 
 
 async def save(store: Store) -> None:
     """Write the records (create the ConfigMap the first time). Failures are logged; the next
     learned start writes them all again."""
-    if not store.learned_dirty:
+    if not store.cache.learned_dirty:
         return
-    store.learned_dirty = False
+    store.cache.learned_dirty = False
     core = client.CoreV1Api(store.api)
     body = configmap(store)
     try:
@@ -96,5 +96,5 @@ async def save(store: Store) -> None:
                 raise
             await core.create_namespaced_config_map(namespace(store), body)
     except (ApiException, OSError) as e:
-        store.learned_dirty = True
+        store.cache.learned_dirty = True
         logger.warning("learned records: cannot write ConfigMap %s: %s", defaults.CALIBRATION_CONFIGMAP, e)

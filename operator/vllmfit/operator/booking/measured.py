@@ -14,7 +14,7 @@ from vllmfit.operator.booking.state import Store
 def replica_pods(store: Store) -> dict[str, str]:
     """UIDs of vllmfit's pods whose replica is known -> "namespace/name#replica"."""
     out = {}
-    for rec in store.records.values():
+    for rec in store.cache.records.values():
         for pod, uid in rec.pod_uids.items():
             if pod in rec.pods:
                 out[uid] = f"{rec.key}#{rec.pods[pod][0]}"
@@ -22,18 +22,18 @@ def replica_pods(store: Store) -> dict[str, str]:
 
 
 def ready(store: Store, key: str, replica: int) -> bool:
-    rec = store.records.get(key)
+    rec = store.cache.records.get(key)
     return rec is not None and any(r == replica and h.ready for r, h in rec.pods.values())
 
 
 def started(store: Store, key: str, replica: int) -> bool:
     """Readiness, or the agent saw the footprint stable (vllmfit.core.placement.observed)."""
-    return (key, replica) in store.started or ready(store, key, replica)
+    return (key, replica) in store.cache.started or ready(store, key, replica)
 
 
 def in_use(store: Store, node: str) -> dict[tuple[str, int, int], int]:
     """(deployment, replica, GPU) -> bytes its processes hold in the node's latest inventory."""
-    att = store.replica_usage.get(node)
+    att = store.cache.replica_usage.get(node)
     out = {}
     for who, units in (att.by_deployment.items() if att is not None else ()):
         key, _, rep = who.rpartition("#")
@@ -45,9 +45,9 @@ def in_use(store: Store, node: str) -> dict[tuple[str, int, int], int]:
 def gate(store: Store, key: str, replica: int, made_for: str | None = None,
          now: datetime | None = None) -> observed.Gate:
     """The start gate of one replica on the measured room of its node (observed.start_gate)."""
-    mine = store.ledger.bookings_of(key, replica)
+    mine = store.books.ledger.bookings_of(key, replica)
     node = mine[0].node if mine else ""
-    att = store.replica_usage.get(node)
+    att = store.cache.replica_usage.get(node)
     free = None if att is None else {i: u.free_bytes for i, u in att.units.items()}
     age = None
     if att is not None:
@@ -55,5 +55,5 @@ def gate(store: Store, key: str, replica: int, made_for: str | None = None,
             age = (now or datetime.now(UTC)).timestamp() - attribution.parse_time(att.sampled_at).timestamp()
         except ValueError:
             age = None
-    return observed.start_gate(store.ledger, key, replica, free, age, lambda k, r: started(store, k, r),
+    return observed.start_gate(store.books.ledger, key, replica, free, age, lambda k, r: started(store, k, r),
                                in_use(store, node), made_for=made_for)

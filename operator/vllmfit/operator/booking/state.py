@@ -1,35 +1,39 @@
-"""The operator's memory: one Ledger, one lock, a record per VLLMDeployment, a status writer.
+"""The operator's state, made explicit (issue 29): four objects, built once per operator process
+and passed in (never reached through a global): `Options` (the settings, read once), `Books` (the
+writer's ledger, its lock, the committed snapshot and its version), `Cache` (the object cache: a
+record per VLLMDeployment, nodes, reservation pods, DRA objects, the agents' reports) and the
+`StatusWriter` (booking.statuswriter). `Store` holds the four (and the API client) and is handed to
+the Kopf handlers through Kopf's memo (handlers.common.store_of), to the webhook through its
+constructor (admission.webhook.setup), to the metrics collector explicitly (metrics.register).
 
-- One decision path over snapshots (issue 29; docs/operator.md, "One writer, committed
-  snapshots"). `Store.ledger` is the writer's ledger: it changes only while `Store.lock` is held
-  (`changing()`, or `async with store.lock`), by the handler that holds it, the one writer.
-  Releasing the lock publishes `Store.committed`: a frozen snapshot (Ledger.snapshot, structural
-  sharing) of the ledger as that critical section left it, numbered by `Store.version`. Every
-  decision runs on a snapshot, never on the changing ledger (bounded.decide takes one under the
-  lock; a webhook review takes `committed` and no lock at all), and every reader outside the lock
-  reads `committed`; the status writer computes a status while holding the lock (the records and
-  the ledger together, as a critical section left them). So nothing ever reads a half-changed
-  ledger, and two deployments created in the same instant can never both take the last room on a
-  GPU: the second one decides against a ledger that already holds the first one's bookings.
-- `Store.ready` is set once `rebuild` has restored the ledger from the API at start-up (the nodes,
-  and the `status.memory` of every admitted VLLMDeployment, which are its bookings).
+- One decision path over snapshots (docs/operator.md, "One writer, committed snapshots").
+  `Books.ledger` is the writer's ledger: it changes only while `Books.lock` is held (`changing()`,
+  or `async with books.lock`), by the handler that holds it, the one writer. Releasing the lock
+  publishes `Books.committed`: a frozen snapshot (Ledger.snapshot, structural sharing) of the
+  ledger as that critical section left it, numbered by `Books.version`. Every decision runs on a
+  snapshot, never on the changing ledger, and every reader outside the lock reads `committed`;
+  the status writer computes a status while holding the lock (the records and the ledger
+  together, as a critical section left them). So nothing ever reads a half-changed ledger.
+- `Books.ready` is set once `Store.rebuild` has restored the ledger from the API at start-up (the
+  nodes, and the `status.memory` of every admitted VLLMDeployment, which are its bookings).
 - A `Record` keeps what the operator knows about one VLLMDeployment; `report.status(record,
-  ledger)` turns it into `.status`. The status writer task writes the status of every key
-  marked dirty, one write per key at a time and always from the current record, so a neighbour's
+  ledger)` turns it into `.status`. The status writer writes the status of every key marked
+  dirty, one write per key at a time and always from the current record, so a neighbour's
   headroom is never overwritten by an older computation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import gc
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from vllmfit.backends import binding, dra
 from vllmfit.backends import reservation as rsv
@@ -38,6 +42,7 @@ from vllmfit.core.model.facts import ModelArch
 from vllmfit.core.placement import Ledger, Request
 from vllmfit.core.spec import api, validate
 from vllmfit.operator.booking import draining, models
+from vllmfit.operator.booking.books import Books
 from vllmfit.operator.booking.pods import PodHealth
 from vllmfit.operator.booking.record import Record, key_of, pruned, record_from_object
 from vllmfit.operator.booking.statuswriter import StatusWriter
@@ -46,7 +51,6 @@ from vllmfit.sources import catalog
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 
 @dataclass
@@ -69,59 +73,42 @@ class Options:
     mps: binding.Mps | None = None  # the optional MPS memory-limit binding (--mps-pipe-directory)
 
 
-class Stale(Exception):
-    """A change decided on a snapshot that is no longer the committed one: decide again."""
-
-
-class _PublishingLock(asyncio.Lock):
-    """The one writer's lock: each release publishes the ledger as the critical section left it
-    (Store.publish), before anyone else can take the lock or read `Store.committed`."""
-
-    def __init__(self, publish: Any) -> None:
-        super().__init__()
-        self._publish = publish
-
-    def release(self) -> None:
-        try:
-            self._publish()
-        finally:
-            super().release()
-
-
-class Store(StatusWriter):
-    """The process-wide operator state (see the module docstring)."""
-
-    ledger: Ledger
-    lock: asyncio.Lock
-    ready: asyncio.Event
+class Workers:
+    """The threads decisions run in, off the event loop (admission.bounded): one pool for the
+    operator's decisions (defaults.DECIDE_WORKERS) and one for the webhook's reviews
+    (defaults.REVIEW_WORKERS), so neither waits for the other; made on first use. `abandoned`
+    counts the decisions given up on past their time limit. One per operator process."""
 
     def __init__(self) -> None:
-        self.options = Options()
-        self.kube_config: Any = None  # kubernetes_asyncio Configuration; set by tests, else loaded at start-up
-        self.api: Any = None  # kubernetes_asyncio ApiClient, set at start-up
-        self.reset()
+        self._decide: concurrent.futures.ThreadPoolExecutor | None = None
+        self._review: concurrent.futures.ThreadPoolExecutor | None = None
+        self.abandoned = 0
 
-    def reset(self) -> None:
-        """Forget everything (a fresh start-up; tests run many operators in one process)."""
-        self.ledger = Ledger(kv_grant=self.options.kv_grant)
-        self.committed: Ledger = self.ledger.snapshot()  # what readers and reviews see
-        self.version = 0  # counts the published changes (a decision names the one it saw)
-        self._published: tuple[int, int] = (id(self.ledger), self.ledger.version)
-        self.lock = _PublishingLock(self.publish)
-        self.ready = asyncio.Event()
+    def decide(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._decide is None:
+            self._decide = concurrent.futures.ThreadPoolExecutor(defaults.DECIDE_WORKERS,
+                                                                 thread_name_prefix="vllmfit-decide")
+        return self._decide
+
+    def review(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._review is None:
+            self._review = concurrent.futures.ThreadPoolExecutor(defaults.REVIEW_WORKERS,
+                                                                 thread_name_prefix="vllmfit-review")
+        return self._review
+
+
+class Cache:
+    """The object cache: what the operator knows of the cluster's objects (a record per
+    VLLMDeployment, the nodes, reservation pods, DRA slices and claims, the agents' reports, the
+    learned records). Changed by the handlers on the event loop; what a decision needs of it is
+    read under the books' lock. One per operator process."""
+
+    def __init__(self) -> None:
         self.records: dict[str, Record] = {}
         self.attributions: dict[str, Any] = {}  # node -> vllmfit.core.observe.attribution.Attribution
         self.log_cache: dict[tuple[str, int], PodHealth] = {}  # (pod uid, restarts) -> health read from its log
         self.child_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self.write_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)  # one status write per key
-        self.holding: dict[str, int] = {}  # keys whose status a handler writes in order (the writer skips them)
-        self.leading = False  # this process handles VLLMDeployment events (standalone, or the active peer)
-        self.changes = 0  # critical sections entered through changing() (resync skips if it moved)
-        self._dirty: set[str] = set()
-        self._wake = asyncio.Event()
-        self._busy = False
-        self._writer: asyncio.Task[None] | None = None
-        self.tasks: list[asyncio.Task[None]] = []  # other background tasks (resync), stopped with the writer
+        self.node_infos: dict[str, placement.NodeInfo | None] = {}  # node -> what its Node object says
         # placement backends (vllmfit.operator.binding.reservations)
         self.reservations: dict[str, rsv.Reservation] = {}  # reservation pod name -> what it holds
         self.gated: dict[tuple[str, str], tuple[str, list[str], list[dict[str, Any]]]] = {}  # pod -> node, pins, gates
@@ -129,16 +116,18 @@ class Store(StatusWriter):
         self.written: set[tuple[str, int]] = set()  # (deployment, replica) whose Deployment was written
         self.slices: dict[str, dict[str, Any]] = {}  # ResourceSlice name -> object
         self.claims: dict[str, dict[str, Any]] = {}  # ResourceClaim namespace/name -> object
-        self.node_infos: dict[str, placement.NodeInfo | None] = {}  # node -> what its Node object says
         self.templates: dict[tuple[str, int], str] = {}  # (deployment, replica) -> its ResourceClaimTemplate
         self.reservation_waits: dict[str, str] = {}  # reservation pod -> the scheduler's last Unschedulable message
         self.retiring: set[str] = set()  # reservation pods vllmfit itself deletes (their end is no loss)
+        self.lookalikes: set[str] = set()  # pods posing as reservations, already reported (uid or ns/name)
+        # nodes whose replicas' pinning may have changed (handlers.writes.rebook_reported looks at
+        # the records there, not at every record, on each event); pins_all: look at every one
+        self.pins_dirty: set[str] = set()
+        self.pins_drained: set[str] = set()  # the nodes of the drains at the last look
+        self.pins_all = True
         self.runtime_classes: set[str] | None = None  # RuntimeClass names (None: not listed yet)
         self.dra_capacity_ok = True  # False once the API server dropped capacity requests (feature gate off)
         self.dra_refresh = ""  # why the DRA nodes must be looked at again (set while writing; finish() does it)
-        self.drains: dict[str, draining.Drain] = {}  # stopped replicas whose pods may still hold memory
-        self.lead_lock = asyncio.Lock()  # taking the lead (a sweep before the first admission)
-        self.refused: set[str] = set()  # nodes whose data was refused at start-up, not read well since
         # the closed loop (issue 34; handlers.nodes, reservations, vllmfit.core.placement.observed)
         self.footprints: dict[tuple[str, int, str, int], tuple[str, int]] = {}  # replica, GPU -> (sampledAt, bytes)
         self.replica_usage: dict[str, Any] = {}  # node -> Attribution keyed "namespace/name#replica"
@@ -148,118 +137,17 @@ class Store(StatusWriter):
         self.learned: list[memory.learned.Record] = []  # read from the operator's ConfigMap (operator.learning)
         self.learned_dirty = False  # records to write
         self._devices: dict[str, list[dra.Device]] | None = None
+        self._driver: str | None = None
 
-    @contextlib.asynccontextmanager
-    async def changing(self) -> AsyncIterator[None]:
-        """Hold the lock to change the ledger or the records (the release publishes them)."""
-        async with self.lock:
-            try:
-                yield
-            finally:
-                self.changes += 1
-
-    def publish(self) -> None:
-        """Make the ledger as it is now the committed snapshot (when it changed). Called by the
-        lock's release, and after the start-up rebuild; never while a change is half done."""
-        now = (id(self.ledger), self.ledger.version)
-        if now != self._published:
-            self.committed = self.ledger.snapshot()
-            self._published = (id(self.ledger), self.ledger.version)
-            self.version += 1
-
-    def snapshot(self) -> Ledger:
-        """The committed ledger: frozen, consistent, free to read from any thread. Its number is
-        `self.version` read at the same moment (no await between the two reads)."""
-        return self.committed
-
-    async def apply(self, change: Callable[[Ledger], T], *, based_on: int | None = None) -> T:
-        """The one writer's entry for a change decided outside the lock: take the lock; if
-        `based_on` (the `version` of the snapshot the change was decided on) is no longer the
-        committed version, raise Stale (decide again on `snapshot()`); else run `change(ledger)`
-        on the writer's ledger and publish it when the lock is released. `change` must not await
-        (it is one step) and may raise (e.g. OverBudget): then nothing is published."""
-        async with self.changing():
-            if based_on is not None and based_on != self.version:
-                raise Stale(f"decided on version {based_on}; the ledger is at version {self.version}")
-            return change(self.ledger)
-
-    async def commit(self, decision: placement.Decision, based_on: int) -> None:
-        """Book an admitted decision taken on the snapshot numbered `based_on` (apply)."""
-        await self.apply(lambda ledger: ledger.book(decision), based_on=based_on)
-
-    def backend_of(self, node: str) -> str:
-        """How the GPUs of `node` are held: "device-plugin" (reservation pods, limits) or "dra"
-        (claims for the booked memory), under --placement-backend (vllmfit.backends.dra.backend_for)."""
-        return dra.backend_for(self.options.placement_backend, self.devices().get(node, []))
-
-    def devices(self) -> dict[str, list[dra.Device]]:
-        """node -> the GPUs ResourceSlices of the configured driver publish there (cached)."""
-        if self._devices is None:
-            self._devices = dra.devices_from_slices(self.slices.values(), (self.options.dra_driver,))
+    def devices(self, driver: str) -> dict[str, list[dra.Device]]:
+        """node -> the GPUs that ResourceSlices of `driver` publish there (cached)."""
+        if self._devices is None or self._driver != driver:
+            self._devices = dra.devices_from_slices(self.slices.values(), (driver,))
+            self._driver = driver
         return self._devices
 
     def slices_changed(self) -> None:
         self._devices = None
-
-    def effective_node(self, name: str, info: placement.NodeInfo | None) -> placement.NodeInfo | None:
-        """The GPUs of a node as the ledger should see them: on a DRA node, from its slices, with
-        the memory every claim vllmfit did not make consumes as foreign use (and the agent's UUIDs
-        and indices when it runs there); None on a DRA node when capacity requests are not kept
-        (nothing can be shared there). Elsewhere what the Node object says."""
-        if self.backend_of(name) != "dra":
-            return info
-        devs = self.devices().get(name) or []
-        if not devs or not self.dra_capacity_ok:
-            return None
-        uses = dra.consumption(self.claims.values(), {d.key: d for d in devs})
-        booked: dict[tuple[str, int], int] = {}
-        for key in self.ledger.deployments():
-            for b in self.ledger.bookings_of(key):
-                if b.node == name:
-                    booked[(name, b.index)] = booked.get((name, b.index), 0) + b.footprint.total
-        agent = info if info is not None and any(s.uuid for s in info.gpus) else None
-        try:
-            return dra.node_from_dra(name, info.labels if info else {}, devs, uses, catalog.gpu_for_label,
-                                     booked=booked, agent=agent, facts=info)
-        except LookupError as e:
-            logger.warning("node %s: DRA devices unusable: %s", name, e)
-            return None
-
-    def dra_nodes(self) -> set[str]:
-        return {n for n in set(self.devices()) | set(self.node_infos) if self.backend_of(n) == "dra"}
-
-    def overlay_dra(self, ledger: Ledger) -> None:
-        """Put the DRA view of every DRA node into `ledger` (after its bookings are restored)."""
-        saved, self.ledger = self.ledger, ledger
-        try:
-            for name in sorted(self.dra_nodes()):
-                info = self.effective_node(name, self.node_infos.get(name))
-                if info is None:
-                    ledger.remove_node(name)
-                else:
-                    ledger.set_node(info)
-        finally:
-            self.ledger = saved
-
-    # --- model resolution -------------------------------------------------------------------
-
-    def effective(self, obj: api.VLLMDeployment) -> api.VLLMDeployment:
-        """The object with the operator's --default-image when the spec names no image."""
-        if "image" in obj.spec.model_fields_set or obj.spec.image == self.options.default_image:
-            return obj
-        return obj.model_copy(update={"spec": obj.spec.model_copy(update={"image": self.options.default_image})})
-
-    async def request_for(self, obj: api.VLLMDeployment) -> Request:
-        """Resolve the model of `obj` (inline modelConfig, modelConfigRef ConfigMap, catalog, then
-        the Hugging Face Hub) into a placement request. Raises ModelResolutionError."""
-        obj = self.effective(obj)
-        req = placement.request_from_object(obj, model := await self.resolve_model(obj))
-        return replace(req, learned=memory.learned.for_model(self.learned, model.name)) if self.learned else req
-
-    async def resolve_model(self, obj: api.VLLMDeployment) -> ModelArch:
-        return await models.resolve_model(self.api, obj)
-
-    # --- records -----------------------------------------------------------------------------
 
     def managed_pods(self) -> dict[str, str]:
         """UIDs of vllmfit's vLLM pods -> their deployment. Their GPU memory is booked in the
@@ -279,6 +167,110 @@ class Store(StatusWriter):
         rec.generation = (body.get("metadata") or {}).get("generation")
         return rec
 
+
+class Store:
+    """The operator's state, made explicit (issue 29): four parts, built once per operator
+    process (operator.main; tests build their own) and passed in, to the Kopf handlers through
+    Kopf's memo (`memo.store`), to the webhook through its constructor, to the metrics collector
+    explicitly. Nothing reaches it through a global.
+
+    - `options`: the settings, read once (Options);
+    - `books`: the writer's ledger, its lock, the committed snapshot and version (Books);
+    - `cache`: the object cache (Cache);
+    - `writer`: the status writer (StatusWriter);
+    plus the API client, and whether this process leads. Its methods are the steps that need
+    several parts at once: the start-up rebuild, the resync, adopting a peer's status, the DRA
+    view of a node, resolving a spec's model."""
+
+    def __init__(self, options: Options | None = None, kube_config: Any = None) -> None:
+        self.options = options or Options()
+        self.kube_config: Any = kube_config  # kubernetes_asyncio Configuration; set by tests, else loaded at start-up
+        self.api: Any = None  # kubernetes_asyncio ApiClient, set at start-up
+        self.books = Books(self.options.kv_grant)
+        self.cache = Cache()
+        self.writer = StatusWriter(self.books, self.cache, lambda: self.api)
+        self.workers = Workers()  # the threads decisions run in (admission.bounded)
+        self.leading = False  # this process handles VLLMDeployment events (standalone, or the active peer)
+        self.lead_lock = asyncio.Lock()  # taking the lead (a sweep before the first admission)
+        self.tasks: list[asyncio.Task[None]] = []  # background tasks (resync), stopped with the writer
+        self.collector: Any = None  # its metrics collector while it runs (operator.metrics.register)
+
+    async def stop(self) -> None:
+        """Stop the background tasks and the status writer."""
+        for task in self.tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.tasks = []
+        await self.writer.stop()
+
+    def backend_of(self, node: str) -> str:
+        """How the GPUs of `node` are held: "device-plugin" (reservation pods, limits) or "dra"
+        (claims for the booked memory), under --placement-backend (vllmfit.backends.dra.backend_for)."""
+        return dra.backend_for(self.options.placement_backend, self.devices().get(node, []))
+
+    def devices(self) -> dict[str, list[dra.Device]]:
+        """node -> the GPUs ResourceSlices of the configured driver publish there (cached)."""
+        return self.cache.devices(self.options.dra_driver)
+
+    def effective_node(self, name: str, info: placement.NodeInfo | None) -> placement.NodeInfo | None:
+        """The GPUs of a node as the ledger should see them: on a DRA node, from its slices, with
+        the memory every claim vllmfit did not make consumes as foreign use (and the agent's UUIDs
+        and indices when it runs there); None on a DRA node when capacity requests are not kept
+        (nothing can be shared there). Elsewhere what the Node object says."""
+        if self.backend_of(name) != "dra":
+            return info
+        devs = self.devices().get(name) or []
+        if not devs or not self.cache.dra_capacity_ok:
+            return None
+        uses = dra.consumption(self.cache.claims.values(), {d.key: d for d in devs})
+        booked: dict[tuple[str, int], int] = {}
+        for key in self.books.ledger.deployments():
+            for b in self.books.ledger.bookings_of(key):
+                if b.node == name:
+                    booked[(name, b.index)] = booked.get((name, b.index), 0) + b.footprint.total
+        agent = info if info is not None and any(s.uuid for s in info.gpus) else None
+        try:
+            return dra.node_from_dra(name, info.labels if info else {}, devs, uses, catalog.gpu_for_label,
+                                     booked=booked, agent=agent, facts=info)
+        except LookupError as e:
+            logger.warning("node %s: DRA devices unusable: %s", name, e)
+            return None
+
+    def dra_nodes(self) -> set[str]:
+        return {n for n in set(self.devices()) | set(self.cache.node_infos) if self.backend_of(n) == "dra"}
+
+    def overlay_dra(self, ledger: Ledger) -> None:
+        """Put the DRA view of every DRA node into `ledger` (after its bookings are restored)."""
+        saved, self.books.ledger = self.books.ledger, ledger
+        try:
+            for name in sorted(self.dra_nodes()):
+                info = self.effective_node(name, self.cache.node_infos.get(name))
+                if info is None:
+                    ledger.remove_node(name)
+                else:
+                    ledger.set_node(info)
+        finally:
+            self.books.ledger = saved
+
+    # --- model resolution -------------------------------------------------------------------
+
+    def effective(self, obj: api.VLLMDeployment) -> api.VLLMDeployment:
+        """The object with the operator's --default-image when the spec names no image."""
+        if "image" in obj.spec.model_fields_set or obj.spec.image == self.options.default_image:
+            return obj
+        return obj.model_copy(update={"spec": obj.spec.model_copy(update={"image": self.options.default_image})})
+
+    async def request_for(self, obj: api.VLLMDeployment) -> Request:
+        """Resolve the model of `obj` (inline modelConfig, modelConfigRef ConfigMap, catalog, then
+        the Hugging Face Hub) into a placement request. Raises ModelResolutionError."""
+        obj = self.effective(obj)
+        req = placement.request_from_object(obj, model := await self.resolve_model(obj))
+        return replace(req, learned=memory.learned.for_model(self.cache.learned, model.name)) if self.cache.learned else req
+
+    async def resolve_model(self, obj: api.VLLMDeployment) -> ModelArch:
+        return await models.resolve_model(self.api, obj)
+
     def rebuild(self, nodes: Iterable[Mapping[str, Any]], deployments: Iterable[Mapping[str, Any]],
                 children: Iterable[Mapping[str, Any]] | None = None,
                 vllm_pods: Iterable[Mapping[str, Any]] = ()) -> list[str]:
@@ -287,16 +279,17 @@ class Store(StatusWriter):
         a status whose replicas do not all run where it says is no booking, and the deployment
         is decided again); and a drain for every pod of vllmfit that runs where nothing books
         it (`vllm_pods`). Returns warnings."""
-        self.ledger = Ledger(kv_grant=self.options.kv_grant)
-        self.drains, self.refused = {}, set()
-        self.records = {}
+        self.books.ledger = Ledger(kv_grant=self.options.kv_grant)
+        self.books.drains, self.books.refused = {}, set()
+        self.cache.records = {}
+        self.cache.pins_all = True
         problems: list[str] = []
         ordered = sorted(deployments, key=lambda b: ((b.get("metadata") or {}).get("creationTimestamp") or "", key_of(b)))
         for body in ordered:
             rec = record_from_object(body)
-            self.records[rec.key] = rec
-        pods = self.managed_pods()  # read before the nodes: their GPU memory is booked, not foreign
-        self.node_infos = {}
+            self.cache.records[rec.key] = rec
+        pods = self.cache.managed_pods()  # read before the nodes: their GPU memory is booked, not foreign
+        self.cache.node_infos = {}
         for obj in nodes:
             name = str((obj.get("metadata") or {}).get("name") or "")
             try:
@@ -304,19 +297,19 @@ class Store(StatusWriter):
                                                   now=datetime.now(UTC))
             except placement.NodeDataError as e:  # refused node data: no new bookings there until it is
                 problems.append(str(e))  # fixed; what is booked there stays, as when it is refused live
-                self.refused.add(name)
+                self.books.refused.add(name)
                 continue
             except ValueError:
-                self.node_infos[name] = None
+                self.cache.node_infos[name] = None
                 continue  # no GPU information: not a GPU node
             except LookupError as e:
                 problems.append(str(e))
                 continue
-            self.node_infos[name] = info
-            self.ledger.set_node(info)
+            self.cache.node_infos[name] = info
+            self.books.ledger.set_node(info)
         running = None if children is None else draining.children_at(children)
         for body in ordered:
-            rec = self.records[key_of(body)]
+            rec = self.cache.records[key_of(body)]
             if rec.admitted:
                 try:
                     status = api.VLLMDeploymentStatus.model_validate(body.get("status") or {})
@@ -329,14 +322,14 @@ class Store(StatusWriter):
                     rec.admitted, rec.placement, rec.flags, rec.outcome = False, [], None, "Pending"
                     rec.admitted_request = None
                     continue
-                self.ledger.restore(rec.key, bookings)
-        self.overlay_dra(self.ledger)
-        covered = {(k, r): (draining.where_of(bs), builders.booked_text(bs)) for k in self.ledger.deployments()
-                   for r, bs in draining.by_replica(self.ledger.bookings_of(k)).items()}
-        self.drains = draining.from_pods(self.ledger, vllm_pods, covered)
-        self.publish()
+                self.books.ledger.restore(rec.key, bookings)
+        self.overlay_dra(self.books.ledger)
+        covered = {(k, r): (draining.where_of(bs), builders.booked_text(bs)) for k in self.books.ledger.deployments()
+                   for r, bs in draining.by_replica(self.books.ledger.bookings_of(k)).items()}
+        self.books.drains = draining.from_pods(self.books.ledger, vllm_pods, covered)
+        self.books.publish()
         gc.freeze()  # the rebuilt ledger lives on: full collections skip it from now on (docs/placement.md)
-        self.ready.set()
+        self.books.ready.set()
         return problems
 
     def resync(self, nodes: Iterable[Mapping[str, Any]], deployments: Iterable[Mapping[str, Any]],
@@ -357,31 +350,31 @@ class Store(StatusWriter):
         again at the next resync: a peer may write the Deployment after the status)."""
         running = None if children is None else draining.children_at(children)
         fresh = Ledger(kv_grant=self.options.kv_grant)
-        pods = self.managed_pods()
+        pods = self.cache.managed_pods()
         t = datetime.now(UTC)
         for obj in nodes:
             name = str((obj.get("metadata") or {}).get("name") or "")
             # Refused node data keeps the node's last good state (never "no GPUs"); a stale
             # inventory gives way to the GFD labels (core.placement.read_node).
             read = placement.read_node(obj, catalog.gpu_for_label, pods, now=t,
-                                       previous=self.node_infos.get(name), policy=self.options.budget)
+                                       previous=self.cache.node_infos.get(name), policy=self.options.budget)
             if read.info is None:
                 continue
-            self.node_infos[name] = read.info
+            self.cache.node_infos[name] = read.info
             fresh.set_node(read.info)
         records: dict[str, Record] = {}
         repair: set[str] = set()
         for body in deployments:
             key = key_of(body)
             status = body.get("status") or {}
-            rec = self.records.get(key)
+            rec = self.cache.records.get(key)
             if rec is not None and self.leading and rec.mine and pruned(rec.written) != pruned(status):
                 rec.written = dict(status)
                 rec.body = dict(body)
                 records[key] = rec
                 repair.add(key)
                 if rec.admitted:
-                    fresh.restore(key, self.ledger.bookings_of(key))
+                    fresh.restore(key, self.books.ledger.bookings_of(key))
                 continue
             news = rec is None or pruned(rec.written) != pruned(status)
             if news:
@@ -400,8 +393,9 @@ class Store(StatusWriter):
                     continue
                 fresh.restore(key, bookings)
         self.overlay_dra(fresh)
-        draining.carry(fresh, self.drains)
-        self.ledger, self.records = fresh, records
+        draining.carry(fresh, self.books.drains)
+        self.books.ledger, self.cache.records = fresh, records
+        self.cache.pins_all = True
         return repair
 
     def adopt(self, body: Mapping[str, Any], children: Iterable[Mapping[str, Any]] | None = None) -> bool | None:
@@ -412,7 +406,7 @@ class Store(StatusWriter):
         peer that died before writing the Deployment. Nothing is taken then; decide it again.
         Hold the lock."""
         key, status = key_of(body), body.get("status") or {}
-        rec = self.records.get(key)
+        rec = self.cache.records.get(key)
         if rec is not None and (rec.mine or pruned(rec.written) == pruned(status)):
             return False
         if rec is None and not status.get("memory"):
@@ -426,31 +420,10 @@ class Store(StatusWriter):
                 new, body, placement.bookings_from_status(key, st), draining.children_at(children)):
             return None
         new.written = dict(status)
-        self.records[key] = new
+        self.cache.records[key] = new
+        self.cache.pins_dirty.update(p.node for r in (rec, new) if r is not None for p in r.placement)
         if new.admitted:
-            self.ledger.restore(key, placement.bookings_from_status(key, st))
+            self.books.ledger.restore(key, placement.bookings_from_status(key, st))
         else:
-            self.ledger.release(key)
+            self.books.ledger.release(key)
         return True
-
-    def misplaced(self, key: str) -> bool:
-        """Its bookings sit on a GPU that no longer exists or is over budget. A node whose data was
-        refused at start-up keeps what is booked on it, as a node refused live keeps its last
-        good state: nothing on it is moved."""
-        for b in self.ledger.bookings_of(key):
-            if b.node in self.refused:
-                continue
-            if self.ledger.slot(b.node, b.index) is None or self.ledger.headroom_bytes(b.node, b.index) < 0:
-                return True
-        return False
-
-
-_store: Store | None = None
-
-
-def get_store() -> Store:
-    """The process-wide Store."""
-    global _store
-    if _store is None:
-        _store = Store()
-    return _store

@@ -1,6 +1,6 @@
-"""The status writer of the operator's Store (state.Store inherits it): statuses of marked
-keys are written in the background, one write per key at a time, each computed while holding
-the store's lock from the record and the ledger as a critical section left them (issue 29), so a
+"""The status writer (one of the operator's four state objects, state.Store.writer): statuses of
+marked keys are written in the background, one write per key at a time, each computed while
+holding the books' lock from the record and the ledger as a critical section left them (issue 29), so a
 neighbour's headroom is never overwritten by an older computation and no status is computed
 from a half-changed ledger. Handlers that must write in a crash-safe order hold their keys
 (`hold`) and write them themselves (`persist`)."""
@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections import defaultdict
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from vllmfit.core.spec import api
@@ -23,19 +24,20 @@ WRITERS = 16  # concurrent status writes
 
 
 class StatusWriter:
-    """The status-writing half of state.Store (its fields are set by Store.reset)."""
+    """Writes the status of marked keys from their record (`cache.records`) and the ledger
+    (`books`), computed under the books' lock; `api` returns the API client of the moment (it
+    is made at start-up)."""
 
-    records: dict[str, Any]
-    lock: asyncio.Lock
-    ledger: Any
-    api: Any
-    tasks: list[asyncio.Task[None]]
-    holding: dict[str, int]
-    write_locks: Any
-    _dirty: set[str]
-    _wake: asyncio.Event
-    _busy: bool
-    _writer: asyncio.Task[None] | None
+    def __init__(self, books: Any, cache: Any, api: Callable[[], Any]) -> None:
+        self.books = books  # state.Books
+        self.cache = cache  # state.Cache
+        self._api = api
+        self.write_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)  # one status write per key
+        self.holding: dict[str, int] = {}  # keys whose status a handler writes in order (the writer skips them)
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self._busy = False
+        self._writer: asyncio.Task[None] | None = None
 
     def busy(self) -> bool:
         """Statuses remain to be written (the API does not show the ledger yet)."""
@@ -43,7 +45,7 @@ class StatusWriter:
 
     def mark(self, keys: Iterable[str]) -> None:
         """Write the status of these deployments soon (from their record at that time)."""
-        self._dirty.update(k for k in keys if k in self.records)
+        self._dirty.update(k for k in keys if k in self.cache.records)
         self._wake.set()
 
     def start(self) -> None:
@@ -51,11 +53,6 @@ class StatusWriter:
             self._writer = asyncio.create_task(self._write_loop(), name="vllmfit status writer")
 
     async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self.tasks = []
         if self._writer is not None:
             self._writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -117,18 +114,18 @@ class StatusWriter:
         from kubernetes_asyncio.client import CustomObjectsApi
 
         async with self.write_locks[key]:
-            async with self.lock:  # the record and the ledger as a critical section left them
-                rec = self.records.get(key)
+            async with self.books.lock:  # the record and the ledger as a critical section left them
+                rec = self.cache.records.get(key)
                 if rec is None:
                     return
-                status = report.status(rec, self.ledger)
+                status = report.status(rec, self.books.ledger)
             if status == rec.written:
                 return
             rec.mine = True  # before the write: its echo may arrive before the answer
-            await CustomObjectsApi(self.api).patch_namespaced_custom_object_status(
+            await CustomObjectsApi(self._api()).patch_namespaced_custom_object_status(
                 api.GROUP, api.VERSION, rec.namespace, api.PLURAL, rec.name, {"status": status},
                 _content_type=MERGE_PATCH)  # type: ignore[call-arg]
-            if self.records.get(key) is rec:
+            if self.cache.records.get(key) is rec:
                 rec.written = status
 
     async def _write(self, key: str) -> None:

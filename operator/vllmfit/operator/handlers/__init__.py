@@ -3,7 +3,7 @@
 Importing this package registers them in Kopf's default registry (`registry`: every watch in
 one table). Every handler follows the same shape:
   1. outside the lock: parse the object, resolve its model (may call the Hub);
-  2. under `store.lock`: decide and book or release, update the records (no I/O, no awaits);
+  2. under `store.books.lock`: decide and book or release, update the records (no I/O, no awaits);
   3. outside the lock: post Events, write the children (Deployments, Service), mark statuses.
 Step 2 collects what step 3 must do in `common.Effects`; `writes.finish` does step 3.
 """

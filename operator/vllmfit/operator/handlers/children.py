@@ -19,7 +19,7 @@ from vllmfit.operator.binding import runtime_classes as runtimeclasses
 from vllmfit.operator.booking import draining, report
 from vllmfit.operator.booking.record import Record
 from vllmfit.operator.booking.report import now, post_event
-from vllmfit.operator.booking.state import Store, get_store
+from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.common import JSON_PATCH, MERGE_PATCH, gone_ok
 from vllmfit.operator.rendering import builders
 
@@ -82,26 +82,52 @@ async def apply_service(core: client.CoreV1Api, manifest: dict[str, Any], owner:
                                             _content_type=MERGE_PATCH)  # type: ignore[call-arg]
 
 
-def children_state(rec: Record, table: reservations.UuidTable | None = None) -> tuple[Any, ...]:
-    """What the children of `rec` are built from (to skip rewriting them unchanged). `table`: a
-    reservations.uuid_table of the store as it is, for a pass over many records."""
+def desired_object(rec: Record) -> api.VLLMDeployment | None:
+    """The VLLMDeployment its children are rendered from: its metadata and its admitted spec
+    (None: restored with an update pending, its admitted spec unknown)."""
     req = rec.admitted_request
-    store = get_store()
-    # the gate is not part of it: a running replica is not restarted to add one (its GPUs get
-    # their reservations all the same)
-    pinning = tuple((tuple(reservations.pins(store, rec.key, p, table) or ()),
-                     ((claims.desired(store, rec.key, p) or {}).get("metadata") or {}).get("name"),
-                     store.backend_of(p.node),
-                     builders.booked_text(store.committed.bookings_of(rec.key, p.replica)))
-                    for p in rec.placement)
-    return (rec.admitted and not rec.going, tuple(builders.placement_text(p) for p in rec.placement), rec.flags,
-            req.spec if req else None, req.model.name if req else None, pinning, tuple(waiting_for_drains(store, rec)))
+    if req is None or rec.flags is None:
+        return None
+    return api.VLLMDeployment(metadata=api.ObjectMeta.model_validate(rec.body["metadata"]), spec=req.spec)
+
+
+def replica_inputs(store: Store, rec: Record, obj: api.VLLMDeployment, p: api.ReplicaPlacement,
+                   table: reservations.UuidTable | None = None) -> dict[str, Any]:
+    """Every argument of builders.deployment for one replica, save the two its writer settles
+    against the Deployment that exists (apply_deployment: `exclusive`, the GPU pinning mode a
+    replica keeps where it stays, and `gated`, the reservation gate a running replica is never
+    restarted to get). The writer renders from exactly these (`builders.deployment(**inputs,
+    exclusive=..., gated=...)`), and they are the children's cache key (children_state), so no
+    input of the rendering can be left out of the key."""
+    assert rec.admitted_request is not None and rec.flags is not None
+    committed = store.books.committed
+    mine = committed.bookings_of(rec.key, p.replica)
+    want = claims.desired(store, rec.key, p) if store.backend_of(p.node) == "dra" else None
+    return {"obj": obj, "replica": p, "flags": rec.flags, "model_name": rec.admitted_request.model.name,
+            "weights_bytes": sum(b.footprint.weights for b in mine), "pins": reservations.pins(store, rec.key, p, table),
+            "claim_template": str(want["metadata"]["name"]) if want else None, "booked": builders.booked_text(mine),
+            "runtime_class": store.options.reservation.runtime_class, "mps": store.options.mps}
+
+
+def children_state(store: Store, rec: Record, table: reservations.UuidTable | None = None) -> tuple[Any, ...]:
+    """The children's cache key (rewrite them only when it changed), derived, not listed by hand:
+    whether they run, which replicas wait for drains, each replica's backend (a DRA replica is
+    written only with its claim template), and the inputs each replica's Deployment is rendered
+    from (replica_inputs: builders.deployment's arguments, as the writer passes them; the Service
+    is rendered from the same object). `table`: a reservations.uuid_table of the store as it is,
+    for a pass over many records."""
+    running = rec.admitted and not rec.going
+    obj = desired_object(rec) if running else None
+    blocked = tuple(waiting_for_drains(store, rec))
+    replicas = tuple((store.backend_of(p.node), tuple(replica_inputs(store, rec, obj, p, table).items()))
+                     for p in rec.placement if p.replica not in blocked) if obj is not None else ()
+    return running, obj is not None, blocked, replicas
 
 
 def waiting_for_drains(store: Store, rec: Record) -> list[int]:
     """Replicas that may not start yet: on one of their GPUs a stopped replica's pods may still
     hold memory the GPU has no room for besides them (break-then-make; draining.blocked)."""
-    return [p.replica for p in rec.placement if draining.blocked(store.committed, store.drains, rec.key, p.replica)]
+    return [p.replica for p in rec.placement if draining.blocked(store.books.committed, store.books.drains, rec.key, p.replica)]
 
 
 def stopping(rec: Record) -> list[int]:
@@ -114,8 +140,8 @@ async def stop_children(store: Store, key: str) -> None:
     """Delete the Deployments of the replicas that stop (scale-down, move), before the status
     that releases them is written (finish); their memory stays booked as drains until their
     pods are gone."""
-    async with store.child_locks[key]:
-        rec = store.records.get(key)
+    async with store.cache.child_locks[key]:
+        rec = store.cache.records.get(key)
         if rec is None:
             return
         apps = client.AppsV1Api(store.api)
@@ -129,76 +155,73 @@ async def delete_child(store: Store, rec: Record, apps: client.AppsV1Api, r: int
     rec.child_where.pop(r, None)
     rec.synced = None
     key = rec.key
-    store.whole.pop((key, r), None)
-    store.written.discard((key, r))
-    for d in store.drains.values():  # no pod of it can start any more: its drains can end
+    if (held := store.cache.whole.pop((key, r), None)) is not None:
+        store.cache.pins_dirty.add(held)  # a whole-node holder gone: its neighbours' pins may change
+    store.cache.written.discard((key, r))
+    for d in store.books.drains.values():  # no pod of it can start any more: its drains can end
         if d.key == key and d.replica == r:
             d.stopped = True
-    old = store.templates.pop((key, r), None)
+    old = store.cache.templates.pop((key, r), None)
     if old:
         await claims.delete(store, rec.namespace, old)
 
 
 async def sync_children(store: Store, key: str) -> None:
     """Make the Deployments and the Service of `key` match its record (now, not when marked)."""
-    async with store.child_locks[key]:
-        rec = store.records.get(key)
+    async with store.cache.child_locks[key]:
+        rec = store.cache.records.get(key)
         if rec is None:
             return
-        state = children_state(rec)
+        state = children_state(store, rec)
         if rec.synced == state:
             return  # written by a concurrent call meanwhile
         apps, core = client.AppsV1Api(store.api), client.CoreV1Api(store.api)
         want: set[int] = set()
         blocked = set(waiting_for_drains(store, rec))
         if rec.admitted and not rec.going:
-            req = rec.admitted_request
-            if req is None or rec.flags is None:
+            obj = desired_object(rec)
+            if obj is None:
                 return  # restored with an update pending: its admitted spec is unknown; leave them
-            obj = api.VLLMDeployment(metadata=api.ObjectMeta.model_validate(rec.body["metadata"]), spec=req.spec)
-            flags = rec.flags
             for p in rec.placement:
                 if p.replica in blocked:
                     continue  # break-then-make: it starts once the pods on its GPUs are gone
                 want.add(p.replica)
+                inputs = replica_inputs(store, rec, obj, p)
                 tmpl: str | None = None
                 if store.backend_of(p.node) == "dra":
                     tmpl = await claim_template(store, rec, p)
                     if tmpl is None:
                         continue  # no template it can use: its Deployment is not written (condition, Event)
-                ex = builders.exclusive(store.committed, key, p.node, [g.index for g in p.gpus]) and not tmpl
+                ex = builders.exclusive(store.books.committed, key, p.node, [g.index for g in p.gpus]) and not tmpl
                 if not ex and not tmpl and (why := await runtimeclasses.refusal(store)):
                     await refuse(store, rec, runtimeclasses.REASON, why)
                     continue  # its pods could not start: not written (condition, Event)
-                pins, gated = reservations.pins(store, key, p), reservations.gated(store, key, p)
+                gated = reservations.gated(store, key, p)
+                booked = inputs["booked"]
 
-                mine = store.committed.bookings_of(key, p.replica)
-                weights, booked = sum(b.footprint.weights for b in mine), builders.booked_text(mine)
+                def make(exclusive: bool, inputs: dict[str, Any] = inputs, gated: bool = gated,
+                         tmpl: str | None = tmpl) -> dict[str, Any]:
+                    return builders.deployment(**{**inputs, "claim_template": tmpl},
+                                               exclusive=exclusive and not tmpl, gated=gated and not exclusive)
 
-                def make(exclusive: bool, p: api.ReplicaPlacement = p, weights: int = weights,
-                         pins: list[str] | None = pins, gated: bool = gated, tmpl: str | None = tmpl,
-                         booked: str = booked) -> dict[str, Any]:
-                    return builders.deployment(obj, p, flags, req.model.name, exclusive=exclusive and not tmpl,
-                                               weights_bytes=weights, pins=pins, gated=gated and not exclusive,
-                                               claim_template=tmpl, booked=booked,
-                                               runtime_class=store.options.reservation.runtime_class,
-                                               mps=store.options.mps)
-
+                held = store.cache.whole.get((key, p.replica))
                 if await apply_deployment(apps, make, ex, rec.body) and not tmpl:
-                    store.whole[(key, p.replica)] = p.node
+                    store.cache.whole[(key, p.replica)] = p.node
                 else:
-                    store.whole.pop((key, p.replica), None)
-                store.written.add((key, p.replica))
-                old = store.templates.get((key, p.replica))
+                    store.cache.whole.pop((key, p.replica), None)
+                if store.cache.whole.get((key, p.replica)) != held:  # a whole-node holder came or went there:
+                    store.cache.pins_dirty.update(n for n in (held, p.node) if n)  # its neighbours' pins may change
+                store.cache.written.add((key, p.replica))
+                old = store.cache.templates.get((key, p.replica))
                 if tmpl:
-                    store.templates[(key, p.replica)] = tmpl
+                    store.cache.templates[(key, p.replica)] = tmpl
                 else:
-                    store.templates.pop((key, p.replica), None)
+                    store.cache.templates.pop((key, p.replica), None)
                 if old and old != tmpl:
                     await claims.delete(store, rec.namespace, old)
                 rec.children.add(p.replica)
                 rec.child_where[p.replica] = where = builders.placement_text(p)
-                for d in store.drains.values():  # moved or resized: the Deployment's old pods are being stopped
+                for d in store.books.drains.values():  # moved or resized: the Deployment's old pods are being stopped
                     if d.key == key and d.replica == p.replica and (d.where != where or d.booked not in ("", booked)):
                         d.stopped = True
             await apply_service(core, builders.service(obj), rec.body)
@@ -215,10 +238,10 @@ async def refuse(store: Store, rec: Record, reason: str, message: str) -> None:
         return
     logger.error("%s: %s", rec.key, message)
     post_event(rec.body, "Warning", reason, message)
-    async with store.changing():
+    async with store.books.changing():
         rec.conditions = report.set_condition(rec.conditions, "Placed", "False", reason, message, now(),
                                                 rec.generation)
-        store.mark([rec.key])
+        store.writer.mark([rec.key])
 
 
 async def claim_template(store: Store, rec: Record, p: api.ReplicaPlacement) -> str | None:
@@ -229,7 +252,7 @@ async def claim_template(store: Store, rec: Record, p: api.ReplicaPlacement) -> 
     if want is None and (why := claims.unsatisfiable(store, rec.key, p)):
         await refuse(store, rec, claims.NOT_GRANTABLE, f"replica {p.replica}: {why}")
         return None
-    if want is None or not store.dra_capacity_ok:
+    if want is None or not store.cache.dra_capacity_ok:
         return None
     dropped = await claims.ensure(store, want, rec.body)
     if not dropped:
@@ -239,10 +262,10 @@ async def claim_template(store: Store, rec: Record, p: api.ReplicaPlacement) -> 
                "default), so a claim would take whole GPUs; vllmfit does not share GPUs through DRA on this cluster")
     logger.error("%s", message)
     post_event(rec.body, "Warning", "DRACapacityUnsupported", message)
-    async with store.changing():
-        store.dra_capacity_ok = False
+    async with store.books.changing():
+        store.cache.dra_capacity_ok = False
         rec.conditions = report.set_condition(rec.conditions, "Placed", "False", "DRACapacityUnsupported", message,
                                                 now(), rec.generation)
-        store.mark([rec.key])
-    store.dra_refresh = "DRA capacity requests are not kept"  # finish() refreshes the DRA nodes
+        store.writer.mark([rec.key])
+    store.cache.dra_refresh = "DRA capacity requests are not kept"  # finish() refreshes the DRA nodes
     return None

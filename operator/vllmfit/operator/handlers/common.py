@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import kopf
 from kubernetes_asyncio.client import ApiException
 
 from vllmfit.core.spec import api, read, validate
@@ -28,6 +29,13 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 SETTLING = ("Starting", "Pending", "Terminating", "NotAdmitted", "ScaledToZero")
+
+
+def store_of(memo: kopf.Memo) -> Any:
+    """The operator's state (booking.state.Store), handed to every handler through Kopf's memo:
+    operator.main (or a test) builds it once and puts it in the operator's memo as `store`, and
+    Kopf gives each handler that memo (a resource's memo is a shallow copy of it)."""
+    return memo["store"]
 
 
 Invalid = read.SpecError

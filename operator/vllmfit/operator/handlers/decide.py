@@ -1,5 +1,5 @@
 """Decisions -> records: book or release in the ledger and update the records. Called under
-`store.lock`; no writes to the API (what must be written is collected in `Effects`)."""
+`store.books.lock`; no writes to the API (what must be written is collected in `Effects`)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def not_admitted(rec: Record, phase: str, reason: str, message: str, fx: Effects
     metrics.ADMISSIONS.labels(phase).inc()
 
 
-def scale_keep(store: Store, rec: Record, req: Request) -> list[placement.ReplicaAllocation]:
+def scale_keep(ledger: placement.Ledger, rec: Record, req: Request) -> list[placement.ReplicaAllocation]:
     """When only spec.replicas changed (kubectl scale, an HPA), the replicas that stay keep their
     GPUs: a shrink releases the highest ones and always succeeds; a growth places only the new
     ones, and is admitted only if every new one fits. A change of nothing memory needs (env,
@@ -72,12 +72,12 @@ def scale_keep(store: Store, rec: Record, req: Request) -> list[placement.Replic
     if changes.memory_changes(old.spec, req.spec) not in ([], ["replicas"]):
         return []  # a change of what a replica needs or where it may run: decided afresh
     below = min(old.spec.replicas, req.spec.replicas)
-    return placement.held_replicas(store.ledger, rec.key, below, rec.flags)
+    return placement.held_replicas(ledger, rec.key, below, rec.flags)
 
 
 def apply_decision(store: Store, rec: Record, req: Request, d: Decision, fx: Effects, *, cause: str = "") -> None:
     """Book an admitted decision, or record why not."""
-    ledger, key, t = store.ledger, rec.key, now()
+    ledger, key, t = store.books.ledger, rec.key, now()
     before = builders.gpus_of(ledger, key)
     rec.observed_generation = rec.generation
     rec.request = req
@@ -86,8 +86,8 @@ def apply_decision(store: Store, rec: Record, req: Request, d: Decision, fx: Eff
         old_by = {p.replica: builders.placement_text(p) for p in rec.placement}
         stopping = ledger.bookings_of(key)
         ledger.book(d)
-        draining.revive(ledger, store.drains, key)
-        draining.hold(ledger, store.drains, key, stopping)  # what leaves stays booked until its pods are gone
+        draining.revive(ledger, store.books.drains, key)
+        draining.hold(ledger, store.books.drains, key, stopping)  # what leaves stays booked until its pods are gone
         rec.admitted, rec.outcome, rec.waiting = True, "Admitted", False
         rec.allocation_failure = ""  # a new placement: a new claim the scheduler may fail to allocate
         rec.admitted_request = req
@@ -138,9 +138,9 @@ async def retry_waiting(store: Store, fx: Effects) -> None:
     """After room freed up: decide again, in creation order, every spec waiting for room (each
     decision bounded in time, off the event loop; the caller holds the lock). One that still
     does not fit keeps waiting, with the reasons of now (its old ones may name no node at all)."""
-    for rec in sorted((r for r in store.records.values() if r.waiting and r.request), key=lambda r: r.order):
+    for rec in sorted((r for r in store.cache.records.values() if r.waiting and r.request), key=lambda r: r.order):
         assert rec.request is not None
-        d = await bounded.decide(store.ledger, rec.request)
+        d = await bounded.decide(store.workers, store.books.ledger, rec.request)
         if d.admitted:
             apply_decision(store, rec, rec.request, d, fx, cause="room freed up")
         elif d.phase == "Unschedulable" and list(d.reasons or (d.message,)) != rec.reasons:
@@ -158,23 +158,23 @@ async def replan(store: Store, node: str, fx: Effects, cause: str) -> None:
     limit the worker is abandoned with its copy, and the cheap part runs here instead: the
     evictions only (linear in the bookings), each evicted deployment waiting for room, to be
     decided again, bounded, by retry_waiting. Either way no GPU stays over budget."""
-    before = {k: builders.gpus_of(store.ledger, k) for k in store.ledger.deployments()}
-    held = {k: store.ledger.bookings_of(k) for k in store.ledger.deployments() if not draining.is_drain(k)}
-    requests = {k: r.request or r.admitted_request for k, r in store.records.items() if k in before}
+    before = {k: builders.gpus_of(store.books.ledger, k) for k in store.books.ledger.deployments()}
+    held = {k: store.books.ledger.bookings_of(k) for k in store.books.ledger.deployments() if not draining.is_drain(k)}
+    requests = {k: r.request or r.admitted_request for k, r in store.cache.records.items() if k in before}
     known = {k: v for k, v in requests.items() if v is not None}
-    flags = {k: r.flags for k, r in store.records.items() if k in before and r.flags}
-    work = store.ledger.fork()  # the next version, built apart (the abandoned worker keeps its own)
+    flags = {k: r.flags for k, r in store.cache.records.items() if k in before and r.flags}
+    work = store.books.ledger.fork()  # the next version, built apart (the abandoned worker keeps its own)
     try:
-        result = await bounded.run(placement.replan, work, known, flags=flags, timeout=defaults.DECIDE_TIMEOUT_S)
-        store.ledger = work
+        result = await bounded.run(store.workers, placement.replan, work, known, flags=flags, timeout=defaults.DECIDE_TIMEOUT_S)
+        store.books.ledger = work
     except bounded.TooCostly:
         why = (f"re-placing it took more than {defaults.DECIDE_TIMEOUT_S:g} s, so it waits for room "
                "and is decided again when room frees up")
         logger.warning("%s: %s", cause, why)
-        result = placement.replan(store.ledger, known, flags=flags, place=False, why_not_placed=why)
-    ledger = store.ledger
+        result = placement.replan(store.books.ledger, known, flags=flags, place=False, why_not_placed=why)
+    ledger = store.books.ledger
     for key in result.evicted:
-        rec = store.records.get(key)
+        rec = store.cache.records.get(key)
         fx.mark.update(builders.neighbours(ledger, before.get(key, set())))
         if draining.is_drain(key):
             continue  # a stopped replica's pods still hold it: charged again below
@@ -184,10 +184,10 @@ async def replan(store: Store, node: str, fx: Effects, cause: str) -> None:
         req = requests.get(key)
         if key in result.moves and req is not None:
             apply_decision(store, rec, req, result.moves[key], fx, cause=cause)
-            draining.hold(ledger, store.drains, key, held.get(key, []))
+            draining.hold(ledger, store.books.drains, key, held.get(key, []))
             continue
         ledger.release(key)  # all or nothing: its remaining replicas go too
-        draining.hold(ledger, store.drains, key, held.get(key, []))
+        draining.hold(ledger, store.books.drains, key, held.get(key, []))
         rec.admitted = False
         d = result.waiting.get(key) or Decision(key, "Unschedulable", message="the model is not resolved yet")
         if req is None:
@@ -196,7 +196,7 @@ async def replan(store: Store, node: str, fx: Effects, cause: str) -> None:
             fx.mark.add(key)
         else:
             apply_decision(store, rec, req, d, fx, cause=cause)
-    for d in store.drains.values():  # drains the re-planning took out: their pods still hold them
+    for d in store.books.drains.values():  # drains the re-planning took out: their pods still hold them
         if not ledger.bookings_of(d.name):
             draining.charge(ledger, d)
 
@@ -204,9 +204,9 @@ async def replan(store: Store, node: str, fx: Effects, cause: str) -> None:
 async def resolve_requests_on(store: Store, nodes: set[str]) -> None:
     """Re-placing needs resolved models: resolve the request of every deployment booked on these
     nodes (before the caller takes the lock; a spec that cannot be resolved keeps none)."""
-    keys = {b.deployment for k in store.ledger.deployments() for b in store.ledger.bookings_of(k) if b.node in nodes}
+    keys = {b.deployment for k in store.books.ledger.deployments() for b in store.books.ledger.bookings_of(k) if b.node in nodes}
     for key in sorted(keys):
-        rec = store.records.get(key)
+        rec = store.cache.records.get(key)
         if rec is not None and rec.request is None:
             try:
                 rec.request = await store.request_for(await checked(store, rec.body))
@@ -218,23 +218,24 @@ async def update_node(store: Store, name: str, info: placement.NodeInfo | None, 
     """Put a node's GPUs into the ledger (hold the lock): move what no longer fits, give waiting
     specs a chance when room grew; rewrite the children whose GPU binding changed (a node moved
     from the device plugin to DRA)."""
-    old = store.ledger.nodes.get(name)
+    old = store.books.ledger.nodes.get(name)
+    store.cache.pins_dirty.add(name)  # its GPUs' UUIDs (pins) may change
     if info != old:
         slots = [(s.node, s.index) for s in (old.gpus if old else ())]
-        before = {k: store.ledger.headroom_bytes(*k) for k in slots}
+        before = {k: store.books.ledger.headroom_bytes(*k) for k in slots}
         if info is None:
-            store.ledger.remove_node(name)
+            store.books.ledger.remove_node(name)
             cause = f"node {name} {gone}"
         else:
-            store.ledger.set_node(info)
+            store.books.ledger.set_node(info)
             cause = f"node {name} changed ({', '.join(info.warnings) or 'capacity, labels or foreign use'})"
         await replan(store, name, fx, cause)
         grew = info is not None and (old is None or any(
-            store.ledger.headroom_bytes(s.node, s.index) > before.get((s.node, s.index), 0) for s in info.gpus))
+            store.books.ledger.headroom_bytes(s.node, s.index) > before.get((s.node, s.index), 0) for s in info.gpus))
         if grew:
             await retry_waiting(store, fx)
-        fx.mark.update(builders.neighbours(store.ledger, {(s.node, s.index) for s in info.gpus} if info else set()))
-    for k, rec in store.records.items():
+        fx.mark.update(builders.neighbours(store.books.ledger, {(s.node, s.index) for s in info.gpus} if info else set()))
+    for k, rec in store.cache.records.items():
         if rec.admitted and rec.synced is not None and any(p.node == name for p in rec.placement) \
-                and rec.synced != children_state(rec):
+                and rec.synced != children_state(store, rec):
             fx.sync.add(k)

@@ -21,8 +21,8 @@ from vllmfit.operator.binding import reservations
 from vllmfit.operator.booking import learning, report
 from vllmfit.operator.booking.measured import in_use, replica_pods, started
 from vllmfit.operator.booking.report import now
-from vllmfit.operator.booking.state import Store, get_store
-from vllmfit.operator.handlers.common import Effects
+from vllmfit.operator.booking.state import Store
+from vllmfit.operator.handlers.common import Effects, store_of
 from vllmfit.operator.handlers.decide import apply_decision, resolve_requests_on, retry_waiting, update_node
 from vllmfit.operator.handlers.writes import finish
 from vllmfit.operator.rendering import builders
@@ -32,13 +32,15 @@ logger = logging.getLogger(__name__)
 
 
 def node_info(body: Mapping[str, Any], pods: Mapping[str, str] | None = None,
-              previous: placement.NodeInfo | None = None) -> placement.NodeInfo | None:
+              previous: placement.NodeInfo | None = None, *,
+              policy: memory.BudgetPolicy = memory.DEFAULT_POLICY) -> placement.NodeInfo | None:
     """The node's GPUs, or None when it has none (no GFD labels, no inventory). `pods` maps the
     UIDs of vllmfit's pods to their deployment (their memory is booked, not foreign). Raises
     placement.NodeDataError (a LookupError) when its GPU labels or inventory are refused
-    (malformed, out of range, not believable): the caller keeps `previous`, never evicts."""
+    (malformed, out of range, not believable): the caller keeps `previous`, never evicts.
+    `policy`: the operator's budget policy (--budget-*, Options.budget)."""
     read = placement.read_node(body, catalog.gpu_for_label, pods, now=datetime.now(UTC), previous=previous,
-                              policy=get_store().options.budget)
+                              policy=policy)
     if read.problem:
         raise placement.NodeDataError(read.problem)
     return read.info
@@ -48,20 +50,20 @@ def attribute(store: Store, node: str, body: Mapping[str, Any], t: str) -> None:
     """Observed memory per deployment from the agent's inventory (status.observed, MemoryDrift)."""
     raw = ((body.get("metadata") or {}).get("annotations") or {}).get(defaults.INVENTORY_ANNOTATION)
     if not raw:
-        store.attributions.pop(node, None)
-        store.replica_usage.pop(node, None)
+        store.cache.attributions.pop(node, None)
+        store.cache.replica_usage.pop(node, None)
         return
     try:
         inv = inventory.GpuInventory.model_validate_json(raw)
     except pydantic.ValidationError:
         return
-    uids = {uid: rec.key for rec in store.records.values() for uid in rec.pod_uids.values()}
+    uids = {uid: rec.key for rec in store.cache.records.values() for uid in rec.pod_uids.values()}
     att = attribution.attribute(inv, uids)
-    store.attributions[node] = att
-    store.replica_usage[node] = attribution.attribute(inv, replica_pods(store))  # the closed loop's view
-    for key in store.ledger.deployments():
-        rec = store.records.get(key)
-        mine = [b for b in store.ledger.bookings_of(key) if b.node == node]
+    store.cache.attributions[node] = att
+    store.cache.replica_usage[node] = attribution.attribute(inv, replica_pods(store))  # the closed loop's view
+    for key in store.books.ledger.deployments():
+        rec = store.cache.records.get(key)
+        mine = [b for b in store.books.ledger.bookings_of(key) if b.node == node]
         if rec is None or not mine:
             continue
         entries, warn = [], []
@@ -83,17 +85,18 @@ def attribute(store: Store, node: str, body: Mapping[str, Any], t: str) -> None:
                 rec.conditions, "MemoryDrift", "True" if warn else "False",
                 "AbovePrediction" if warn else "WithinPrediction",
                 "; ".join(warn) or "observed GPU memory is within the prediction", t, rec.generation)
-        store.mark([key])
+        store.writer.mark([key])
 
 
-async def on_node(type: str | None, body: kopf.Body, **_: Any) -> None:
+async def on_node(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Capacity, labels, the agent's inventory, or the node itself changed: update the ledger,
     move what no longer fits, give waiting specs a chance when room grew."""
-    store = get_store()
-    await store.ready.wait()
+    store = store_of(memo)
+    await store.books.ready.wait()
     name = (body.get("metadata") or {}).get("name") or ""
     try:
-        info = None if type == "DELETED" else node_info(body, store.managed_pods(), store.ledger.nodes.get(name))
+        info = None if type == "DELETED" else node_info(body, store.cache.managed_pods(), store.books.ledger.nodes.get(name),
+                                                      policy=store.options.budget)
     except placement.NodeDataError as e:
         await node_data_refused(store, name, str(e).splitlines()[0])
         return
@@ -103,18 +106,18 @@ async def on_node(type: str | None, body: kopf.Body, **_: Any) -> None:
         return
     await resolve_requests_on(store, {name})
     fx, t = Effects(), now()
-    async with store.changing():
+    async with store.books.changing():
         if type == "DELETED":
-            store.node_infos.pop(name, None)
+            store.cache.node_infos.pop(name, None)
         else:
-            store.node_infos[name] = info
-            store.refused.discard(name)
+            store.cache.node_infos[name] = info
+            store.books.refused.discard(name)
             info = store.effective_node(name, info)
         # a re-plan for a change of the node itself (capacity, foreign use) decides on the
         # predictions: a measurement never moves a started replica (docs/operator.md); the
         # measured bookings are put back right after, from this inventory
-        held = observed.kept(store.ledger, name)
-        observed.apply(store.ledger, observed.floor(store.ledger, name))  # the ledger's measured change, 1 of 2
+        held = observed.kept(store.books.ledger, name)
+        observed.apply(store.books.ledger, observed.floor(store.books.ledger, name))  # the ledger's measured change, 1 of 2
         await update_node(store, name, info, fx, "was removed" if type == "DELETED" else "no longer reports GPUs")
         if info is not None:
             attribute(store, name, body, t)
@@ -137,7 +140,7 @@ async def node_data_refused(store: Store, name: str, problem: str) -> None:
     logger.warning("node %s: GPU information refused, keeping what was known: %s", name, problem)
     metrics.NODE_DATA_REFUSED.labels(name).inc()
     fx, t = Effects(), now()
-    async with store.changing():
+    async with store.books.changing():
         node_data_condition(store, name, problem, fx, t)
     await finish(store, fx, strict=False)
 
@@ -145,9 +148,9 @@ async def node_data_refused(store: Store, name: str, problem: str) -> None:
 def node_data_condition(store: Store, name: str, problem: str | None, fx: Effects, t: str) -> None:
     """Set (problem) or clear (None) the NodeData condition of the deployments booked on `name`;
     an Event when it turns False or its message changes. Hold the lock."""
-    keys = {b.deployment for k in store.ledger.deployments() for b in store.ledger.bookings_of(k) if b.node == name}
+    keys = {b.deployment for k in store.books.ledger.deployments() for b in store.books.ledger.bookings_of(k) if b.node == name}
     for key in sorted(keys):
-        rec = store.records.get(key)
+        rec = store.cache.records.get(key)
         if rec is None:
             continue
         old = next((c for c in rec.conditions if c.type == NODE_DATA), None)
@@ -179,7 +182,7 @@ def close_loop(store: Store, node: str, fx: Effects, held: dict[tuple[str, int, 
     (observed.apply, the one change the measurements make to the ledger); what this inventory does
     not measure again keeps the excess it had (`held`, observed.kept before observed.floor).
     Returns whether a measured booking came back down. Hold the lock."""
-    att = store.replica_usage.get(node)
+    att = store.cache.replica_usage.get(node)
     measured = []
     if att is not None:
         forget(store)
@@ -187,20 +190,20 @@ def close_loop(store: Store, node: str, fx: Effects, held: dict[tuple[str, int, 
             if not att.units[index].attributable:
                 continue
             sample = (att.sampled_at, n)
-            prev = store.footprints.get((key, replica, node, index))
-            store.footprints[(key, replica, node, index)] = sample
+            prev = store.cache.footprints.get((key, replica, node, index))
+            store.cache.footprints[(key, replica, node, index)] = sample
             if observed.stable(prev, sample):
-                store.started.add((key, replica))
+                store.cache.started.add((key, replica))
             measured.append(observed.Measured(key, replica, node, index, n, started(store, key, replica)))
         teach(store, node, measured)
-    change = observed.change(store.ledger, measured, kept=held)
-    before = {k: builders.gpus_of(store.ledger, k) for k in change.bookings}
-    observed.apply(store.ledger, change)  # the ledger's measured change, 2 of 2
+    change = observed.change(store.books.ledger, measured, kept=held)
+    before = {k: builders.gpus_of(store.books.ledger, k) for k in change.bookings}
+    observed.apply(store.books.ledger, change)  # the ledger's measured change, 2 of 2
     for g in change.grown:
-        rec = store.records.get(g.deployment)
+        rec = store.cache.records.get(g.deployment)
         if rec is None:
             continue
-        fx.mark.update({g.deployment} | builders.neighbours(store.ledger, before.get(g.deployment, set())))
+        fx.mark.update({g.deployment} | builders.neighbours(store.books.ledger, before.get(g.deployment, set())))
         if g.after > g.before:
             text = (f"{g.node} GPU {g.index} replica {g.replica}: measured {memory.fmt_gib(g.observed)}, "
                     f"predicted {memory.fmt_gib(g.predicted)}; booked {memory.fmt_gib(g.before)} -> "
@@ -219,10 +222,10 @@ async def after_measuring(store: Store, node: str, shrank: bool, fx: Effects, t:
 
 def forget(store: Store) -> None:
     """Drop the samples and starts of replicas that are no longer booked."""
-    live = {(k, b.replica) for k in store.ledger.deployments() for b in store.ledger.bookings_of(k)}
-    store.started &= live
-    for k in [k for k in store.footprints if (k[0], k[1]) not in live]:
-        del store.footprints[k]
+    live = {(k, b.replica) for k in store.books.ledger.deployments() for b in store.books.ledger.bookings_of(k)}
+    store.cache.started &= live
+    for k in [k for k in store.cache.footprints if (k[0], k[1]) not in live]:
+        del store.cache.footprints[k]
 
 
 def teach(store: Store, node: str, measured: list[observed.Measured]) -> None:
@@ -230,10 +233,10 @@ def teach(store: Store, node: str, measured: list[observed.Measured]) -> None:
     for m in measured:
         if not m.started:
             continue
-        rec = store.records.get(m.deployment)
+        rec = store.cache.records.get(m.deployment)
         req = rec and (rec.request or rec.admitted_request)
-        slot = store.ledger.slot(node, m.index)
-        mine = [b for b in store.ledger.bookings_of(m.deployment, m.replica) if b.node == node and b.index == m.index]
+        slot = store.books.ledger.slot(node, m.index)
+        mine = [b for b in store.books.ledger.bookings_of(m.deployment, m.replica) if b.node == node and b.index == m.index]
         if req is None or slot is None or not mine:
             continue
         s = placement.settings_from_spec(req.spec)
@@ -241,10 +244,10 @@ def teach(store: Store, node: str, measured: list[observed.Measured]) -> None:
         predicted = fp.predicted - fp.learned  # the memory model's own figure, not an earlier correction
         new = memory.learned.record(req.model.name, slot.gpu.product, s, predicted, m.used_bytes,
                                     f"{m.deployment} replica {m.replica} on {node} GPU {m.index}")
-        merged = memory.learned.learn(store.learned, new)
-        if merged != store.learned:
-            store.learned = merged
-            store.learned_dirty = True  # written by learning.save after the handler's writes
+        merged = memory.learned.learn(store.cache.learned, new)
+        if merged != store.cache.learned:
+            store.cache.learned = merged
+            store.cache.learned_dirty = True  # written by learning.save after the handler's writes
 
 
 async def over_budget(store: Store, node: str, fx: Effects, t: str) -> None:
@@ -252,27 +255,27 @@ async def over_budget(store: Store, node: str, fx: Effects, t: str) -> None:
     again (they go elsewhere when they fit elsewhere; else they stay, behind the start gate); then
     a condition and an Event naming who holds what on each GPU still over budget, cleared once
     back within budget."""
-    slots = {(s.node, s.index) for s in store.ledger.slots() if s.node == node}
-    bad = {k for k in slots if store.ledger.headroom_bytes(*k) < 0}
-    for key in sorted({b.deployment for k in sorted(bad) for b in store.ledger.bookings_on(*k)}):
-        rec = store.records.get(key)
+    slots = {(s.node, s.index) for s in store.books.ledger.slots() if s.node == node}
+    bad = {k for k in slots if store.books.ledger.headroom_bytes(*k) < 0}
+    for key in sorted({b.deployment for k in sorted(bad) for b in store.books.ledger.bookings_on(*k)}):
+        rec = store.cache.records.get(key)
         if rec is None or not rec.admitted or any(started(store, key, p.replica) for p in rec.placement):
             continue
         req = rec.request or rec.admitted_request
         if req is None:
             continue
-        old_bookings = store.ledger.release(key)
-        d = await bounded.decide(store.ledger, req)
+        old_bookings = store.books.ledger.release(key)
+        d = await bounded.decide(store.workers, store.books.ledger, req)
         if d.admitted and not {(b.node, b.index) for b in d.bookings()} & bad:
             apply_decision(store, rec, req, d, fx, cause=f"{node}: a GPU it was booked on is over budget (measured)")
         else:
-            store.ledger.restore(key, old_bookings)  # nowhere better: it waits behind the start gate
+            store.books.ledger.restore(key, old_bookings)  # nowhere better: it waits behind the start gate
     texts: dict[str, list[str]] = {}
-    for k in sorted(k for k in slots if store.ledger.headroom_bytes(*k) < 0):
-        line = observed.holders(store.ledger, *k)
-        for b in store.ledger.bookings_on(*k):
+    for k in sorted(k for k in slots if store.books.ledger.headroom_bytes(*k) < 0):
+        line = observed.holders(store.books.ledger, *k)
+        for b in store.books.ledger.bookings_on(*k):
             texts.setdefault(b.deployment, []).append(line)
-    for key, rec in store.records.items():
+    for key, rec in store.cache.records.items():
         old = next((c for c in rec.conditions if c.type == OVER_BUDGET), None)
         if key in texts:
             message = "; ".join(texts[key])

@@ -16,8 +16,8 @@ from vllmfit.operator.admission import bounded
 from vllmfit.operator.binding import reservations
 from vllmfit.operator.booking import draining, pods, report
 from vllmfit.operator.booking.report import now, post_event
-from vllmfit.operator.booking.state import Store, get_store
-from vllmfit.operator.handlers.common import SETTLING, Effects
+from vllmfit.operator.booking.state import Store
+from vllmfit.operator.handlers.common import SETTLING, Effects, store_of
 from vllmfit.operator.handlers.decide import apply_decision, refresh_ready, update_node
 from vllmfit.operator.handlers.writes import finish, settle_drains
 from vllmfit.operator.rendering import builders
@@ -36,18 +36,18 @@ async def read_log(store: Store, pod: Mapping[str, Any], previous: bool) -> str:
         return ""
 
 
-async def on_pod(type: str | None, body: kopf.Body, **_: Any) -> None:
+async def on_pod(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Ready means serving: reflect the health of its pods in Ready, phase and Events."""
-    store = get_store()
-    await store.ready.wait()
+    store = store_of(memo)
+    await store.books.ready.wait()
     meta = body.get("metadata") or {}
     labels = meta.get("labels") or {}
     key = f"{meta.get('namespace') or 'default'}/{labels.get(builders.LABEL_DEPLOYMENT)}"
     name = meta.get("name") or ""
     if (type == "DELETED" or (body.get("status") or {}).get("phase") in draining.FINISHED) \
-            and any(d.key == key and d.stopped for d in store.drains.values()):
+            and any(d.key == key and d.stopped for d in store.books.drains.values()):
         await settle_drains(store, {key})  # a stopped replica's pod is gone: its memory may be free
-    if key not in store.records:
+    if key not in store.cache.records:
         return
     health = None
     if type != "DELETED":
@@ -56,22 +56,22 @@ async def on_pod(type: str | None, body: kopf.Body, **_: Any) -> None:
             cs: Mapping[str, Any] = next((c for c in (body.get("status") or {}).get("containerStatuses") or []
                                           if c.get("name") == pods.CONTAINER), {})
             cache_key = (meta.get("uid") or name, cs.get("restartCount", 0))
-            cached = store.log_cache.get(cache_key)
+            cached = store.cache.log_cache.get(cache_key)
             if cached is None:
-                if len(store.log_cache) > 1000:
-                    store.log_cache.clear()
+                if len(store.cache.log_cache) > 1000:
+                    store.cache.log_cache.clear()
                 tail = await read_log(store, body, previous=bool((cs.get("state") or {}).get("waiting")))
-                cached = store.log_cache[cache_key] = pods.pod_health(body, tail)
+                cached = store.cache.log_cache[cache_key] = pods.pod_health(body, tail)
             health = cached
-    async with store.changing():
-        rec = store.records.get(key)
+    async with store.books.changing():
+        rec = store.cache.records.get(key)
         if rec is None:
             return
         if health is None:
             gone = rec.pods.pop(name, None)
             rec.pod_uids.pop(name, None)
             if gone is not None:  # its next pod starts afresh: not started until seen so (issue 34)
-                store.started.discard((key, gone[0]))
+                store.cache.started.discard((key, gone[0]))
         else:
             try:
                 replica = int(labels.get(builders.LABEL_REPLICA, "0"))
@@ -83,7 +83,7 @@ async def on_pod(type: str | None, body: kopf.Body, **_: Any) -> None:
         old = next((c for c in rec.conditions if c.type == "Ready"), None)
         refresh_ready(rec, now())
         new = next(c for c in rec.conditions if c.type == "Ready")
-        store.mark([key])
+        store.writer.mark([key])
     if old is None or (old.status, old.reason, old.message) != (new.status, new.reason, new.message):
         if new.status == "True" and (old is None or old.status != "True"):
             post_event(rec.body, "Normal", "Ready", new.message)
@@ -91,11 +91,11 @@ async def on_pod(type: str | None, body: kopf.Body, **_: Any) -> None:
             post_event(rec.body, "Warning", new.reason, new.message)
 
 
-async def on_gated_pod(type: str | None, body: kopf.Body, **_: Any) -> None:
+async def on_gated_pod(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A replica pod behind the reservation gate: lift it once its GPUs are held."""
-    store = get_store()
-    await store.ready.wait()
-    async with store.lock:
+    store = store_of(memo)
+    await store.books.ready.wait()
+    async with store.books.lock:
         reservations.track(store, body, type == "DELETED")
     if reservations.has_gate(body):
         await reservations.ungate(store)
@@ -111,8 +111,8 @@ async def allocation_failed(store: Store, pod: Mapping[str, Any], message: str) 
     meta = pod.get("metadata") or {}
     key = f"{meta.get('namespace') or 'default'}/{(meta.get('labels') or {}).get(builders.LABEL_DEPLOYMENT)}"
     fx = Effects()
-    async with store.changing():
-        rec = store.records.get(key)
+    async with store.books.changing():
+        rec = store.cache.records.get(key)
         if rec is None or not rec.admitted or message == rec.allocation_failure:
             return
         rec.allocation_failure = message
@@ -123,16 +123,16 @@ async def allocation_failed(store: Store, pod: Mapping[str, Any], message: str) 
                                                 rec.generation)
         fx.mark.add(key)
         for name in {p.node for p in rec.placement}:
-            await update_node(store, name, store.effective_node(name, store.node_infos.get(name)), fx, "has no GPUs")
-        if req is not None and store.records.get(key) is rec and rec.admitted:
-            before = builders.gpus_of(store.ledger, key)
-            old = store.ledger.release(key)
-            d = await bounded.decide(store.ledger, req)
+            await update_node(store, name, store.effective_node(name, store.cache.node_infos.get(name)), fx, "has no GPUs")
+        if req is not None and store.cache.records.get(key) is rec and rec.admitted:
+            before = builders.gpus_of(store.books.ledger, key)
+            old = store.books.ledger.release(key)
+            d = await bounded.decide(store.workers, store.books.ledger, req)
             same = sorted((b.node, b.index) for b in d.bookings()) == sorted((b.node, b.index) for b in old)
             if d.admitted and not same:
                 apply_decision(store, rec, req, d, fx, cause="the scheduler could not allocate its claim")
-                draining.hold(store.ledger, store.drains, key, old)
+                draining.hold(store.books.ledger, store.books.drains, key, old)
             else:
-                store.ledger.restore(key, old)  # nowhere better: stay (the scheduler retries), condition kept
-            fx.mark.update(builders.neighbours(store.ledger, before))
+                store.books.ledger.restore(key, old)  # nowhere better: stay (the scheduler retries), condition kept
+            fx.mark.update(builders.neighbours(store.books.ledger, before))
     await finish(store, fx, strict=False)

@@ -19,9 +19,9 @@ from vllmfit.operator import metrics
 from vllmfit.operator.binding import claims, reservations
 from vllmfit.operator.booking import learning
 from vllmfit.operator.booking.record import key_of
-from vllmfit.operator.booking.state import Store, get_store
+from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.children import children_state
-from vllmfit.operator.handlers.common import Effects
+from vllmfit.operator.handlers.common import Effects, store_of
 from vllmfit.operator.handlers.decide import retry_waiting
 from vllmfit.operator.handlers.sweep import list_cluster, list_ours, sweep
 from vllmfit.operator.handlers.vllmdeployments import reconcile
@@ -70,9 +70,9 @@ async def load_config() -> client.Configuration:
     return cfg
 
 
-async def login(**_: Any) -> kopf.ConnectionInfo:
+async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
     """Kopf uses the same credentials as the operator's own API client."""
-    store = get_store()
+    store = store_of(memo)
     cfg = store.kube_config or await load_config()
     token = (cfg.api_key.get("BearerToken") or cfg.api_key.get("authorization") or "").removeprefix("Bearer ")
     return Identified(server=str(cfg.host), ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
@@ -87,14 +87,14 @@ async def resync_once(store: Store) -> bool:
     (level-based, whatever events were missed or writes lost): statuses that differ from the
     records, children that differ from the bookings (written, or deleted by `sweep`), objects
     that never got a decision, and waiting specs, which get another chance."""
-    if store.busy():
+    if store.writer.busy():
         return False
-    before = store.changes
+    before = store.books.changes
     nodes, deployments = await list_cluster(store)
     children, _ = await list_ours(store)
     fx = Effects()
-    async with store.lock:
-        if store.changes != before or store.busy():
+    async with store.books.lock:
+        if store.books.changes != before or store.writer.busy():
             return False
         repair = store.resync(nodes, deployments, children)
         if store.leading:
@@ -102,12 +102,12 @@ async def resync_once(store: Store) -> bool:
                 logger.warning("resync: rewriting statuses that differ from the records: %s", ", ".join(sorted(repair)))
             fx.mark.update(repair)
             table = reservations.uuid_table(store)
-            fx.sync.update(k for k, r in store.records.items() if r.admitted and r.synced != children_state(r, table)
+            fx.sync.update(k for k, r in store.cache.records.items() if r.admitted and r.synced != children_state(store, r, table)
                            and r.admitted_request is not None)
             await retry_waiting(store, fx)
-        undecided = [r.body for r in store.records.values() if not (r.written or {}).get("phase")]
+        undecided = [r.body for r in store.cache.records.values() if not (r.written or {}).get("phase")]
         # admitted on GPUs that are gone (a node lost while no operator ran, no event for it)
-        lost = [r.body for r in store.records.values() if r.admitted and store.misplaced(r.key)]
+        lost = [r.body for r in store.cache.records.values() if r.admitted and store.books.misplaced(r.key)]
     if not store.leading:
         return True
     await finish(store, fx, strict=False)
@@ -115,10 +115,10 @@ async def resync_once(store: Store) -> bool:
     await settle_drains(store)  # pods of stopped replicas whose deletion no event told
     for body in undecided:
         logger.warning("resync: %s has no status; deciding it", key_of(body))
-        await reconcile(body, force=False)
+        await reconcile(store, body, force=False)
     for body in lost:
         logger.warning("resync: %s is booked on GPUs that are gone; deciding it again", key_of(body))
-        await reconcile(body, force=False)
+        await reconcile(store, body, force=False)
     return True
 
 
@@ -139,11 +139,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     """Rebuild the ledger from the API before any handler allocates: every node, and the
     bookings recorded in the status of every admitted VLLMDeployment."""
     configure(settings)
-    store = get_store()
-    await store.stop()
-    store.reset()
-    if store.api is not None:
-        await store.api.close()
+    if "store" not in memo:  # `kopf run -m vllmfit.operator`: no flags, so the options' defaults
+        memo["store"] = Store()  # (before any other handler: Kopf runs start-up handlers first)
+    store = store_of(memo)
     store.api = client.ApiClient(store.kube_config or await load_config())
     store.api.user_agent = USER_AGENT  # the field manager of every write: "vllmfit"
     await learning.load(store)  # what earlier starts taught, before any decision (issue 34)
@@ -152,23 +150,21 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     children, pods = await list_ours(store)  # a status books only what runs where it says; pods drain
     problems = store.rebuild(node_dicts, deployments, children, pods)
     # shared by every object's memo (each a shallow copy of this one): see settle_startup_drains
-    memo[STARTUP_DRAINS] = sorted(store.drains)
+    memo[STARTUP_DRAINS] = sorted(store.books.drains)
     await reservations.load(store)
     for p in problems:
         logger.warning("start-up: %s", p)
-    logger.info("ledger rebuilt: %d GPU nodes, %d VLLMDeployments, %d with bookings", len(store.ledger.nodes),
-                len(store.records), len(store.ledger.deployments()))
+    logger.info("ledger rebuilt: %d GPU nodes, %d VLLMDeployments, %d with bookings", len(store.books.ledger.nodes),
+                len(store.cache.records), len(store.books.ledger.deployments()))
     try:
         await sweep(store)
     except (ApiException, OSError) as e:
         logger.warning("start-up: cannot look for Deployments without a booking (the resync retries): %s", e)
-    store.start()
+    store.writer.start()
     if store.options.resync_seconds > 0:
         store.tasks.append(asyncio.create_task(resync_loop(store, store.options.resync_seconds)))
-    metrics.register()
-    port = os.environ.get("VLLMFIT_METRICS_PORT")
-    if port:
-        metrics.serve(int(port))
+    metrics.unregister(store.collector)
+    store.collector = metrics.register(store)  # the gauges read this store at scrape time
 
 
 async def pods_listed(**_: Any) -> None:
@@ -187,15 +183,17 @@ async def settle_startup_drains(memo: kopf.Memo, **_: Any) -> None:
     if not pending:
         return
     names, pending[:] = list(pending), []
-    store = get_store()
-    await store.ready.wait()
-    if any(n in store.drains for n in names):
+    store = store_of(memo)
+    await store.books.ready.wait()
+    if any(n in store.books.drains for n in names):
         await settle_drains(store)
 
 
-async def cleanup(**_: Any) -> None:
-    store = get_store()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    store = store_of(memo)
     await store.stop()
+    metrics.unregister(store.collector)
+    store.collector = None
     if store.api is not None:
         await store.api.close()
         store.api = None

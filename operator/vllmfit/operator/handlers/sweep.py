@@ -20,7 +20,7 @@ def covers(store: Store, namespace: str, labels: Mapping[str, str], name: str, w
            *, pod: bool = False) -> bool:
     """Whether an admitted booking covers this Deployment (or bare pod) of vllmfit: its owner is
     admitted and one of its replicas is booked where the object runs (placement annotation)."""
-    rec = store.records.get(f"{namespace}/{labels.get(builders.LABEL_DEPLOYMENT)}")
+    rec = store.cache.records.get(f"{namespace}/{labels.get(builders.LABEL_DEPLOYMENT)}")
     if rec is None or not rec.admitted or rec.going:
         return False
     for p in rec.placement:
@@ -78,7 +78,7 @@ async def sweep(store: Store, namespace: str | None = None, only: str | None = N
         owner = f"{meta.namespace}/{labels[builders.LABEL_DEPLOYMENT]}"
         if covers(store, meta.namespace, labels, meta.name, (meta.annotations or {}).get(builders.ANNOTATION_PLACEMENT)):
             continue
-        async with store.child_locks[owner]:
+        async with store.cache.child_locks[owner]:
             try:
                 d = await apps.read_namespaced_deployment(meta.name, meta.namespace)
             except ApiException as e:
@@ -93,7 +93,7 @@ async def sweep(store: Store, namespace: str | None = None, only: str | None = N
                                  meta.name, meta.namespace):
                 continue
             gone.append(f"Deployment {meta.namespace}/{meta.name}")
-            rec = store.records.get(owner)
+            rec = store.cache.records.get(owner)
             if rec is not None:
                 rec.synced = None  # written again when its record says it should run
                 rec.children = {r for r in rec.children if builders.deployment_name(rec.name, r) != meta.name}
@@ -143,8 +143,8 @@ async def lead(store: Store) -> None:
         try:
             nodes, deployments = await list_cluster(store)
             children, _ = await list_ours(store)  # a status it has not seen books only what runs where it says
-            async with store.lock:
-                if not store.busy():
+            async with store.books.lock:
+                if not store.writer.busy():
                     store.resync(nodes, deployments, children)
             await sweep(store)
         except (ApiException, OSError) as e:

@@ -6,20 +6,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
 from kubernetes_asyncio import client
 
-from vllmfit.core.placement import Request
+from vllmfit.core import defaults
+from vllmfit.core.placement import Decision, Ledger, Request
 from vllmfit.operator import metrics
 from vllmfit.operator.admission import bounded
 from vllmfit.operator.booking import draining
-from vllmfit.operator.booking.record import key_of
+from vllmfit.operator.booking.books import Stale
+from vllmfit.operator.booking.record import Record, key_of
 from vllmfit.operator.booking.report import now
-from vllmfit.operator.booking.state import Store, get_store
+from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.children import children_state
-from vllmfit.operator.handlers.common import Effects, Invalid, checked
+from vllmfit.operator.handlers.common import Effects, Invalid, checked, store_of
 from vllmfit.operator.handlers.decide import (
     apply_decision,
     not_admitted,
@@ -35,15 +38,22 @@ from vllmfit.sources.resolve import ModelResolutionError
 logger = logging.getLogger(__name__)
 
 
-async def reconcile(body: Mapping[str, Any], *, force: bool) -> None:
+async def reconcile(store: Store, body: Mapping[str, Any], *, force: bool) -> None:
     """create/update/resume: decide (or, when already admitted for this generation, only
-    re-write the children and status), book, write."""
-    store = get_store()
-    await store.ready.wait()
+    re-write the children and status), book, write.
+
+    The decision is taken on the committed snapshot, without the writer's lock (issue 29): the
+    search runs in a worker while other handlers change the ledger. It is committed under the
+    lock only if the ledger is still the snapshot it was decided on (`Books.check`); otherwise
+    (Stale) it is decided again on the new snapshot. After defaults.OPTIMISTIC_DECISIONS stale
+    tries it is decided holding the lock, which nothing can make stale: every reconcile ends, and
+    no two reconciles can both book the last room on a GPU."""
+    await store.books.ready.wait()
     await lead(store)  # a new leader sweeps before it admits
     t0 = time.monotonic()
     fx = Effects()
     req: Request | None = None
+    problem: tuple[str, str, str] | None = None
     transient: str | None = None
     try:
         req = await store.request_for(await checked(store, body))
@@ -52,86 +62,141 @@ async def reconcile(body: Mapping[str, Any], *, force: bool) -> None:
     except ModelResolutionError as e:
         problem = ("Pending", "ModelUnavailable", str(e)) if e.transient else ("Rejected", "ModelNotFound", str(e))
         transient = str(e) if e.transient else None
-    async with store.lock:
-        rec = store.upsert(body)  # under the lock: a resync may have replaced the record
-        if req is None:
-            store.changes += 1
-            rec.observed_generation = rec.generation
-            not_admitted(rec, *problem, fx, t=now())
-            refresh_ready(rec, now())
-            fx.mark.add(rec.key)
-        elif (not force and rec.admitted and rec.observed_generation == rec.generation
-              and not store.misplaced(rec.key)):  # nothing to decide (a resume, a repeated event)
-            rec.request = req
-            if rec.admitted_request is None and not rec.waiting:
-                rec.admitted_request = req
-            if rec.synced != children_state(rec):  # a resume after a restart, or an earlier write failed
-                fx.sync.add(rec.key)
-            fx.mark.add(rec.key)
-        elif (not force and not rec.admitted and rec.request is not None and rec.outcome != "Pending"
-              and rec.observed_generation == rec.generation):
-            rec.request = req  # decided for this generation already; waiting specs are retried when room frees up
-            fx.mark.add(rec.key)
-        else:
-            store.changes += 1
-            lost = rec.admitted and store.misplaced(rec.key)  # its node or GPUs are gone (a restart after)
-            keep = scale_keep(store, rec, req)
-            d = await bounded.decide(store.ledger, req, keep=keep)
-            if lost and not d.admitted:  # nothing to keep serving: it is evicted, as on_node would have
-                draining.hold(store.ledger, store.drains, rec.key, store.ledger.release(rec.key))
-                rec.admitted = False
-            held = sum(b.footprint.total for b in store.ledger.bookings_of(rec.key))
-            apply_decision(store, rec, req, d, fx, cause="its GPUs are gone or over budget" if lost else "")
-            if sum(b.footprint.total for b in store.ledger.bookings_of(rec.key)) < held:
-                await retry_waiting(store, fx)  # it books less (scale-down, smaller spec): room may be free
+    key = key_of(body)
+    generation = (body.get("metadata") or {}).get("generation")
+    for attempt in range(defaults.OPTIMISTIC_DECISIONS + 1):
+        optimistic = attempt < defaults.OPTIMISTIC_DECISIONS
+        decided: Decided | None = None
+        if req is not None and optimistic:
+            snapshot, based_on = store.books.snapshot(), store.books.version  # read together: no await between
+            seen = store.cache.records.get(key)
+            if not decided_already(store, seen, generation, force, snapshot):
+                keep = scale_keep(snapshot, seen, req) if seen is not None else []
+                decided = Decided(based_on, keep, await bounded.decide(store.workers, snapshot, req, keep=keep))
+        try:
+            async with store.books.lock:
+                if await commit(store, body, req, problem, force, fx, decided, under_lock=not optimistic):
+                    break
+        except Stale as e:
+            logger.info("%s: %s; deciding again on the new snapshot", key, e)
     await finish(store, fx)
     metrics.RECONCILE.observe(time.monotonic() - t0)
     if transient:
         raise kopf.TemporaryError(transient, delay=30)
 
 
-async def on_create(body: kopf.Body, **_: Any) -> None:
-    await reconcile(body, force=False)
+@dataclass(frozen=True)
+class Decided:
+    """A decision taken outside the lock: on the snapshot numbered `based_on`, keeping `keep`."""
+
+    based_on: int
+    keep: list[Any]
+    decision: Decision
 
 
-async def on_update(body: kopf.Body, **_: Any) -> None:
-    await reconcile(body, force=True)
+def decided_already(store: Store, rec: Record | None, generation: Any, force: bool,
+                    ledger: Ledger | None = None) -> bool:
+    """Nothing to decide for this event (a resume, a repeated event): admitted for this
+    generation and still where it fits, or refused for this generation (a waiting spec is
+    retried when room frees up). `ledger`: the writer's, or the snapshot a decision would use."""
+    if rec is None or force or rec.observed_generation != generation:
+        return False
+    if rec.admitted:
+        return not store.books.misplaced(rec.key, ledger)
+    return rec.request is not None and rec.outcome != "Pending"
 
 
-async def on_resume(body: kopf.Body, **_: Any) -> None:
-    await reconcile(body, force=False)
+async def commit(store: Store, body: Mapping[str, Any], req: Request | None, problem: tuple[str, str, str] | None,
+                 force: bool, fx: Effects, decided: Decided | None, *, under_lock: bool) -> bool:
+    """Under the writer's lock: apply what reconcile found to the record and the ledger. Raises
+    Stale when `decided` was taken on a ledger that is no longer the writer's; returns False when
+    a decision is needed that was not taken (decide again), True when done. `under_lock`: past
+    the optimistic tries, decide here, holding the lock."""
+    rec = store.cache.upsert(body)  # under the lock: a resync may have replaced the record
+    if req is None:
+        assert problem is not None
+        store.books.changes += 1
+        rec.observed_generation = rec.generation
+        not_admitted(rec, *problem, fx, t=now())
+        refresh_ready(rec, now())
+        fx.mark.add(rec.key)
+        return True
+    if decided_already(store, rec, rec.generation, force):
+        if rec.admitted:
+            rec.request = req
+            if rec.admitted_request is None and not rec.waiting:
+                rec.admitted_request = req
+            if rec.synced != children_state(store, rec):  # a resume after a restart, or an earlier write failed
+                fx.sync.add(rec.key)
+        else:
+            rec.request = req  # decided for this generation already; waiting specs are retried when room frees up
+        fx.mark.add(rec.key)
+        return True
+    keep = scale_keep(store.books.ledger, rec, req)
+    if under_lock:
+        d = await bounded.decide(store.workers, store.books.ledger, req, keep=keep)
+    elif decided is None:
+        return False  # it looked decided already when the snapshot was taken
+    else:
+        store.books.check(decided.based_on)  # raises Stale: the ledger moved since the snapshot
+        if decided.keep != keep:  # its record changed meanwhile (what a scale keeps)
+            store.books.stale += 1
+            raise Stale("the record changed since the snapshot")
+        d = decided.decision
+    store.books.changes += 1
+    lost = rec.admitted and store.books.misplaced(rec.key)  # its node or GPUs are gone (a restart after)
+    if lost and not d.admitted:  # nothing to keep serving: it is evicted, as on_node would have
+        draining.hold(store.books.ledger, store.books.drains, rec.key, store.books.ledger.release(rec.key))
+        rec.admitted = False
+    held = sum(b.footprint.total for b in store.books.ledger.bookings_of(rec.key))
+    apply_decision(store, rec, req, d, fx, cause="its GPUs are gone or over budget" if lost else "")
+    if sum(b.footprint.total for b in store.books.ledger.bookings_of(rec.key)) < held:
+        await retry_waiting(store, fx)  # it books less (scale-down, smaller spec): room may be free
+    return True
 
 
-async def on_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+async def on_create(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    await reconcile(store_of(memo), body, force=False)
+
+
+async def on_update(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    await reconcile(store_of(memo), body, force=True)
+
+
+async def on_resume(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    await reconcile(store_of(memo), body, force=False)
+
+
+async def on_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A status this process did not write is news from the previous active peer (after a
     fail-over, Kopf replays every object): take its bookings, so nothing it admitted is lost.
     An object it never heard of is decided (idempotent: the create handler may do it too).
     A deletion seen here frees the booking even when the finalizer was never set (an object
     deleted right after its creation: the delete handler never runs for it)."""
-    store = get_store()
-    await store.ready.wait()
+    store = store_of(memo)
+    await store.books.ready.wait()
     await lead(store)  # a new leader sweeps before it admits
     if type == "DELETED":
         await forget(store, body)
         return
     if (body.get("metadata") or {}).get("deletionTimestamp"):
         return
-    rec = store.records.get(key_of(body))
+    rec = store.cache.records.get(key_of(body))
     children = None
     if (body.get("status") or {}).get("memory") and not (rec is not None and rec.mine):
         children = await children_of(store, body)  # a status books only what runs where it says
-    async with store.lock:
+    async with store.books.lock:
         took = store.adopt(body, children)
         if took:
-            store.changes += 1
+            store.books.changes += 1
             logger.info("%s: took the status another replica wrote", key_of(body))
     if took is None:
         logger.warning("%s: its status books replicas that do not run where it says; not taken, decided again",
                        key_of(body))
-        await reconcile(body, force=True)
+        await reconcile(store, body, force=True)
         return
-    if key_of(body) not in store.records:  # handled by a peer that died before writing its status
-        await reconcile(body, force=False)
+    if key_of(body) not in store.cache.records:  # handled by a peer that died before writing its status
+        await reconcile(store, body, force=False)
 
 
 async def children_of(store: Store, body: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -149,33 +214,33 @@ async def forget(store: Store, body: Mapping[str, Any]) -> None:
     writes.settle_drains from the pods the API lists); its neighbours' headroom grows then and
     waiting specs get another chance."""
     key = key_of(body)
-    rec = store.records.get(key)
+    rec = store.cache.records.get(key)
     uid = (body.get("metadata") or {}).get("uid")
     if rec is None or (uid and (rec.body.get("metadata") or {}).get("uid") not in (None, uid)):
         return  # already forgotten, or a new object of the same name
     rec.going = True  # no booking covers its children any more; sync_children only deletes
-    async with store.child_locks[key]:
+    async with store.cache.child_locks[key]:
         pass  # a write of its children in flight ends first
     await sweep(store, rec.namespace, only=rec.name)
     rec.children.clear()
     fx = Effects()
-    async with store.changing():
-        if store.records.get(key) is not rec:
+    async with store.books.changing():
+        if store.cache.records.get(key) is not rec:
             return
-        before = builders.gpus_of(store.ledger, key)
-        for d in draining.hold(store.ledger, store.drains, key, store.ledger.release(key)):
+        before = builders.gpus_of(store.books.ledger, key)
+        for d in draining.hold(store.books.ledger, store.books.drains, key, store.books.ledger.release(key)):
             d.stopped = True  # its Deployments and bare pods were deleted (sweep)
-        store.records.pop(key, None)
-        fx.mark.update(builders.neighbours(store.ledger, before))
+        store.cache.records.pop(key, None)
+        fx.mark.update(builders.neighbours(store.books.ledger, before))
         if before:
             await retry_waiting(store, fx)
     await finish(store, fx, strict=False)
     await settle_drains(store, {key})
 
 
-async def on_delete(body: kopf.Body, **_: Any) -> None:
+async def on_delete(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Free its GPUs once its Deployments are gone (forget). A failed deletion raises: Kopf
     retries and the finalizer stays."""
-    store = get_store()
-    await store.ready.wait()
+    store = store_of(memo)
+    await store.books.ready.wait()
     await forget(store, body)

@@ -46,8 +46,9 @@ async def finish(store: Store, fx: Effects, *, strict: bool = True, hold: bool =
     rebooked = not hold
     while rounds:
         fx, strict = rounds.pop(0)
+        touched(store, fx.sync | fx.mark)
         await _write(store, fx, strict)  # 1-3
-        if any(d.stopped and d.key in fx.sync for d in store.drains.values()) \
+        if any(d.stopped and d.key in fx.sync for d in store.books.drains.values()) \
                 and (freed := await ended_drains(store, set(fx.sync))) is not None:  # 4
             rounds.append((freed, False))
         if not rounds and not rebooked:  # 5
@@ -62,14 +63,14 @@ async def _write(store: Store, fx: Effects, strict: bool) -> None:
     """Steps 1-3 of finish()."""
     for body, type_, reason, message in fx.events:
         post_event(body, type_, reason, message)
-    starting = {k for k in fx.sync if (r := store.records.get(k)) is not None and r.admitted}
+    starting = {k for k in fx.sync if (r := store.cache.records.get(k)) is not None and r.admitted}
     stopping = sorted(fx.sync - starting)
     # replicas that move or shrink leave GPUs another key may have just been booked on: first
-    ordered = sorted(starting, key=lambda k: (not store.records[k].children, k))
+    ordered = sorted(starting, key=lambda k: (not store.cache.records[k].children, k))
     failed: list[str] = []
     try:
-        with store.hold(fx.sync):
-            store.mark(fx.mark - fx.sync)
+        with store.writer.hold(fx.sync):
+            store.writer.mark(fx.mark - fx.sync)
             for key in stopping:
                 if await _step(store, key, CHILDREN, strict):
                     await _step(store, key, RELEASE, strict)
@@ -78,9 +79,9 @@ async def _write(store: Store, fx: Effects, strict: bool) -> None:
             for key in ordered:
                 if failed:  # something that should have stopped may still run: book nothing new
                     logger.warning("%s: not started while %s may still run; the resync retries", key, ", ".join(failed))
-                    store.records[key].synced = None
+                    store.cache.records[key].synced = None
                     continue
-                rec = store.records[key]
+                rec = store.cache.records[key]
                 # replicas that stop (scale-down, move) stop before the status releases them
                 if (children.stopping(rec) or set(children.waiting_for_drains(store, rec)) & rec.children) \
                         and not await _step(store, key, STOP, strict):
@@ -88,8 +89,8 @@ async def _write(store: Store, fx: Effects, strict: bool) -> None:
                 if await _step(store, key, BOOK, strict):
                     await _step(store, key, CHILDREN, strict)
     finally:
-        if store.dra_refresh:  # a claim template lost its capacity requests (children.claim_template)
-            why, store.dra_refresh = store.dra_refresh, ""
+        if store.cache.dra_refresh:  # a claim template lost its capacity requests (children.claim_template)
+            why, store.cache.dra_refresh = store.cache.dra_refresh, ""
             store.tasks.append(asyncio.create_task(refresh_nodes(store, store.dra_nodes(), why)))
 
 
@@ -105,7 +106,7 @@ async def ended_drains(store: Store, keys: set[str] | None = None) -> Effects | 
     deployments; a stopped replica none of whose pods is listed (or each one listed has
     terminated) frees its memory: the neighbours' headroom grows, blocked replicas start,
     waiting specs get another chance. Returns what must be written then (None: nothing ended)."""
-    targets = sorted({(d.namespace, d.deployment) for d in store.drains.values()
+    targets = sorted({(d.namespace, d.deployment) for d in store.books.drains.values()
                       if d.stopped and (keys is None or d.key in keys)})
     if not targets:
         return None
@@ -122,15 +123,15 @@ async def ended_drains(store: Store, keys: set[str] | None = None) -> Effects | 
         logger.warning("cannot list the pods of stopped replicas (the resync retries): %s", e)
         return None
     fx = Effects()
-    async with store.changing():
+    async with store.books.changing():
         done = [n for (ns, name), (pods, sets) in listed.items()
-                for n in draining.ended(store.drains, ns, name, pods, sets)]
+                for n in draining.ended(store.books.drains, ns, name, pods, sets)]
         for n in done:
-            d = store.drains.pop(n)
-            fx.mark.update(builders.neighbours(store.ledger, builders.gpus_of(store.ledger, n)))
-            store.ledger.release(n)
+            d = store.books.drains.pop(n)
+            fx.mark.update(builders.neighbours(store.books.ledger, builders.gpus_of(store.books.ledger, n)))
+            store.books.ledger.release(n)
             logger.info("%s replica %d: its pods on %s are gone; its memory is free", d.key, d.replica, d.where)
-            if d.key in store.records:
+            if d.key in store.cache.records:
                 fx.sync.add(d.key)  # a replica waiting for this GPU may start now
         if done:
             await retry_waiting(store, fx)
@@ -145,8 +146,8 @@ class Write:
     run: Callable[[Store, str], Awaitable[Any]]
 
 
-BOOK = Write("its status", lambda store, key: store.persist(key))  # what starts is booked first
-RELEASE = Write("its status", lambda store, key: store.persist(key, missing_ok=True))  # after it stopped
+BOOK = Write("its status", lambda store, key: store.writer.persist(key))  # what starts is booked first
+RELEASE = Write("its status", lambda store, key: store.writer.persist(key, missing_ok=True))  # after it stopped
 CHILDREN = Write("its Deployments", lambda store, key: sync_children(store, key))
 STOP = Write("its Deployments", lambda store, key: children.stop_children(store, key))
 
@@ -161,11 +162,37 @@ async def _step(store: Store, key: str, write: Write, strict: bool) -> bool:
             raise
         what = f"{e.status} {e.reason}" if isinstance(e, ApiException) else str(e) or type(e).__name__
         logger.error("%s: writing %s failed: %s", key, write.what, what)
-        rec = store.records.get(key)
+        rec = store.cache.records.get(key)
         if rec is not None:
             rec.synced = None
             post_event(rec.body, "Warning", "SyncFailed", f"writing its Deployments or status failed: {what}")
         return False
+
+
+def touched(store: Store, keys: set[str]) -> None:
+    """These deployments were decided, released or marked (their bookings, or their neighbours',
+    changed): the nodes they are placed or booked on are looked at by the next rebook_reported."""
+    for k in keys:
+        if (rec := store.cache.records.get(k)) is not None:
+            store.cache.pins_dirty.update(p.node for p in rec.placement)
+        store.cache.pins_dirty.update(b.node for b in store.books.ledger.bookings_of(k))
+
+
+def pinned_anew(store: Store) -> list[str]:
+    """The records whose children may differ from what they were written from for a reason not
+    their own (pins learned from reports, a whole-node holder gone or back, a drain that ended):
+    those placed on a node where such a thing changed since the last look (cache.pins_dirty, and
+    the nodes of the drains), or all of them after a rebuild or resync (cache.pins_all). Issue 32:
+    looking at every record on every event was a quadratic cost at a few hundred deployments."""
+    cache, ledger = store.cache, store.books.ledger
+    drained = {b.node for d in store.books.drains.values() for b in d.bookings}
+    if cache.pins_all:
+        keys = list(cache.records)
+    else:
+        nodes = cache.pins_dirty | drained | cache.pins_drained
+        keys = sorted({k for n in nodes for k in ledger.deployments_on(n) if k in cache.records})
+    cache.pins_all, cache.pins_dirty, cache.pins_drained = False, set(), drained
+    return keys
 
 
 def rebook_reported(store: Store, fx: Effects) -> list[str]:
@@ -173,24 +200,25 @@ def rebook_reported(store: Store, fx: Effects) -> list[str]:
     the GPU they hold (or give them back when it has not the room); pins learned from reports
     rewrite the replicas' Deployments. Hold the lock. Returns reservations to delete."""
     retire: list[str] = []
-    for r in sorted(store.reservations.values(), key=lambda r: r.name):
+    for r in sorted(store.cache.reservations.values(), key=lambda r: r.name):
         if not r.reported or r.terminating:
             continue
-        on_it = {b.deployment for b in store.ledger.bookings_on(r.node, r.index)}
+        on_it = {b.deployment for b in store.books.ledger.bookings_on(r.node, r.index)}
         moved, message = reservations.rebook(store, r)
         if message and not moved:  # the GPU it got has not the room: ask again
-            store.reservations.pop(r.name, None)
+            store.cache.reservations.pop(r.name, None)
             retire.append(r.name)
-            fx.events.extend((store.records[k].body, "Warning", "ReservationMismatch", message)
-                             for k in sorted(on_it) if k in store.records)
+            fx.events.extend((store.cache.records[k].body, "Warning", "ReservationMismatch", message)
+                             for k in sorted(on_it) if k in store.cache.records)
         for k in sorted(moved):
-            if k in store.records:
-                fx.events.append((store.records[k].body, "Normal", "Rebooked", message or ""))
+            if k in store.cache.records:
+                fx.events.append((store.cache.records[k].body, "Normal", "Rebooked", message or ""))
             fx.sync.add(k)
-            fx.mark.update({k} | builders.neighbours(store.ledger, builders.gpus_of(store.ledger, k)))
+            fx.mark.update({k} | builders.neighbours(store.books.ledger, builders.gpus_of(store.books.ledger, k)))
     table = reservations.uuid_table(store)
-    for k, rec in store.records.items():  # pins learned from the reports, a whole-node holder gone or back
-        if rec.admitted and rec.synced is not None and rec.synced != children_state(rec, table):
+    for k in pinned_anew(store):  # pins learned from the reports, a whole-node holder gone or back
+        rec = store.cache.records[k]
+        if rec.admitted and rec.synced is not None and rec.synced != children_state(store, rec, table):
             fx.sync.add(k)
     return retire
 
@@ -208,12 +236,12 @@ async def rebook(store: Store) -> Effects | None:
     reservations that must ask again; returns what must be written then (None: nothing)."""
     fx = Effects()
     try:
-        async with store.lock:
+        async with store.books.lock:
             retire = rebook_reported(store, fx)
             if fx.sync or fx.mark or retire:
-                store.changes += 1
+                store.books.changes += 1
         for name in retire:
-            store.retiring.add(name)
+            store.cache.retiring.add(name)
             await gone_ok(client.CoreV1Api(store.api).delete_namespaced_pod, name, store.options.reservation.namespace)
     except (ApiException, OSError) as e:
         logger.error("placement backend: %s", e)
@@ -236,8 +264,8 @@ async def refresh_nodes(store: Store, names: set[str], why: str) -> None:
         return
     await resolve_requests_on(store, names)
     fx = Effects()
-    async with store.changing():
+    async with store.books.changing():
         for name in sorted(names):
-            await update_node(store, name, store.effective_node(name, store.node_infos.get(name)), fx,
+            await update_node(store, name, store.effective_node(name, store.cache.node_infos.get(name)), fx,
                               f"has no shareable GPUs any more ({why})")
     await finish(store, fx, strict=False)

@@ -1,0 +1,77 @@
+"""Issue 32: the operator's work per event does not grow with every object of the cluster.
+
+- After an event, the records looked at for pinning that changed for a reason not their own
+  (writes.rebook_reported) are those on the nodes where something changed, not every record.
+- The reservation sync (a pass over the whole ledger) is coalesced: callers that come while a
+  pass waits to start join it, so a burst of events runs a pass or two, not one each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from test_state import admitted_status, node
+
+from vllmfit.operator.binding import reservations
+from vllmfit.operator.booking.state import Store
+from vllmfit.operator.handlers import writes
+
+
+def two_nodes() -> Store:
+    store = Store()
+    store.rebuild([node("gpu-a", 1), node("gpu-b", 1)], [])
+    for name in ("a", "bb", "ccc"):  # about 32 GiB each: two to a GPU
+        admitted_status(store, name, maxModelLen=32768, kvCache={"concurrency": 8})
+    return store
+
+
+def test_after_an_event_only_the_records_on_the_nodes_that_changed_are_looked_at() -> None:
+    store = two_nodes()
+    on = {k: {b.node for b in store.books.ledger.bookings_of(k)} for k in store.cache.records}
+    assert set().union(*on.values()) == {"gpu-a", "gpu-b"}  # both nodes hold something
+    assert sorted(writes.pinned_anew(store)) == sorted(store.cache.records)  # after the rebuild: every record
+    assert writes.pinned_anew(store) == []  # nothing changed since
+    store.cache.pins_dirty.add("gpu-b")  # e.g. a whole-node holder came or went there
+    assert writes.pinned_anew(store) == sorted(k for k, nodes in on.items() if "gpu-b" in nodes)
+    writes.touched(store, {k for k, nodes in on.items() if "gpu-a" in nodes})  # decided or marked
+    assert writes.pinned_anew(store) == sorted(k for k, nodes in on.items() if "gpu-a" in nodes)
+
+
+async def test_reservation_passes_asked_for_meanwhile_are_joined(monkeypatch: Any) -> None:
+    store = Store()
+    store.api = object()  # a pass runs only with an API client (the fake pass never uses it)
+    passes: list[int] = []
+    release = asyncio.Event()
+
+    async def one_pass(s: Store) -> None:
+        passes.append(len(passes))
+        await release.wait()
+
+    monkeypatch.setattr(reservations, "_sync_once", one_pass)
+    first = asyncio.create_task(reservations.sync(store))
+    await asyncio.sleep(0)  # the first pass has started (it waits inside)
+    burst = [asyncio.create_task(reservations.sync(store)) for _ in range(20)]
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.gather(first, *burst)
+    assert len(passes) == 2  # the running one, and one more that every later caller joined
+    await reservations.sync(store)  # a caller after them gets a pass of its own (it may have changed something)
+    assert len(passes) == 3
+
+
+async def test_a_failed_pass_is_raised_to_every_caller_that_joined_it(monkeypatch: Any) -> None:
+    store = Store()
+    store.api = object()
+    gate = asyncio.Event()
+
+    async def failing(s: Store) -> None:
+        await gate.wait()
+        raise OSError("the API is gone")
+
+    monkeypatch.setattr(reservations, "_sync_once", failing)
+    calls = [asyncio.create_task(reservations.sync(store)) for _ in range(3)]
+    await asyncio.sleep(0)
+    gate.set()
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(r, OSError) for r in results)
