@@ -38,14 +38,17 @@ def asked(cluster: Cluster) -> list[tuple[str, int]]:
         rsv.ANNOTATION_INDEX])) for p in reservations(cluster))
 
 
-async def replica_pod(cluster: Cluster, deployment: str) -> str:
-    """The pod the ReplicaSet controller would create from the Deployment's template."""
+async def replica_pod(cluster: Cluster, deployment: str, *, owned: bool = False) -> str:
+    """The pod the ReplicaSet controller would create from the Deployment's template (`owned`:
+    with the ownerReference to its ReplicaSet that the controller sets)."""
     d = cluster.get(DEPLOYMENTS, deployment)
     tpl = d["spec"]["template"]
     name = f"{deployment}-{uuidlib.uuid4().hex[:5]}"
+    owner = {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"{deployment}-rs",
+                                  "uid": "rs", "controller": True}]} if owned else {}
     await cluster.create({"apiVersion": "v1", "kind": "Pod",
                           "metadata": {"name": name, "namespace": "default", "uid": str(uuidlib.uuid4()),
                                        "resourceVersion": "1", "labels": dict(tpl["metadata"]["labels"]),
-                                       "annotations": dict(tpl["metadata"].get("annotations") or {})},
+                                       "annotations": dict(tpl["metadata"].get("annotations") or {}), **owner},
                           "spec": json.loads(json.dumps(tpl["spec"])), "status": {"phase": "Pending"}})
     return name

@@ -23,6 +23,7 @@ import kmock
 import pytest
 from kubernetes_asyncio import client
 from opkit import DEPLOYMENTS, H100, PODS, Cluster, Operator, node, vd
+from reservationkit import replica_pod
 
 from vllmfit.backends import reservation as rsv
 from vllmfit.core import defaults
@@ -56,20 +57,6 @@ def gates(cluster: Cluster, name: str) -> list[dict[str, Any]]:
     return (cluster.get(PODS, name) or {}).get("spec", {}).get("schedulingGates") or []
 
 
-async def replica_pod(cluster: Cluster, deployment: str) -> str:
-    d = cluster.get(DEPLOYMENTS, deployment)
-    tpl = d["spec"]["template"]
-    name = f"{deployment}-{uuidlib.uuid4().hex[:5]}"
-    await cluster.create({"apiVersion": "v1", "kind": "Pod",
-                          "metadata": {"name": name, "namespace": "default", "uid": str(uuidlib.uuid4()),
-                                       "resourceVersion": "1", "labels": dict(tpl["metadata"]["labels"]),
-                                       "annotations": dict(tpl["metadata"].get("annotations") or {}),
-                                       "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                                                            "name": f"{deployment}-rs", "uid": "rs", "controller": True}]},
-                          "spec": tpl["spec"], "status": {"phase": "Pending"}})
-    return name
-
-
 def forged(name: str, ns: str, node_name: str, index: int, uuid: str, **meta: Any) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": ns, "uid": str(uuidlib.uuid4()), "resourceVersion": "1",
@@ -89,7 +76,7 @@ async def test_a_forged_reservation_holds_nothing_and_cannot_drop_the_real_one(
     [real] = real_reservations(cluster)
     name = real["metadata"]["name"]
     await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0"))
-    pod = await replica_pod(cluster, "a-0")
+    pod = await replica_pod(cluster, "a-0", owned=True)
     await cluster.until(lambda: ("default", pod) in cluster.store.cache.gated, what="the replica pod to be gated")
     # The tenant forges the reservation: its name, labels, annotations and the booked GPU's UUID.
     fake = forged(name, "tenant-a", "gpu-a", 1, U[1])
