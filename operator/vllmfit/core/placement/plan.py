@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from vllmfit.core import memory
 from vllmfit.core.memory import Flags, fmt_gib
 from vllmfit.core.placement.decide import decide
+from vllmfit.core.placement.decision import Booking, Decision
 from vllmfit.core.placement.inputs import NodeInfo, Request
-from vllmfit.core.placement.ledger import Booking, Decision, Ledger
+from vllmfit.core.placement.ledger import Ledger
 from vllmfit.core.placement.restore import restored_decision
 
 # --- Plans -------------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ here: it changes with every booking and is read from the ledger's own sorted ind
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
@@ -174,12 +173,12 @@ def groups_bound(ledger: Ledger, t: GpuType, gpus: int, need: int) -> int:
     free = ledger.free_index(t)
     if need <= 0:
         return UNBOUNDED
-    if not free or free[-1][0] < need:
+    top = free.top()
+    if top is None or top < need:
         return 0
-    each = free[-1][0] // need  # places for one replica on the roomiest GPU
-    places = (len(free) - bisect.bisect_left(free, (need,))) * each
+    each = top // need  # places for one replica on the roomiest GPU
+    places = free.count_from(need) * each
     if gpus == 1:
         return places
-    groups = ledger.group_index(t, gpus)
-    nodes = len(groups) - bisect.bisect_left(groups, (need,))
+    nodes = ledger.group_index(t, gpus).count_from(need)
     return min(places // gpus, nodes * (most_of_type(ledger, t) * each // gpus))
