@@ -68,6 +68,8 @@ class Index:
             b = self._bucket(key)
             if e < b[-1]:
                 b.append(e)
+            elif e > b[0]:  # a node after every other of its bucket (names arrive in order too)
+                b.insert(0, e)
             else:
                 b.insert(_position(b, e), e)
         self.size += 1
@@ -78,6 +80,8 @@ class Index:
         b = self._bucket(key)
         if b[-1] == e:
             b.pop()
+        elif b[0] == e:
+            del b[0]
         else:
             i = _position(b, e)
             if b[i] != e:
@@ -113,6 +117,13 @@ class Index:
         """How many entries have headroom >= need."""
         keys, buckets = self.keys, self.buckets
         return sum(len(buckets[keys[i]]) for i in range(bisect.bisect_left(keys, need), len(keys)))
+
+    def below(self, limit: int) -> Iterator[Entry]:
+        """The entries with headroom < limit, in order."""
+        for key in self.keys:
+            if key >= limit:
+                return
+            yield from reversed(self.buckets[key])
 
     def walk(self, need: int, spread: bool, allowed: Callable[[str], bool] | None = None) -> Iterator[Entry]:
         """The entries with headroom >= need whose node is `allowed` (None: all), best first: best

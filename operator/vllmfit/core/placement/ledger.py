@@ -212,7 +212,7 @@ class Ledger:
 
     def over_budget(self) -> list[GpuKey]:
         """GPUs whose bookings plus foreign use exceed the budget (empty in every plan vllmfit outputs)."""
-        return [k for k in sorted(self._slots) if self.headroom_bytes(*k) < 0]
+        return sorted((e[1], e[2]) for index in self._free.values() for e in index.below(0))  # every GPU is indexed
 
     # changes
     def book(self, decision: Decision) -> None:
@@ -329,7 +329,10 @@ class Ledger:
             old = self._free.get(t)
             self._free[t] = old.copy() if old is not None else Index()
             self._owned.add(("free", t))
-        return self._free.setdefault(t, Index())
+        found = self._free.get(t)
+        if found is None:
+            found = self._free[t] = Index()
+        return found
 
     def _group_list(self, t: GpuType, n: int) -> tuple[Index, dict[str, int]]:
         """The group index of (t, n) and its keys per node, this object's own."""
