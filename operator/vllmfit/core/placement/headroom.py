@@ -154,7 +154,10 @@ class Index:
 
 def _position(b: list[Entry], e: Entry) -> int:
     """In a list sorted in descending order: the first position whose entry is <= e."""
-    lo, hi = 0, len(b)
+    for i in range(min(len(b), 8)):  # mostly near the front: the nodes of a bucket come in name order
+        if not b[i] > e:
+            return i
+    lo, hi = 8, len(b)
     while lo < hi:
         mid = (lo + hi) // 2
         if b[mid] > e:

@@ -421,7 +421,8 @@ class Ledger:
 
     def free_index(self, t: GpuType) -> Index:
         """(headroom, node, index) sorted, for every GPU (or MIG slice) of type t."""
-        return self._free.get(t) or _EMPTY
+        found = self._free.get(t)
+        return _EMPTY if found is None else found
 
     def type_indices(self, node: str, t: GpuType) -> list[int]:
         return self._by_type.get(node, {}).get(t, [])

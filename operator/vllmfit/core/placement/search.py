@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
+from typing import Any
 
 from vllmfit.core import defaults, memory
 from vllmfit.core.memory import Footprint, Settings, Sizing, SpecError
@@ -160,6 +161,7 @@ def _search(
     ]
     best: _Candidate | None = None
     model = req.model
+    order: tuple[Any, ...] | None = None  # the best hit's _order (smaller is better), its sizing and hit
     for t in types:
         full = _full_sizing(model, s, t)
         if isinstance(full, str) or not full.fits:
@@ -172,11 +174,14 @@ def _search(
                 room = min(ledger._head[(hit[0], i)] for i in hit[1])
                 grown = _sized(req.model, s, t, room)
                 sized = grown if grown.fits else full
-            c = _Candidate(hit[0], hit[1], sized, hit[2] - sized.footprint.total)
-            if best is None or _better(c, best, spread):
-                best = c
-    if best is not None or not _shrinkable(s):
-        return best
+            o = _order(sized, hit[2] - sized.footprint.total, hit[0], hit[1], spread)
+            if order is None or o < order:
+                order, found = o, (sized, hit)
+    if order is not None:
+        sized, hit = found
+        return _Candidate(hit[0], hit[1], sized, hit[2] - sized.footprint.total)
+    if not _shrinkable(s):
+        return None
     for t in types:  # nothing fits as asked: the roomiest group of each type, unset values lowered
         if isinstance(_full_sizing(req.model, s, t), str):
             continue
@@ -194,6 +199,13 @@ def _search(
 def _is_mig_type(ledger: Ledger, t: GpuType) -> bool:
     e = ledger.free_index(t).lowest()
     return e is not None and ledger._slots[(e[1], e[2])].mig
+
+
+def _order(sizing: Sizing, score: int, node: str, gpus: tuple[int, ...], spread: bool) -> tuple[Any, ...]:
+    """`_better` as a key: a candidate is better than another when its key is smaller."""
+    f = sizing.flags
+    return (-f.max_model_len, -sizing.granted_tokens, -score if spread else score, node, gpus) if f else \
+        (0, 0, -score if spread else score, node, gpus)
 
 
 def _better(a: _Candidate, b: _Candidate, spread: bool) -> bool:
