@@ -118,3 +118,30 @@ def test_a_new_ledger_loaded_in_bulk_equals_one_set_node_per_node(spec: list) ->
     # over budget (foreign use beyond the budget), read from the indices: a walk of every GPU
     assert bulk.over_budget() == [(s.node, s.index) for s in bulk.slots()
                                   if bulk.headroom_bytes(s.node, s.index) < 0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([None, 2048, 4096]), st.sampled_from([0, 16, 32]), st.integers(-2, 2),
+                          NODES, st.sampled_from([(0,), (1,), (0, 1)])), min_size=2, max_size=2), st.booleans())
+def test_the_search_key_orders_candidates_as_better_does(pair: list, spread: bool) -> None:
+    """search._search keeps the best hit per type by `_order`; bulk placement compares with
+    `_better`: the two must agree (a is better than b exactly when its key is smaller)."""
+    from vllmfit.core.placement import search
+
+    def cand(length: int | None, tokens: int, score: int, name: str, gpus: tuple[int, ...]) -> search._Candidate:
+        flags = None if length is None else _FakeFlags(length)
+        return search._Candidate(name, gpus, _FakeSizing(flags, tokens), score)  # type: ignore[arg-type]
+
+    a, b = (cand(*p) for p in pair)
+    key = [search._order(c.sizing, c.score, c.node, c.gpus, spread) for c in (a, b)]  # type: ignore[arg-type]
+    assert search._better(a, b, spread) == (key[0] < key[1])
+
+
+class _FakeFlags:
+    def __init__(self, max_model_len: int) -> None:
+        self.max_model_len = max_model_len
+
+
+class _FakeSizing:
+    def __init__(self, flags: _FakeFlags | None, granted_tokens: int) -> None:
+        self.flags, self.granted_tokens = flags, granted_tokens

@@ -376,20 +376,28 @@ class Ledger:
         refresh: set[tuple[str, GpuType]] = set()
         for key in keys:
             s = self._slots.get(key)
-            if s is None or self._head.get(key) == (h := s.budget_bytes - self._used.get(key, 0) - s.foreign_bytes):
+            if s is None or (old := self._head.get(key)) == (h := s.budget_bytes - self._used.get(key, 0) - s.foreign_bytes):
                 continue
-            self._unindex(key)
-            self._index(key, h)
+            lst = self._free_list(s.gpu)  # _unindex, then _index at h
+            if old is not None:
+                lst.remove((old, key[0], key[1]))
+            lst.add((h, key[0], key[1]))
+            self._head[key] = h
             if not s.mig:
                 refresh.add((s.node, s.gpu))
         for node, t in refresh:
             self._refresh_groups(node, t)
 
     def _refresh_groups(self, node: str, t: GpuType) -> None:
-        heads = sorted([self._head[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
-        for gt, n in self._groups:  # each n's key is heads[n - 1] (_node_group_key), sorted once for all
+        head = self._head
+        heads = sorted([head[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
+        have = len(heads)
+        for gn in self._groups:  # each n's key is heads[n - 1] (_node_group_key), sorted once for all
+            gt, n = gn
             if gt is t or (gt.product == t.product and gt == t):  # equal types of different nodes: distinct objects
-                self._set_group_key(t, n, node, heads[n - 1] if len(heads) >= n else None)
+                key = heads[n - 1] if have >= n else None
+                if self._group_key[gn].get(node) != key:
+                    self._set_group_key(t, n, node, key)
 
     def _node_group_key(self, node: str, t: GpuType, n: int) -> int | None:
         heads = sorted([self._head[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
