@@ -145,3 +145,15 @@ class _FakeFlags:
 class _FakeSizing:
     def __init__(self, flags: _FakeFlags | None, granted_tokens: int) -> None:
         self.flags, self.granted_tokens = flags, granted_tokens
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.just(5), st.integers(0, 99), st.integers(0, 7)), unique=True, max_size=80))
+def test_a_buckets_position_is_the_first_entry_not_above_the_new_one(entries: list) -> None:
+    """headroom._position looks at both ends of a bucket first, then bisects: as a plain walk, for
+    every entry of the bucket and every place between two."""
+    from vllmfit.core.placement.headroom import _position
+
+    b = sorted(entries, reverse=True)
+    for e in {(5, x[1], x[2] + d) for x in b for d in (-1, 0, 1)} | {(5, -1, 0), (5, 100, 0)}:
+        assert _position(b, e) == next((i for i, x in enumerate(b) if x <= e), len(b)), e

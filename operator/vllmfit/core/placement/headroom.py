@@ -153,11 +153,21 @@ class Index:
 
 
 def _position(b: list[Entry], e: Entry) -> int:
-    """In a list sorted in descending order: the first position whose entry is <= e."""
-    for i in range(min(len(b), 8)):  # mostly near the front: the nodes of a bucket come in name order
+    """In a list sorted in descending order: the first position whose entry is <= e. Most are
+    within a few entries of either end (a node's GPUs are neighbours, and nodes fill in name
+    order), so both ends are looked at first, then a bisection."""
+    n = len(b)
+    for i in range(min(n, 8)):
         if not b[i] > e:
             return i
-    lo, hi = 8, len(b)
+    if n <= 8:
+        return n
+    lo, hi = 8, n
+    if n > 16 and b[n - 9] > e:  # within the last 8
+        for i in range(n - 8, n):
+            if not b[i] > e:
+                return i
+        return n
     while lo < hi:
         mid = (lo + hi) // 2
         if b[mid] > e:
