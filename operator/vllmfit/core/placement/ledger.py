@@ -95,24 +95,24 @@ class Ledger:
             return
         self.version += len(nodes)
         entries: dict[GpuType, list[tuple[int, str, int]]] = {}
+        slots, on_gpu, used, head = self._slots, self._on_gpu, self._used, self._head
         for node in nodes:
             self.nodes[node.name] = node
             types: dict[GpuType, list[int]] = {}
             for s in node.gpus:
                 key = (s.node, s.index)
-                self._slots[key] = s
-                self._on_gpu.setdefault(s.node, {}).setdefault(s.index, {})
-                self._used[key] = 0
-                h = self._head[key] = s.budget_bytes - s.foreign_bytes
+                slots[key] = s
+                on_gpu.setdefault(s.node, {}).setdefault(s.index, {})
+                used[key] = 0
+                h = head[key] = s.budget_bytes - s.foreign_bytes
                 entries.setdefault(s.gpu, []).append((h, s.node, s.index))
                 if not s.mig:
                     types.setdefault(s.gpu, []).append(s.index)
             self._by_type[node.name] = {t: sorted(ix) for t, ix in types.items()}
             self.census.count(node, types, 1)
         self._free = {t: Index(e) for t, e in entries.items()}
-        for types in list(self._by_type.values()):  # each type's whole-node groups (set_node)
-            for t, ix in types.items():
-                self.group_index(t, len(ix))
+        for t, n in dict.fromkeys((t, len(ix)) for types in self._by_type.values() for t, ix in types.items()):
+            self.group_index(t, n)  # each type's whole-node groups (set_node), in the order nodes give them
 
     def remove_node(self, name: str) -> list[str]:
         """Forget a node. Returns the deployments that had bookings on it (they must move; their
@@ -420,8 +420,11 @@ class Ledger:
         if found is None:
             # Built whole, then published in one assignment (no thread sees it half built); a
             # ledger that changed its accounting since it was shared has its own tables (_changing).
-            keys = {node: k for node, types in self._by_type.items()  # the nodes with n GPUs of type t
-                    if len(types.get(t, ())) >= n and (k := self._node_group_key(node, t, n)) is not None}
+            keys, head = {}, self._head  # the nodes with n GPUs of type t: their _node_group_key
+            for node, types in self._by_type.items():
+                ix = types.get(t)
+                if ix is not None and len(ix) >= n:
+                    keys[node] = sorted([head[(node, i)] for i in ix], reverse=True)[n - 1]
             found = Index((k, node) for node, k in keys.items())
             self._group_key[(t, n)] = keys
             self._groups[(t, n)] = found
