@@ -66,8 +66,9 @@ class Ledger:
         """Add or update a node. Returns the deployments booked there that no longer fit: on a GPU
         now over budget, or on a GPU that disappeared (pass them to `replan`)."""
         self._changing("nodes", "acct")
+        if (old := self.nodes.get(node.name)) is None or not old.selected_as(node):  # not only foreign use changed
+            self._selected = {}  # a new cache (a snapshot may share the old one)
         self._unindex_node(node.name)
-        self._selected = {}  # a new cache (a snapshot may share the old one)
         self.nodes[node.name] = node
         types: dict[GpuType, list[int]] = {}
         for s in node.gpus:
