@@ -159,7 +159,7 @@ class Ledger:
         self, selector: Mapping[str, str] | None, terms: tuple[affinity.Term, ...] | None = None
     ) -> NodeSet | None:
         """The nodes whose labels match a nodeSelector and the required node affinity `terms`;
-        None when there is neither (every node). Cached until a node changes."""
+        None when there is neither (every node). Cached until a node changes (not only its foreign use)."""
         if not selector and terms is None:
             return None
         key = (tuple(sorted((selector or {}).items())), terms)

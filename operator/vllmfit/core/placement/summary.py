@@ -2,7 +2,8 @@
 
 Derived, read-only views of a ledger's nodes: built on first use and kept in the ledger's
 selection cache (`Ledger._selected`), which is cleared whenever a node is added, changed or
-removed, so they are as current as the nodes themselves. For every node (no selector), they are
+removed (a change of foreign use alone keeps it: nothing here reads it, `NodeInfo.selected_as`), so
+they are as current as the nodes themselves. For every node (no selector), they are
 read from the ledger's census (core.placement.census), kept as nodes change, so a review after a
 node changed walks no nodes; a selector's set is walked once per node state. Headroom is not summed
 here: it changes with every booking and is read from the ledger's own sorted indices (`free_index`,
@@ -166,7 +167,8 @@ def groups_bound(ledger: Ledger, t: GpuType, gpus: int, need: int) -> int:
     """At most how many groups of `gpus` GPUs of type t (on one node each) needing `need` bytes on
     every GPU the cluster has room for now. Replicas share GPUs, so a GPU with headroom h holds at
     most h // need of them, never more than the roomiest GPU's; the GPUs with room for one
-    (a bisection of the sorted headroom index) hold at most that many each. A group takes one
+    (a bisection of the headroom index's distinct values, then a sum over those above: about 100
+    per product at fleet size) hold at most that many each. A group takes one
     such place on each of its GPUs, on one node: for several GPUs, no more than the nodes whose
     group index says they hold one, times what the largest node of the type holds. Placing
     replicas one after the other only uses room up, so no search places more (tested)."""
