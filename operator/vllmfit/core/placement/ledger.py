@@ -112,8 +112,8 @@ class Ledger:
             self._by_type[node.name] = {t: sorted(ix) for t, ix in types.items()}
             self.census.count(node, types, 1)
         self._free = {t: Index(e) for t, e in entries.items()}
-        for t, n in dict.fromkeys((t, len(ix)) for types in self._by_type.values() for t, ix in types.items()):
-            self.group_index(t, n)  # each type's whole-node groups (set_node), in the order nodes give them
+        for t, size in dict.fromkeys((t, len(ix)) for types in self._by_type.values() for t, ix in types.items()):
+            self.group_index(t, size)  # each type's whole-node groups (set_node), in the order nodes give them
 
     def remove_node(self, name: str) -> list[str]:
         """Forget a node. Returns the deployments that had bookings on it (they must move; their
