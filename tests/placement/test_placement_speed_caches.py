@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gc
 
+from hypothesis import given
+from hypothesis import strategies as st
 from placement_fakes import A100_40, H100, LLAMA_8B, node, request
 
 from vllmfit.cli.plan import collector_paused
@@ -61,3 +63,12 @@ def test_the_plan_command_restores_the_collector_as_it_found_it_and_the_core_nev
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+@given(st.lists(st.sampled_from([0, 1, 7, 999, 1000, 1001, 2003]), min_size=2, max_size=8))
+def test_a_group_is_named_as_its_gpus_labels_say(gpus: list[int]) -> None:
+    """`where` names whole GPUs by their indices at once (a 1,000-replica admission names 8,000):
+    the same words as each GPU's label."""
+    from vllmfit.core.placement.inputs import gpu_label, where
+
+    assert where("n", gpus) == f"n GPU {','.join(gpu_label(i).removeprefix('GPU ') for i in gpus)}"

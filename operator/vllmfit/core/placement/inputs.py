@@ -57,6 +57,8 @@ def where(node: str, gpus: Sequence[int]) -> str:
     """'node-a GPU 0,1' / 'node-d GPU 2 MIG 0': a group, for messages."""
     if len(gpus) == 1:
         return f"{node} {gpu_label(gpus[0])}"
+    if all(0 <= i < attribution.MIG_UNIT_BASE for i in gpus):  # whole GPUs: their indices (a 1,000-replica message)
+        return f"{node} GPU {','.join(map(str, gpus))}"
     return f"{node} GPU {','.join(gpu_label(i).removeprefix('GPU ') for i in gpus)}"
 
 
