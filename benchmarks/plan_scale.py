@@ -16,7 +16,8 @@ maxNumSeqs, some unset, some with a nodeSelector or pinned to a node), all seede
   (docs/placement.md, "Many identical replicas");
 - peak RSS of this process (resource.getrusage);
 - the reviews are measured after `gc.freeze()`, as the operator freezes its ledger once rebuilt;
-  `placement.plan` pauses the garbage collector itself (docs/placement.md, "Speed");
+  the full plan runs with the garbage collector paused, as `vllmfit plan` runs it
+  (cli.plan.collector_paused; docs/placement.md, "Speed");
 - packing: GPUs in use, versus one GPU per process (the stock device plugin: tp x pp whole GPUs
   per replica) and versus a lower bound (per product, total booked bytes / one GPU's budget);
 - `vllmfit plan` end to end (issue 14): a realistic `kubectl get nodes,vllmdeployments -A -o yaml`
@@ -66,6 +67,7 @@ from pathlib import Path
 
 import yaml
 
+from vllmfit.cli.plan import collector_paused
 from vllmfit.core import defaults, limits, placement
 from vllmfit.core.spec.api import KvCacheSpec, VLLMDeploymentSpec
 from vllmfit.sources import catalog
@@ -377,7 +379,8 @@ def main() -> None:
     times, cpu, p = [], [], None
     for _ in range(args.rounds):
         t, c = time.perf_counter(), time.process_time()
-        p = placement.plan(nodes, reqs)
+        with collector_paused():  # as `vllmfit plan` runs it
+            p = placement.plan(nodes, reqs)
         times.append(time.perf_counter() - t)
         cpu.append(time.process_time() - c)
     assert p is not None

@@ -27,7 +27,7 @@ from vllmfit.core import defaults, memory, placement
 from vllmfit.core.observe import attribution
 from vllmfit.core.observe.inventory import GpuInventory
 from vllmfit.core.placement import observed
-from vllmfit.core.placement.ledger import Booking
+from vllmfit.core.placement.decision import Booking
 from vllmfit.sources import catalog
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)

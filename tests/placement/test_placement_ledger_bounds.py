@@ -14,7 +14,7 @@ from placement_fakes import node as _node
 
 from vllmfit.core import memory, placement
 from vllmfit.core.defaults import GIB
-from vllmfit.core.placement.ledger import Decision, ReplicaAllocation
+from vllmfit.core.placement.decision import Decision, ReplicaAllocation
 
 # H100: T = 85031714816 (catalog); int(0.9 x T) = int(76528543334.4) = 76528543334; minus 2 GiB
 # (2147483648) = 74381059686.

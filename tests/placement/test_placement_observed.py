@@ -16,7 +16,7 @@ from vllmfit.core.defaults import GIB, MIB
 from vllmfit.core.errors import UserError
 from vllmfit.core.memory import learned
 from vllmfit.core.placement import observed
-from vllmfit.core.placement.ledger import Booking
+from vllmfit.core.placement.decision import Booking
 
 MARGIN = defaults.OBSERVED_MARGIN_BYTES
 

@@ -1,5 +1,5 @@
 """The search's choices at the edge of a fit (issue 22: survivors of the mutation run of
-core/placement). `_first` and `_pick` are the two functions that pick a GPU (group) with room;
+core/placement). `Index.first` and `_pick` are the two functions that pick a GPU (group) with room;
 their inputs here are hand-made headroom lists and ledgers, so every expected pick is read off
 the numbers. The end-to-end cases use ADR-0002's budget policy set on the GPUs."""
 
@@ -9,13 +9,18 @@ from placement_fakes import H100, LLAMA_8B, node, request
 
 from vllmfit.core import memory, placement
 from vllmfit.core.defaults import GIB
-from vllmfit.core.placement.search import _first, _pick
+from vllmfit.core.placement.headroom import Index
+from vllmfit.core.placement.search import _pick
 
 ADR_0002 = memory.BudgetPolicy(0.90, 2 * GIB, "test", context_bytes=0)
 BUDGET = 74381059686  # H100: int(0.9 x 85031714816) - 2 GiB
 
 # (headroom, node, GPU index), sorted, as the ledger's free index holds them
 ENTRIES = [(5, "a", 0), (10, "b", 0), (10, "c", 1), (20, "d", 0), (20, "e", 3)]
+
+
+def _first(entries: list, need: int, spread: bool, allowed: frozenset[str] | None) -> object:
+    return Index(entries).first(need, spread, allowed)
 
 
 def test_best_fit_takes_the_least_headroom_that_still_fits() -> None:

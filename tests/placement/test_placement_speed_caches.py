@@ -1,12 +1,15 @@
 """The full plan's caches (issue 32) are exact: interned settings, cached validation, the whole-node
-group index kept as nodes come, and the collector paused only while a plan runs."""
+group index kept as nodes come, and the collector paused only while `vllmfit plan` runs."""
 
 from __future__ import annotations
 
 import gc
 
+from hypothesis import given
+from hypothesis import strategies as st
 from placement_fakes import A100_40, H100, LLAMA_8B, node, request
 
+from vllmfit.cli.plan import collector_paused
 from vllmfit.core import placement
 from vllmfit.core.placement.inputs import settings_from_spec
 from vllmfit.core.spec.api import VLLMDeploymentSpec
@@ -40,14 +43,32 @@ def test_a_new_ledger_keeps_the_whole_node_group_index_as_one_built_later_would(
         assert ledger.group_index(t, n) == entries
 
 
-def test_plan_restores_the_collector_as_it_found_it() -> None:
+def test_the_plan_command_restores_the_collector_as_it_found_it_and_the_core_never_turns_it(monkeypatch) -> None:
     nodes, reqs = [node("n0", H100, 2)], [request("a/x", LLAMA_8B)]
     assert gc.isenabled()
-    placement.plan(nodes, reqs)
-    assert gc.isenabled()
+    turned: list[str] = []
+    with monkeypatch.context() as m:
+        m.setattr(gc, "disable", lambda: turned.append("disable"))
+        placement.plan(nodes, reqs)
+    assert turned == []  # the core: a process-wide switch is a shell's (cli.plan.collector_paused)
+    with collector_paused():
+        assert not gc.isenabled()
+        placement.plan(nodes, reqs)
+        assert not gc.isenabled()
+    assert gc.isenabled() and not gc.get_freeze_count()  # nothing left frozen for good
     gc.disable()
     try:
-        placement.plan(nodes, reqs)
+        with collector_paused():
+            placement.plan(nodes, reqs)
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+@given(st.lists(st.sampled_from([0, 1, 7, 999, 1000, 1001, 2003]), min_size=2, max_size=8))
+def test_a_group_is_named_as_its_gpus_labels_say(gpus: list[int]) -> None:
+    """`where` names whole GPUs by their indices at once (a 1,000-replica admission names 8,000):
+    the same words as each GPU's label."""
+    from vllmfit.core.placement.inputs import gpu_label, where
+
+    assert where("n", gpus) == f"n GPU {','.join(gpu_label(i).removeprefix('GPU ') for i in gpus)}"

@@ -16,8 +16,10 @@ with status.memory keep those bookings (never moved); all others are decided in 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -243,7 +245,33 @@ def emit(plan: placement.Plan, output: str, out_file: str | None, title: str) ->
         sys.stdout.write(text)
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while `vllmfit plan` reads its files, decides and
+    writes, then restored as it was. A plan allocates millions of objects that hold no reference
+    cycles (nodes, bookings, decisions, footprints: freed by reference counting alone); each full
+    collection walks all of them, about 17 % of a 40,000-deployment plan's CPU at 80,000 GPUs, and
+    finds nothing to free. Before the collector is enabled again, the objects made meanwhile move
+    to its oldest generation at once (gc.freeze, then gc.unfreeze): left in the youngest, the first
+    collection would walk them all (about 0.4 s at that size). A process-wide switch: the one-shot
+    CLI turns it, never the core (issue 32)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
+
+
 def run_plan(args: argparse.Namespace) -> int:
+    with collector_paused():
+        return _run_plan(args)
+
+
+def _run_plan(args: argparse.Namespace) -> int:
     objs = read_objects(read_files(args.filename))
     from vllmfit.cli import calibration
     from vllmfit.cli.policy import budget_from_args

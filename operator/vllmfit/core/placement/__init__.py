@@ -34,6 +34,7 @@ This package re-exports the names the shells use; inside the core, import the mo
 
 from vllmfit.core.placement.contract import to_json
 from vllmfit.core.placement.decide import decide, held_replicas
+from vllmfit.core.placement.decision import Booking, Decision, ReplicaAllocation
 from vllmfit.core.placement.inputs import (
     DecisionPhase,
     GpuSlot,
@@ -43,7 +44,7 @@ from vllmfit.core.placement.inputs import (
     settings_from_spec,
     where,
 )
-from vllmfit.core.placement.ledger import Booking, Decision, Ledger, OverBudget, ReplicaAllocation
+from vllmfit.core.placement.ledger import Ledger, OverBudget
 from vllmfit.core.placement.nodes import NodeDataError, NodeRead, node_from_object, read_node
 from vllmfit.core.placement.plan import Plan, plan
 from vllmfit.core.placement.replan import replan

@@ -15,13 +15,12 @@ the replica-by-replica search on random clusters (hypothesis)."""
 
 from __future__ import annotations
 
-import bisect
 import heapq
-from collections.abc import Iterator
 from typing import Any
 
 from vllmfit.core.memory import Settings, Sizing
 from vllmfit.core.model.facts import GpuType
+from vllmfit.core.placement.headroom import Index
 from vllmfit.core.placement.inputs import Request
 from vllmfit.core.placement.ledger import Ledger, NodeSet
 from vllmfit.core.placement.search import (
@@ -66,13 +65,13 @@ def place(
 class _Stream:
     """The candidates of one GPU type, best first, with the headroom of the entries taken so far."""
 
-    def __init__(self, ledger: Ledger, t: GpuType, n: int, sizing: Sizing, entries: list[Any],
+    def __init__(self, ledger: Ledger, t: GpuType, n: int, sizing: Sizing, entries: Index,
                  allowed: frozenset[str] | None, spread: bool) -> None:
         self.ledger, self.t, self.n, self.sizing, self.spread = ledger, t, n, sizing, spread
         self.need = sizing.footprint.total
         self.nodes: dict[str, list[tuple[int, int]]] = {}  # n > 1: the nodes read or changed so far
         self.taken: list[tuple[Any, ...]] = []  # heap of (order key, entry) of entries taken, still fitting
-        self.fresh = _untaken(entries, self.need, allowed, spread)
+        self.fresh = entries.walk(self.need, spread, None if allowed is None else allowed.__contains__)
         self.next_fresh = next(self.fresh, None)
         self.cached: _Candidate | None = None
         self.cached_entry: tuple[Any, ...] | None = None
@@ -88,13 +87,13 @@ class _Stream:
             return None
         few = nodes is not None and len(nodes.names) <= _FEW_NODES
         allowed = None if nodes is None or few else nodes.members
-        entries: list[Any]
+        entries: Index
         if n == 1:
-            entries = sorted((ledger._head[(nd, sl.index)], nd, sl.index) for nd in nodes.names
+            entries = Index((ledger._head[(nd, sl.index)], nd, sl.index) for nd in nodes.names
                              for sl in ledger.nodes[nd].gpus if sl.gpu == t and (nd, sl.index) in ledger._head) \
                 if few and nodes is not None else ledger.free_index(t)
         else:
-            entries = sorted((k, nd) for nd in nodes.names if (k := ledger._node_group_key(nd, t, n)) is not None) \
+            entries = Index((k, nd) for nd in nodes.names if (k := ledger._node_group_key(nd, t, n)) is not None) \
                 if few and nodes is not None else ledger.group_index(t, n)
         return cls(ledger, t, n, full, entries, allowed, spread)
 
@@ -151,20 +150,3 @@ class _Stream:
         if key >= self.need:
             heapq.heappush(self.taken, (self._order(new), new))
         self.cached_entry = self.cached = None
-
-
-def _untaken(entries: list[Any], need: int, allowed: frozenset[str] | None, spread: bool) -> Iterator[Any]:
-    """The entries of a sorted index (key, node, ...) with key >= need and an allowed node, best
-    first: best fit ascending; spread by key descending, then node and GPU ascending."""
-    if not spread:
-        for i in range(bisect.bisect_left(entries, (need,)), len(entries)):
-            if allowed is None or entries[i][1] in allowed:
-                yield entries[i]
-        return
-    hi = len(entries)
-    while hi > 0 and entries[hi - 1][0] >= need:
-        lo = bisect.bisect_left(entries, (entries[hi - 1][0],), 0, hi)
-        for i in range(lo, hi):
-            if allowed is None or entries[i][1] in allowed:
-                yield entries[i]
-        hi = lo

@@ -8,9 +8,10 @@ from dataclasses import replace
 
 from vllmfit.core import memory
 from vllmfit.core.memory import Flags, Sizing
+from vllmfit.core.placement.decision import Booking, Decision, ReplicaAllocation
 from vllmfit.core.placement.fixes import _suggest
 from vllmfit.core.placement.inputs import Request, settings_of
-from vllmfit.core.placement.ledger import Booking, Decision, Ledger, ReplicaAllocation
+from vllmfit.core.placement.ledger import Ledger
 from vllmfit.core.placement.place import _decide
 
 

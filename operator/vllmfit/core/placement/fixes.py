@@ -10,8 +10,9 @@ from vllmfit.core import defaults, limits, memory
 from vllmfit.core.memory import Settings, SpecError
 from vllmfit.core.model.facts import GpuType, ModelArch
 from vllmfit.core.placement import affinity, summary
+from vllmfit.core.placement.decision import Decision
 from vllmfit.core.placement.inputs import Request, settings_of, where
-from vllmfit.core.placement.ledger import Decision, Ledger, NodeSet
+from vllmfit.core.placement.ledger import Ledger, NodeSet
 from vllmfit.core.placement.place import _decide, replicas_bound
 from vllmfit.core.placement.search import _UNLIMITED, _is_mig_type, _pick, schedulable
 from vllmfit.core.spec.api import KvCacheSpec, VLLMDeploymentSpec

@@ -57,6 +57,8 @@ def where(node: str, gpus: Sequence[int]) -> str:
     """'node-a GPU 0,1' / 'node-d GPU 2 MIG 0': a group, for messages."""
     if len(gpus) == 1:
         return f"{node} {gpu_label(gpus[0])}"
+    if all(0 <= i < attribution.MIG_UNIT_BASE for i in gpus):  # whole GPUs: their indices (a 1,000-replica message)
+        return f"{node} GPU {','.join(map(str, gpus))}"
     return f"{node} GPU {','.join(gpu_label(i).removeprefix('GPU ') for i in gpus)}"
 
 
@@ -70,6 +72,16 @@ class NodeInfo:
     taints: tuple[Taint, ...] = ()  # spec.taints (core.placement.taints)
     unschedulable: bool = False  # spec.unschedulable (cordoned)
     unsafe: str | None = None  # why no binding vllmfit has can hold its GPUs (core.placement.nodes.binding_problem)
+
+    def selected_as(self, other: NodeInfo) -> bool:
+        """Whether every node selection treats this node as `other` (a nodeSelector, affinity,
+        taints and cordon, a budget policy, GPU types and counts: what the ledger's selection cache
+        holds): the two differ at most in foreign use, GPU UUIDs and warnings."""
+        return (self.name == other.name and self.labels == other.labels and self.taints == other.taints
+                and self.unschedulable == other.unschedulable and self.unsafe == other.unsafe
+                and self.error == other.error and len(self.gpus) == len(other.gpus)
+                and all((a.node, a.index, a.gpu, a.mig, a.policy) == (b.node, b.index, b.gpu, b.mig, b.policy)
+                        for a, b in zip(self.gpus, other.gpus, strict=True)))
 
     def refuses(self, tolerations: tuple[Toleration, ...]) -> str | None:
         """Why this node takes no new pod with these tolerations (no safe GPU binding, cordon,

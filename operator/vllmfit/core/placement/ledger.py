@@ -1,75 +1,22 @@
 """The per-GPU ledger: what is booked where, kept under budget by construction (`book` raises
-rather than overfill), with the indices the search uses (headroom per GPU group)."""
+rather than overfill), with the indices the search uses (headroom per GPU group). What it books: a
+`Decision` (core.placement.decision)."""
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from vllmfit.core.memory import DEFAULT_KV_GRANT, Flags, Footprint, KvGrant, Sizing
+from vllmfit.core.memory import DEFAULT_KV_GRANT, KvGrant
 from vllmfit.core.model.facts import GpuType
 from vllmfit.core.placement import affinity
 from vllmfit.core.placement.census import Census, NodeSet
-from vllmfit.core.placement.inputs import DecisionPhase, GpuKey, GpuSlot, NodeInfo
+from vllmfit.core.placement.decision import Booking, Decision
+from vllmfit.core.placement.headroom import Index
+from vllmfit.core.placement.inputs import GpuKey, GpuSlot, NodeInfo
 from vllmfit.core.placement.layers import Layer as _Layer
 
 # --- The ledger --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Booking:
-    """One replica of one deployment on one GPU."""
-
-    deployment: str
-    replica: int
-    node: str
-    index: int
-    footprint: Footprint
-    kv_beyond: int = 0  # KV bytes beyond maxNumSeqs x maxModelLen (kvCache.grow, a grant from before issue 33)
-
-
-@dataclass(frozen=True)
-class ReplicaAllocation:
-    """One replica: a TP x PP group on one node. `sizing.flags` are this replica's vLLM flags
-    (maxModelLen and maxNumSeqs equal across replicas; u may differ by GPU product)."""
-
-    replica: int
-    node: str
-    gpus: tuple[int, ...]
-    sizing: Sizing
-    footprints: tuple[Footprint, ...] = ()  # per GPU, aligned with gpus; empty = sizing.footprint on each
-
-    def footprint_on(self, position: int) -> Footprint:
-        return self.footprints[position] if self.footprints else self.sizing.footprint
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The outcome of `decide`, as data."""
-
-    key: str
-    phase: DecisionPhase
-    replicas: tuple[ReplicaAllocation, ...] = ()
-    flags: Flags | None = None  # replica 0's
-    reasons: tuple[str, ...] = ()
-    suggestions: tuple[str, ...] = ()
-    warnings: tuple[str, ...] = ()
-    moved: bool = False  # placed elsewhere than where it was pinned
-    message: str = ""  # one line: what the webhook denies with and the Event says
-    restored: bool = False  # rebuilt from status.memory (kept where it is, never re-decided)
-
-    @property
-    def admitted(self) -> bool:
-        return self.phase == "Admitted"
-
-    def bookings(self) -> list[Booking]:
-        return [
-            Booking(self.key, r.replica, r.node, i, r.footprint_on(p), r.sizing.kv_beyond_caps)
-            for r in self.replicas
-            for p, i in enumerate(r.gpus)
-        ]
 
 
 class OverBudget(ValueError):
@@ -86,10 +33,11 @@ class Ledger:
     type or group size at a time, bookings one node at a time. A snapshot never changes, and
     `decide` on one works on a scratch copy. Lazy indices (`group_index`, `matching`) are
     published whole, so threads reading one snapshot never see one half-built. Indices:
-    - per GPU type: [(headroom, node, index)] sorted, for single-GPU placements;
-    - per (GPU type, n), built on first use: [(key, node)] sorted, where key is the n-th largest
+    - per GPU type: (headroom, node, index) sorted, for single-GPU placements;
+    - per (GPU type, n), built on first use: (key, node) sorted, where key is the n-th largest
       headroom among the node's (non-MIG) GPUs of that type: the largest need an n-GPU group
       there can take.
+    Both are `headroom.Index`es: buckets per distinct headroom, each copied when it changes.
     """
 
     def __init__(self, nodes: Iterable[NodeInfo] = (), kv_grant: KvGrant = DEFAULT_KV_GRANT):
@@ -105,22 +53,22 @@ class Ledger:
         self._by_deployment: Any = {}  # key -> its bookings (a list never changed in place)
         self._beyond: set[str] = set()  # deployments with a booking that holds KV beyond its caps
         self._head: Any = {}  # GpuKey -> headroom as indexed; it and the maps above: dicts until shared
-        self._free: dict[GpuType, list[tuple[int, str, int]]] = {}
+        self._free: dict[GpuType, Index] = {}
         self._by_type: dict[str, dict[GpuType, list[int]]] = {}  # node -> type -> indices (non-MIG)
         self.census = Census()  # the nodes by what a refusal counts (core.placement.census; read only)
-        self._groups: dict[tuple[GpuType, int], list[tuple[int, str]]] = {}
+        self._groups: dict[tuple[GpuType, int], Index] = {}
         self._group_key: dict[tuple[GpuType, int], dict[str, int]] = {}  # (type, n) -> node -> its key
         self._selected: dict[tuple[object, ...], NodeSet] = {}  # (nodeSelector, affinity) -> matches
-        for n in nodes:
-            self.set_node(n)
+        self._load(list(nodes))
 
     # nodes
     def set_node(self, node: NodeInfo) -> list[str]:
         """Add or update a node. Returns the deployments booked there that no longer fit: on a GPU
         now over budget, or on a GPU that disappeared (pass them to `replan`)."""
         self._changing("nodes", "acct")
+        if (old := self.nodes.get(node.name)) is None or not old.selected_as(node):  # not only foreign use changed
+            self._selected = {}  # a new cache (a snapshot may share the old one)
         self._unindex_node(node.name)
-        self._selected = {}  # a new cache (a snapshot may share the old one)
         self.nodes[node.name] = node
         types: dict[GpuType, list[int]] = {}
         for s in node.gpus:
@@ -138,6 +86,34 @@ class Ledger:
             self.group_index(t, len(ix))  # the first review that asks for it (a full pass, issue 32)
             self._refresh_groups(node.name, t)
         return self.affected(node.name)
+
+    def _load(self, nodes: list[NodeInfo]) -> None:
+        """`set_node` of each node, into this new ledger, with each index built once at the end
+        (not 80,000 inserts into sorted lists: issue 32). The same state, tested."""
+        if len({n.name for n in nodes}) < len(nodes):  # a name given twice: the later one wins, as set_node does
+            for n in nodes:
+                self.set_node(n)
+            return
+        self.version += len(nodes)
+        entries: dict[GpuType, list[tuple[int, str, int]]] = {}
+        slots, on_gpu, used, head = self._slots, self._on_gpu, self._used, self._head
+        for node in nodes:
+            self.nodes[node.name] = node
+            types: dict[GpuType, list[int]] = {}
+            for s in node.gpus:
+                key = (s.node, s.index)
+                slots[key] = s
+                on_gpu.setdefault(s.node, {}).setdefault(s.index, {})
+                used[key] = 0
+                h = head[key] = s.budget_bytes - s.foreign_bytes
+                entries.setdefault(s.gpu, []).append((h, s.node, s.index))
+                if not s.mig:
+                    types.setdefault(s.gpu, []).append(s.index)
+            self._by_type[node.name] = {t: sorted(ix) for t, ix in types.items()}
+            self.census.count(node, types, 1)
+        self._free = {t: Index(e) for t, e in entries.items()}
+        for t, size in dict.fromkeys((t, len(ix)) for types in self._by_type.values() for t, ix in types.items()):
+            self.group_index(t, size)  # each type's whole-node groups (set_node), in the order nodes give them
 
     def remove_node(self, name: str) -> list[str]:
         """Forget a node. Returns the deployments that had bookings on it (they must move; their
@@ -183,7 +159,7 @@ class Ledger:
         self, selector: Mapping[str, str] | None, terms: tuple[affinity.Term, ...] | None = None
     ) -> NodeSet | None:
         """The nodes whose labels match a nodeSelector and the required node affinity `terms`;
-        None when there is neither (every node). Cached until a node changes."""
+        None when there is neither (every node). Cached until a node changes (not only its foreign use)."""
         if not selector and terms is None:
             return None
         key = (tuple(sorted((selector or {}).items())), terms)
@@ -237,7 +213,7 @@ class Ledger:
 
     def over_budget(self) -> list[GpuKey]:
         """GPUs whose bookings plus foreign use exceed the budget (empty in every plan vllmfit outputs)."""
-        return [k for k in sorted(self._slots) if self.headroom_bytes(*k) < 0]
+        return sorted((e[1], e[2]) for index in self._free.values() for e in index.below(0))  # every GPU is indexed
 
     # changes
     def book(self, decision: Decision) -> None:
@@ -348,18 +324,22 @@ class Ledger:
                 self._by_deployment, self._beyond = _Layer.over(self._by_deployment), set(self._beyond)
             self._owned.add(unit)
 
-    def _free_list(self, t: GpuType) -> list[tuple[int, str, int]]:
-        """The free index of type t, this object's own (copied from a shared one first)."""
+    def _free_list(self, t: GpuType) -> Index:
+        """The free index of type t, this object's own (a copy sharing its buckets first)."""
         if self._shared and ("free", t) not in self._owned:
-            self._free[t] = list(self._free.get(t, ()))
+            old = self._free.get(t)
+            self._free[t] = old.copy() if old is not None else Index()
             self._owned.add(("free", t))
-        return self._free.setdefault(t, [])
+        found = self._free.get(t)
+        if found is None:
+            found = self._free[t] = Index()
+        return found
 
-    def _group_list(self, t: GpuType, n: int) -> tuple[list[tuple[int, str]], dict[str, int]]:
+    def _group_list(self, t: GpuType, n: int) -> tuple[Index, dict[str, int]]:
         """The group index of (t, n) and its keys per node, this object's own."""
         if self._shared and ("groups", t, n) not in self._owned:
             self._group_key[(t, n)] = dict(self._group_key.get((t, n), {}))
-            self._groups[(t, n)] = list(self._groups[(t, n)])
+            self._groups[(t, n)] = self._groups[(t, n)].copy()
             self._owned.add(("groups", t, n))
         return self._groups[(t, n)], self._group_key[(t, n)]
 
@@ -381,7 +361,7 @@ class Ledger:
     def _index(self, key: GpuKey, h: int | None = None) -> None:
         s = self._slots[key]
         h = self._head[key] = self.headroom_bytes(*key) if h is None else h
-        bisect.insort(self._free_list(s.gpu), (h, key[0], key[1]))
+        self._free_list(s.gpu).add((h, key[0], key[1]))
 
     def _unindex(self, key: GpuKey) -> None:
         s = self._slots.get(key)
@@ -389,7 +369,7 @@ class Ledger:
         if s is None or h is None:
             return
         lst = self._free_list(s.gpu)
-        del lst[bisect.bisect_left(lst, (h, key[0], key[1]))]
+        lst.remove((h, key[0], key[1]))
         if not lst:
             del self._free[s.gpu]
 
@@ -397,20 +377,28 @@ class Ledger:
         refresh: set[tuple[str, GpuType]] = set()
         for key in keys:
             s = self._slots.get(key)
-            if s is None or self._head.get(key) == (h := s.budget_bytes - self._used.get(key, 0) - s.foreign_bytes):
+            if s is None or (old := self._head.get(key)) == (h := s.budget_bytes - self._used.get(key, 0) - s.foreign_bytes):
                 continue
-            self._unindex(key)
-            self._index(key, h)
+            lst = self._free_list(s.gpu)  # _unindex, then _index at h
+            if old is not None:
+                lst.remove((old, key[0], key[1]))
+            lst.add((h, key[0], key[1]))
+            self._head[key] = h
             if not s.mig:
                 refresh.add((s.node, s.gpu))
         for node, t in refresh:
             self._refresh_groups(node, t)
 
     def _refresh_groups(self, node: str, t: GpuType) -> None:
-        heads = sorted([self._head[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
-        for gt, n in self._groups:  # each n's key is heads[n - 1] (_node_group_key), sorted once for all
+        head = self._head
+        heads = sorted([head[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
+        have = len(heads)
+        for gn in self._groups:  # each n's key is heads[n - 1] (_node_group_key), sorted once for all
+            gt, n = gn
             if gt is t or (gt.product == t.product and gt == t):  # equal types of different nodes: distinct objects
-                self._set_group_key(t, n, node, heads[n - 1] if len(heads) >= n else None)
+                key = heads[n - 1] if have >= n else None
+                if self._group_key[gn].get(node) != key:
+                    self._set_group_key(t, n, node, key)
 
     def _node_group_key(self, node: str, t: GpuType, n: int) -> int | None:
         heads = sorted([self._head[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
@@ -422,27 +410,34 @@ class Ledger:
         lst, keys = self._group_list(t, n)
         old = keys.pop(node, None)
         if old is not None:
-            del lst[bisect.bisect_left(lst, (old, node))]
+            lst.remove((old, node))
         if key is not None:
             keys[node] = key
-            bisect.insort(lst, (key, node))
+            lst.add((key, node))
 
-    def group_index(self, t: GpuType, n: int) -> list[tuple[int, str]]:
-        """[(n-th largest headroom, node)] sorted, for nodes with at least n GPUs of type t."""
+    def group_index(self, t: GpuType, n: int) -> Index:
+        """(n-th largest headroom, node) sorted, for nodes with at least n GPUs of type t."""
         found = self._groups.get((t, n))
         if found is None:
             # Built whole, then published in one assignment (no thread sees it half built); a
             # ledger that changed its accounting since it was shared has its own tables (_changing).
-            keys = {node: k for node, types in self._by_type.items()  # the nodes with n GPUs of type t
-                    if len(types.get(t, ())) >= n and (k := self._node_group_key(node, t, n)) is not None}
-            found = sorted([(k, node) for node, k in keys.items()])
+            keys, head = {}, self._head  # the nodes with n GPUs of type t: their _node_group_key
+            for node, types in self._by_type.items():
+                ix = types.get(t)
+                if ix is not None and len(ix) >= n:
+                    keys[node] = sorted([head[(node, i)] for i in ix], reverse=True)[n - 1]
+            found = Index((k, node) for node, k in keys.items())
             self._group_key[(t, n)] = keys
             self._groups[(t, n)] = found
         return found
 
-    def free_index(self, t: GpuType) -> list[tuple[int, str, int]]:
-        """[(headroom, node, index)] sorted, for every GPU (or MIG slice) of type t."""
-        return self._free.get(t, [])
+    def free_index(self, t: GpuType) -> Index:
+        """(headroom, node, index) sorted, for every GPU (or MIG slice) of type t."""
+        found = self._free.get(t)
+        return _EMPTY if found is None else found
 
     def type_indices(self, node: str, t: GpuType) -> list[int]:
         return self._by_type.get(node, {}).get(t, [])
+
+
+_EMPTY = Index()  # the index of a GPU type the ledger does not have (never changed)

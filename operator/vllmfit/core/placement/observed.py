@@ -43,8 +43,9 @@ from dataclasses import dataclass, replace
 
 from vllmfit.core import defaults
 from vllmfit.core.memory import fmt_gib
+from vllmfit.core.placement.decision import Booking
 from vllmfit.core.placement.inputs import GpuKey
-from vllmfit.core.placement.ledger import Booking, Ledger
+from vllmfit.core.placement.ledger import Ledger
 
 
 @dataclass(frozen=True)

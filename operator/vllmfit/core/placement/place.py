@@ -11,6 +11,7 @@ from vllmfit.core import defaults, memory
 from vllmfit.core.memory import Footprint, Settings, Sizing, SpecError, fmt_gib
 from vllmfit.core.model.facts import GpuType, ModelArch
 from vllmfit.core.placement import affinity, bulk, summary
+from vllmfit.core.placement.decision import Decision, ReplicaAllocation
 from vllmfit.core.placement.inputs import (
     GpuSlot,
     NodeInfo,
@@ -20,7 +21,7 @@ from vllmfit.core.placement.inputs import (
     settings_of,
     where,
 )
-from vllmfit.core.placement.ledger import Decision, Ledger, NodeSet, ReplicaAllocation
+from vllmfit.core.placement.ledger import Ledger, NodeSet
 from vllmfit.core.placement.reasons import (
     NO_NODE,
     _node_cause,

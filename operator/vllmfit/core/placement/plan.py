@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from vllmfit.core import memory
 from vllmfit.core.memory import Flags, fmt_gib
 from vllmfit.core.placement.decide import decide
+from vllmfit.core.placement.decision import Booking, Decision
 from vllmfit.core.placement.inputs import NodeInfo, Request
-from vllmfit.core.placement.ledger import Booking, Decision, Ledger
+from vllmfit.core.placement.ledger import Ledger
 from vllmfit.core.placement.restore import restored_decision
 
 # --- Plans -------------------------------------------------------------------------------------
@@ -26,23 +25,6 @@ class Plan:
     requests: dict[str, Request] = field(default_factory=dict)
 
 
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused while a plan builds its ledger and decides (then
-    restored as it was). A plan allocates millions of objects that hold no reference cycles (bookings, decisions,
-    footprints: freed by reference counting alone); each full collection walks all of them, about
-    17 % of a 40,000-deployment plan's CPU time at 80,000 GPUs, and finds nothing to free. Only
-    `vllmfit plan` (one thread) calls this; the operator decides one review at a time, never here."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-@_collector_paused()
 def plan(
     nodes: Iterable[NodeInfo],
     requests: Iterable[Request],
@@ -55,7 +37,9 @@ def plan(
 ) -> Plan:
     """Place every request in order (earlier first). Deployments already `admitted` keep their
     bookings (restored as they are, never moved, never re-decided); a booking on a GPU the
-    nodes do not have is dropped with an error. `kv_grant`: the cluster's default KV grant."""
+    nodes do not have is dropped with an error. `kv_grant`: the cluster's default KV grant.
+    A fleet-size plan allocates millions of objects: `vllmfit plan` pauses Python's garbage
+    collector around it (cli.plan.collector_paused), a process-wide switch only a shell may turn."""
     node_list = sorted(nodes, key=lambda nd: nd.name)
     ledger = Ledger(node_list, kv_grant)
     result = Plan(ledger)

@@ -11,10 +11,8 @@ the groups read "<count> <reason>", sorted as strings, joined with ", ". The per
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from vllmfit.core import memory
 from vllmfit.core.memory import Settings, fmt_gib
@@ -261,18 +259,12 @@ def _indexed_causes(ledger: Ledger, req: Request, s: Settings, matching: NodeSet
 def _top(ledger: Ledger, t: GpuType, n: int, need: int, nodes: summary.NodesOfSet) -> _Why:
     """The memory cause of the single-type node of type t with the most room for a group of n
     (ties: the first node by name, then the lowest GPU index), read from the top of the index."""
-    entries: list[Any] = ledger.free_index(t) if n == 1 else ledger.group_index(t, n)
-    for i in range(len(entries) - 1, -1, -1):
-        if nodes.only(entries[i][1]):
-            top = entries[i][0]
-            break
-    else:  # unreachable: a node counted with n GPUs of type t is in its index
+    entries = ledger.free_index(t) if n == 1 else ledger.group_index(t, n)
+    e = next(entries.walk(-_UNLIMITED, True, nodes.only), None)  # the most room, then the first node, GPU
+    if e is None:  # unreachable: a node counted with n GPUs of type t is in its index
         raise AssertionError(f"no {t.product} node in the index")
-    for j in range(bisect.bisect_left(entries, (top,)), len(entries)):
-        e = entries[j]
-        if nodes.only(e[1]):
-            return _Why("memory", t.product, need, top, e[1], (e[2],) if n == 1 else (), missing=need - top)
-    raise AssertionError("unreachable")
+    top = e[0]
+    return _Why("memory", t.product, need, top, e[1], (e[2],) if n == 1 else (), missing=need - top)
 
 
 def _node_why_not(ledger: Ledger, req: Request, s: Settings, name: str) -> str:

@@ -8,9 +8,10 @@ from dataclasses import dataclass, field, replace
 from vllmfit.core import memory
 from vllmfit.core.memory import Flags
 from vllmfit.core.placement.decide import _kept_replicas
+from vllmfit.core.placement.decision import Decision
 from vllmfit.core.placement.fixes import _suggest
 from vllmfit.core.placement.inputs import Request
-from vllmfit.core.placement.ledger import Decision, Ledger
+from vllmfit.core.placement.ledger import Ledger
 from vllmfit.core.placement.place import _decide
 
 # --- Re-placement --------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ from collections.abc import Iterable
 
 from vllmfit.core.memory import Flags, Footprint
 from vllmfit.core.placement.decide import _allocation_from_bookings
+from vllmfit.core.placement.decision import Booking, Decision
 from vllmfit.core.placement.inputs import where
-from vllmfit.core.placement.ledger import Booking, Decision
 from vllmfit.core.spec.api import VLLMDeploymentStatus
 
 # --- Admitted deployments read back from status ------------------------------------------------

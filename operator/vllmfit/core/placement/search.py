@@ -3,7 +3,6 @@ results are cached because they depend only on model, settings, GPU type and roo
 
 from __future__ import annotations
 
-import bisect
 import functools
 from dataclasses import dataclass, replace
 from typing import Any
@@ -12,6 +11,7 @@ from vllmfit.core import defaults, memory
 from vllmfit.core.memory import Footprint, Settings, Sizing, SpecError
 from vllmfit.core.model.facts import GpuType, ModelArch
 from vllmfit.core.placement import affinity
+from vllmfit.core.placement.headroom import Index
 from vllmfit.core.placement.inputs import NodeInfo, Request, refusal
 from vllmfit.core.placement.ledger import Ledger, NodeSet
 from vllmfit.core.placement.taints import tolerations_of
@@ -116,25 +116,25 @@ def _pick(
     allowed = None if nodes is None else nodes.members
     if n == 1:
         if few:
-            entries = sorted(
+            entries = Index(
                 (ledger._head[(nd, s.index)], nd, s.index)
                 for nd in (nodes.names if nodes else ())
                 for s in ledger.nodes[nd].gpus
                 if s.gpu == t and (nd, s.index) in ledger._head
             )
-            hit = _first(entries, need, spread, None)
+            hit = entries.first(need, spread)
         else:
-            hit = _first(ledger.free_index(t), need, spread, allowed)
+            hit = ledger.free_index(t).first(need, spread, allowed)
         return None if hit is None else (hit[1], (hit[2],), hit[0])
     if few:
-        groups = sorted(
+        groups = Index(
             (k, nd)
             for nd in (nodes.names if nodes else ())
             if (k := ledger._node_group_key(nd, t, n)) is not None
         )
-        top = _first(groups, need, spread, None)
+        top = groups.first(need, spread)
     else:
-        top = _first(ledger.group_index(t, n), need, spread, allowed)
+        top = ledger.group_index(t, n).first(need, spread, allowed)
     if top is None:
         return None
     node = top[1]
@@ -146,33 +146,6 @@ def _pick(
 
 _FEW_NODES = 16
 """Up to this many candidate nodes, their GPUs are scanned directly instead of the index."""
-
-
-def _first(entries: list[Any], need: int, spread: bool, allowed: frozenset[str] | None) -> Any:
-    """In a list sorted by (headroom, node, ...), among entries whose node is allowed (None: all):
-    the first with headroom >= need (best fit), or the one with the most headroom and, among
-    equal headroom, the smallest node name (spread)."""
-    if not spread:
-        for i in range(bisect.bisect_left(entries, (need,)), len(entries)):
-            if allowed is None or entries[i][1] in allowed:
-                return entries[i]
-        return None
-    if allowed is None:
-        if not entries or entries[-1][0] < need:
-            return None
-        return entries[bisect.bisect_left(entries, (entries[-1][0],))]
-    for i in range(len(entries) - 1, -1, -1):
-        if entries[i][0] < need:
-            return None
-        if entries[i][1] in allowed:
-            top = entries[i][0]
-            break
-    else:
-        return None
-    for j in range(bisect.bisect_left(entries, (top,)), len(entries)):
-        if entries[j][1] in allowed:
-            return entries[j]
-    return None
 
 
 def _search(
@@ -188,6 +161,7 @@ def _search(
     ]
     best: _Candidate | None = None
     model = req.model
+    order: tuple[Any, ...] | None = None  # the best hit's _order (smaller is better), its sizing and hit
     for t in types:
         full = _full_sizing(model, s, t)
         if isinstance(full, str) or not full.fits:
@@ -200,11 +174,14 @@ def _search(
                 room = min(ledger._head[(hit[0], i)] for i in hit[1])
                 grown = _sized(req.model, s, t, room)
                 sized = grown if grown.fits else full
-            c = _Candidate(hit[0], hit[1], sized, hit[2] - sized.footprint.total)
-            if best is None or _better(c, best, spread):
-                best = c
-    if best is not None or not _shrinkable(s):
-        return best
+            o = _order(sized, hit[2] - sized.footprint.total, hit[0], hit[1], spread)
+            if order is None or o < order:
+                order, found = o, (sized, hit)
+    if order is not None:
+        sized, hit = found
+        return _Candidate(hit[0], hit[1], sized, hit[2] - sized.footprint.total)
+    if not _shrinkable(s):
+        return None
     for t in types:  # nothing fits as asked: the roomiest group of each type, unset values lowered
         if isinstance(_full_sizing(req.model, s, t), str):
             continue
@@ -220,8 +197,15 @@ def _search(
 
 
 def _is_mig_type(ledger: Ledger, t: GpuType) -> bool:
-    lst = ledger.free_index(t)
-    return bool(lst) and ledger._slots[(lst[0][1], lst[0][2])].mig
+    e = ledger.free_index(t).lowest()
+    return e is not None and ledger._slots[(e[1], e[2])].mig
+
+
+def _order(sizing: Sizing, score: int, node: str, gpus: tuple[int, ...], spread: bool) -> tuple[Any, ...]:
+    """`_better` as a key: a candidate is better than another when its key is smaller."""
+    f = sizing.flags
+    return (-f.max_model_len, -sizing.granted_tokens, -score if spread else score, node, gpus) if f else \
+        (0, 0, -score if spread else score, node, gpus)
 
 
 def _better(a: _Candidate, b: _Candidate, spread: bool) -> bool:

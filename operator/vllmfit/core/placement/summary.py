@@ -2,7 +2,8 @@
 
 Derived, read-only views of a ledger's nodes: built on first use and kept in the ledger's
 selection cache (`Ledger._selected`), which is cleared whenever a node is added, changed or
-removed, so they are as current as the nodes themselves. For every node (no selector), they are
+removed (a change of foreign use alone keeps it: nothing here reads it, `NodeInfo.selected_as`), so
+they are as current as the nodes themselves. For every node (no selector), they are
 read from the ledger's census (core.placement.census), kept as nodes change, so a review after a
 node changed walks no nodes; a selector's set is walked once per node state. Headroom is not summed
 here: it changes with every booking and is read from the ledger's own sorted indices (`free_index`,
@@ -23,7 +24,6 @@ here: it changes with every booking and is read from the ledger's own sorted ind
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
@@ -167,19 +167,20 @@ def groups_bound(ledger: Ledger, t: GpuType, gpus: int, need: int) -> int:
     """At most how many groups of `gpus` GPUs of type t (on one node each) needing `need` bytes on
     every GPU the cluster has room for now. Replicas share GPUs, so a GPU with headroom h holds at
     most h // need of them, never more than the roomiest GPU's; the GPUs with room for one
-    (a bisection of the sorted headroom index) hold at most that many each. A group takes one
+    (a bisection of the headroom index's distinct values, then a sum over those above: about 100
+    per product at fleet size) hold at most that many each. A group takes one
     such place on each of its GPUs, on one node: for several GPUs, no more than the nodes whose
     group index says they hold one, times what the largest node of the type holds. Placing
     replicas one after the other only uses room up, so no search places more (tested)."""
     free = ledger.free_index(t)
     if need <= 0:
         return UNBOUNDED
-    if not free or free[-1][0] < need:
+    top = free.top()
+    if top is None or top < need:
         return 0
-    each = free[-1][0] // need  # places for one replica on the roomiest GPU
-    places = (len(free) - bisect.bisect_left(free, (need,))) * each
+    each = top // need  # places for one replica on the roomiest GPU
+    places = free.count_from(need) * each
     if gpus == 1:
         return places
-    groups = ledger.group_index(t, gpus)
-    nodes = len(groups) - bisect.bisect_left(groups, (need,))
+    nodes = ledger.group_index(t, gpus).count_from(need)
     return min(places // gpus, nodes * (most_of_type(ledger, t) * each // gpus))

@@ -1,0 +1,63 @@
+"""A decision as data: the outcome of `decide` (`Decision`), its replicas (`ReplicaAllocation`: a GPU
+group on one node, sized) and the per-GPU `Booking`s it makes in the ledger."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllmfit.core.memory import Flags, Footprint, Sizing
+from vllmfit.core.placement.inputs import DecisionPhase
+
+
+@dataclass(frozen=True)
+class Booking:
+    """One replica of one deployment on one GPU."""
+
+    deployment: str
+    replica: int
+    node: str
+    index: int
+    footprint: Footprint
+    kv_beyond: int = 0  # KV bytes beyond maxNumSeqs x maxModelLen (kvCache.grow, a grant from before issue 33)
+
+
+@dataclass(frozen=True)
+class ReplicaAllocation:
+    """One replica: a TP x PP group on one node. `sizing.flags` are this replica's vLLM flags
+    (maxModelLen and maxNumSeqs equal across replicas; u may differ by GPU product)."""
+
+    replica: int
+    node: str
+    gpus: tuple[int, ...]
+    sizing: Sizing
+    footprints: tuple[Footprint, ...] = ()  # per GPU, aligned with gpus; empty = sizing.footprint on each
+
+    def footprint_on(self, position: int) -> Footprint:
+        return self.footprints[position] if self.footprints else self.sizing.footprint
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of `decide`, as data."""
+
+    key: str
+    phase: DecisionPhase
+    replicas: tuple[ReplicaAllocation, ...] = ()
+    flags: Flags | None = None  # replica 0's
+    reasons: tuple[str, ...] = ()
+    suggestions: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    moved: bool = False  # placed elsewhere than where it was pinned
+    message: str = ""  # one line: what the webhook denies with and the Event says
+    restored: bool = False  # rebuilt from status.memory (kept where it is, never re-decided)
+
+    @property
+    def admitted(self) -> bool:
+        return self.phase == "Admitted"
+
+    def bookings(self) -> list[Booking]:
+        return [
+            Booking(self.key, r.replica, r.node, i, r.footprint_on(p), r.sizing.kv_beyond_caps)
+            for r in self.replicas
+            for p, i in enumerate(r.gpus)
+        ]
