@@ -21,6 +21,7 @@ def decide(
     policy: memory.Policy = "vllm",
     suggest: bool = True,
     keep: Sequence[ReplicaAllocation] = (),
+    explain: bool = True,
 ) -> Decision:
     """Check and place every replica of `req` without changing the ledger.
 
@@ -30,15 +31,16 @@ def decide(
     CLI's plan, which owns it) is changed while deciding and given back as it was. Pinned placement is tried first; if it overfits and
     allowReschedule permits, or if nothing is pinned, the best-fit search runs over every
     node matching the node selector. When it does not fit, `suggestions` lists changes that
-    were each checked to make it fit (omitted with suggest=False).
+    were each checked to make it fit (omitted with suggest=False). explain=False: "does it fit?"
+    only: an Unschedulable decision carries neither reasons nor suggestions.
     """
     if ledger.frozen:
         ledger = ledger.scratch()
     own = ledger.release(req.key)
     s = settings_of(req, policy, ledger.kv_grant)  # once: the decision and its fixes size the same
     try:
-        d = _decide(ledger, req, policy, keep, s=s)
-        if suggest and d.phase == "Unschedulable":
+        d = _decide(ledger, req, policy, keep, explain, s=s)
+        if suggest and explain and d.phase == "Unschedulable":
             fixes = tuple(_suggest(ledger, req, policy, len(d.replicas), s))
             d = replace(
                 d,

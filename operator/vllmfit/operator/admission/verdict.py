@@ -122,7 +122,7 @@ def check(ledger: placement.Ledger, req: placement.Request, *, old: api.VLLMDepl
     keep: list[placement.ReplicaAllocation] = []
     if old is not None and memory_changes(old, req.spec) == ["replicas"]:
         keep = placement.held_replicas(ledger, req.key, min(old.replicas, req.spec.replicas), old_flags)
-    d = placement.decide(ledger, req, keep=keep, suggest=not quick)
+    d = placement.decide(ledger, req, keep=keep, explain=not quick)
     if quick and not d.admitted and d.phase != "Rejected":
         return None
     if d.admitted:
