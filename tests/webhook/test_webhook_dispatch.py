@@ -160,7 +160,9 @@ SPECS = st.fixed_dictionaries({
     "maxModelLen": st.sampled_from([2048, 8192, 32768]),
     "replicas": st.integers(1, 6),
 }, optional={"maxNumSeqs": st.sampled_from([1, 4, 64]), "tensorParallelSize": st.sampled_from([1, 2]),
-             "kvCache": st.fixed_dictionaries({"concurrency": st.integers(1, 16)})})
+             "kvCache": st.fixed_dictionaries({"concurrency": st.integers(1, 16)}),
+             "placement": st.fixed_dictionaries({"nodeSelector": st.fixed_dictionaries(
+                 {"nvidia.com/gpu.product": st.sampled_from(["NVIDIA-H100-80GB-HBM3", "NVIDIA-L4"])})})})
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -181,7 +183,8 @@ def test_a_review_decided_on_the_loop_equals_the_full_check(booked, spec, dry_ru
     expected = webhook.check(store.books.snapshot(), req, dry_run=dry_run)
     got = asyncio.run(webhook.review(store, body, None, "CREATE", dry_run))
     assert got == expected
-    inline = spec["replicas"] <= defaults.REVIEW_INLINE_REPLICAS and (expected.allowed or expected.code == 422)
+    inline = (spec["replicas"] <= defaults.REVIEW_INLINE_REPLICAS and "placement" not in spec
+              and (expected.allowed or expected.code == 422))
     assert store.workers.sent == (0 if inline else 1)
 
 

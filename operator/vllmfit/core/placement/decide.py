@@ -8,10 +8,12 @@ from dataclasses import replace
 
 from vllmfit.core import memory
 from vllmfit.core.memory import Flags, Sizing
+from vllmfit.core.placement import affinity
 from vllmfit.core.placement.fixes import _suggest
 from vllmfit.core.placement.inputs import Request, settings_of
 from vllmfit.core.placement.ledger import Booking, Decision, Ledger, ReplicaAllocation
 from vllmfit.core.placement.place import _decide
+from vllmfit.core.placement.search import _FEW_NODES
 
 
 def decide(
@@ -51,6 +53,16 @@ def decide(
         return d
     finally:
         ledger._add(req.key, own)
+
+
+def quick(ledger: Ledger, req: Request, most_replicas: int) -> bool:
+    """Whether deciding `req` on `ledger` (without fixes) is a few bisections whatever the size of
+    the cluster: at most `most_replicas` replicas, every node a candidate (no nodeSelector, no
+    required node affinity), and at most a few nodes that may refuse its pods (a search steps past
+    the GPUs of each such node). docs/placement.md, "The bound"."""
+    spec = req.spec
+    return (spec.replicas <= most_replicas and not spec.placement.node_selector
+            and affinity.required_terms(spec) is None and len(ledger.census.refusing) <= _FEW_NODES)
 
 
 def held_replicas(ledger: Ledger, key: str, below: int, flags: Flags | None = None) -> list[ReplicaAllocation]:

@@ -122,11 +122,12 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
     old_flags = old.status.flags if old is not None and old.status is not None else None
     decision = functools.partial(check, snapshot, req, old=old.spec if old else None, dry_run=dry_run,
                                  old_flags=old_flags)
-    # A spec of a few replicas that fits is decided here, on the event loop: one decision, a few
-    # bisections of the ledger's indices (docs/placement.md, "The bound"), cheaper than the hop to a
-    # thread, and threads share the GIL anyway. Anything else - a refusal and its checked fixes,
-    # many replicas - is decided off the loop, bounded in time and fair between namespaces.
-    if req.spec.replicas <= defaults.REVIEW_INLINE_REPLICAS and (v := decision(quick=True)) is not None:
+    # A decision that is a few bisections whatever the cluster's size (placement.quick: a few
+    # replicas, no node selection) is made here, on the event loop, cheaper than the hop to a
+    # thread (threads share the GIL anyway); if it fits, that is the verdict. Anything else - a
+    # refusal and its checked fixes, many replicas, a node selection - is decided off the loop,
+    # bounded in time and fair between namespaces.
+    if placement.quick(snapshot, req, defaults.REVIEW_INLINE_REPLICAS) and (v := decision(quick=True)) is not None:
         return v
     if not await adm.slot(namespace, deadline):
         return late(adm, BUSY.format(n=adm.per_namespace))
