@@ -194,3 +194,24 @@ def test_a_refusal_found_on_the_loop_is_decided_again_with_its_fixes_on_a_thread
     body = vllmd("big", model=MODEL_8B, maxModelLen=131072, kvCache={"concurrency": 64})
     v = asyncio.run(webhook.review(store, body, None, "CREATE", False))
     assert not v.allowed and v.code == 403 and "Fits with" in v.message and store.workers.sent == 1
+
+
+def test_quick_means_a_few_bisections_whatever_the_cluster():
+    """placement.quick: few replicas, every node a candidate, and at most 16 nodes that may refuse
+    the pods (a search steps past each one's GPUs)."""
+    def cordoned(name: str) -> dict:
+        return {**gfd_node(name, 8), "spec": {"unschedulable": True}}
+
+    def req(**spec) -> placement.Request:
+        obj = read.deployment(vllmd("q", model=MODEL_8B, **spec))
+        return placement.request_from_object(obj, catalog.model(MODEL_8B))
+
+    few = FakeStore([gfd_node("a", 8), *(cordoned(f"c{i:02d}") for i in range(16))]).books.snapshot()
+    many = FakeStore([gfd_node("a", 8), *(cordoned(f"c{i:02d}") for i in range(17))]).books.snapshot()
+    assert placement.quick(few, req(), 4) and placement.quick(few, req(replicas=4), 4)
+    assert not placement.quick(few, req(replicas=5), 4)
+    assert not placement.quick(few, req(placement={"nodeSelector": {"pool": "a"}}), 4)
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]}]}}}
+    assert not placement.quick(few, req(podTemplate={"spec": {"affinity": affinity}}), 4)
+    assert not placement.quick(many, req(), 4)
