@@ -57,8 +57,6 @@ def where(node: str, gpus: Sequence[int]) -> str:
     """'node-a GPU 0,1' / 'node-d GPU 2 MIG 0': a group, for messages."""
     if len(gpus) == 1:
         return f"{node} {gpu_label(gpus[0])}"
-    if max(gpus) < attribution.MIG_UNIT_BASE:  # whole GPUs (an admission of 1,000 replicas names 8,000)
-        return f"{node} GPU {','.join(map(str, gpus))}"
     return f"{node} GPU {','.join(gpu_label(i).removeprefix('GPU ') for i in gpus)}"
 
 
