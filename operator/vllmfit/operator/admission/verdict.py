@@ -57,9 +57,9 @@ def defaults_patch(spec: Mapping[str, Any], model: type[BaseModel] = api.VLLMDep
     return out
 
 
-"""Spec fields that change neither the memory a deployment needs nor where it may run."""
 SMALLER_NEEDS_LESS = frozenset(
     {"replicas", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"})
+"""Spec fields whose lower value never needs more memory on any GPU."""
 
 
 def is_shrink(old: api.VLLMDeploymentSpec, new: api.VLLMDeploymentSpec) -> bool:
@@ -152,5 +152,5 @@ def json_patch(target: Mapping[str, Any], merge: Mapping[str, Any], path: str) -
         if isinstance(value, Mapping) and isinstance(target.get(key), Mapping):
             ops += json_patch(target[key], value, at)
         else:
-            ops.append({"op": "add" if key not in target else "replace", "path": at, "value": value})
+            ops.append({"op": "add", "path": at, "value": value})  # RFC 6902: "add" replaces a member
     return ops
