@@ -7,11 +7,12 @@ by placement.decide + book. The client is a separate process (as kube-apiserver 
 
 - sequential: 2,000 validating reviews over one keep-alive TLS connection;
 - concurrent: 2,000 reviews from 16 clients, each with its own keep-alive connection;
-- denials: 50 sequential reviews of a spec that fits nowhere: the placement core groups the reasons
-  over every node (from its headroom indices) and checks each suggested fix (targets: p50 under
-  10 ms, max under 30 ms);
+- denials: 200 sequential reviews of a spec that fits nowhere: the placement core groups the reasons
+  over every node (from its headroom indices) and checks each suggested fix (issue 32's target:
+  p99 under 5 ms at 1,000 nodes, 10 ms at 10,000);
 - per case, the server process's CPU time per review (all its threads, warm-up reviews included):
-  what a review costs whatever else shares the machine;
+  what a review costs whatever else shares the machine; and the client process's while it sends
+  the measured reviews: it shares the same two cores, where a real kube-apiserver would not;
 - worst case: 5 reviews of the costliest spec the limits allow (the largest catalog model at TP 8,
   `limits.MAX_REPLICAS` replicas), decided under the webhook's time limit.
 
@@ -20,12 +21,17 @@ two CPU cores, like CI. Three rounds; the figures are the medians. Prints a tabl
 line one JSON object whose keys end in their units.
 
     .venv/bin/python benchmarks/webhook_latency.py [--nodes 1000] [--deployments 4000] [--rounds 3]
+    .venv/bin/python benchmarks/webhook_latency.py --nodes 10000 --deployments 40000 --rounds 1  # fleet size, ~1 min
+
+The ledger is frozen out of the garbage collector after it is built, as the operator does after its
+rebuild (booking/state.py), so a review never pays for a full collection walking the fleet's ledger.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -109,23 +115,26 @@ async def run_client(url: str, cafile: str, kind: str, n: int, clients: int) -> 
                     denied += not answer["response"]["allowed"]
 
     await asyncio.gather(*(one_client(warm[i::clients], False) for i in range(clients)))
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(one_client(work[i::clients], True) for i in range(clients)))
-    wall = time.perf_counter() - t
-    return {"latencies": latencies, "wall": wall, "denied": denied}
+    wall, cpu = time.perf_counter() - t, time.process_time() - cpu
+    return {"latencies": latencies, "wall": wall, "denied": denied, "cpu": cpu}
 
 
 def measure(url: str, cafile: str, kind: str, n: int, clients: int) -> dict:
     before = resource.getrusage(resource.RUSAGE_SELF)  # the server's process (the client is another)
     out = subprocess.run([sys.executable, __file__, "--client", url, cafile, kind, str(n), str(clients)],
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise SystemExit(f"the client failed: {out.stderr.strip().splitlines()[-1:]}")
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     r = json.loads(out.stdout.strip().splitlines()[-1])
     lat = sorted(r["latencies"])
     q = statistics.quantiles(lat, n=100, method="inclusive")
     return {"p50": q[49] * 1e3, "p99": q[98] * 1e3, "max": lat[-1] * 1e3, "rate": len(lat) / r["wall"],
-            "denied": r["denied"], "n": len(lat), "cpu": cpu / (len(lat) + 20 * clients) * 1e3}
+            "denied": r["denied"], "n": len(lat), "cpu": cpu / (len(lat) + 20 * clients) * 1e3,
+            "client_cpu": r["cpu"] / len(lat) * 1e3}
 
 
 # --- main ---------------------------------------------------------------------------------------
@@ -146,6 +155,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, stream=open(os.devnull, "w"))  # noqa: SIM115 - as an operator logs
 
     store, build_s, booked = build_store(a.nodes, a.deployments)
+    gc.collect()
+    gc.freeze()  # as the operator does after its rebuild (booking/state.py): a fleet's ledger is not walked again
     gpus = len(store.books.ledger.slots())
     rounds: list[dict[str, dict]] = []
     with Harness(store) as h, tempfile.NamedTemporaryFile(suffix=".crt") as ca:
@@ -156,7 +167,7 @@ def main() -> None:
             rounds.append({
                 "seq": measure(url, ca.name, "fit", a.reviews, 1),
                 "conc": measure(url, ca.name, "fit", a.reviews, CLIENTS),
-                "deny": measure(url, ca.name, "deny", 50, 1),
+                "deny": measure(url, ca.name, "deny", 200, 1),
                 "worst": measure(url, ca.name, "worst", 5, 1),
             })
         assert store.books.ledger.deployments() and len(store.books.ledger.deployments()) == booked  # nothing booked
@@ -166,12 +177,13 @@ def main() -> None:
 
     print(f"webhook latency: {a.nodes} nodes x 8 GPUs ({gpus} GPUs), {booked} deployments admitted "
           f"(ledger built in {build_s:.1f} s); CPU cores {cores}; median of {a.rounds} rounds")
-    print(f"{'case':<40} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'reviews/s':>10} {'denied':>7} {'CPU ms':>7}")
+    print(f"{'case':<40} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'reviews/s':>10} {'denied':>7} {'CPU ms':>7} {'client':>7}")
     for case, label in (("seq", "sequential, 1 keep-alive connection"), ("conc", f"{CLIENTS} concurrent clients"),
                         ("deny", "fits nowhere: grouped reasons + fixes"),
                         ("worst", f"worst case: 405B x {limits.MAX_REPLICAS} replicas")):
         print(f"{label + f' ({rounds[0][case][chr(110)]})':<40} {med(case, 'p50'):>8.2f} {med(case, 'p99'):>8.2f} "
-              f"{med(case, 'max'):>8.2f} {med(case, 'rate'):>10.0f} {med(case, 'denied'):>7.0f} {med(case, 'cpu'):>7.3f}")
+              f"{med(case, 'max'):>8.2f} {med(case, 'rate'):>10.0f} {med(case, 'denied'):>7.0f} {med(case, 'cpu'):>7.3f} "
+              f"{med(case, 'client_cpu'):>7.3f}")
     result = {
         "nodes": a.nodes, "gpus": gpus, "deployments": booked, "ledger_build_s": round(build_s, 2),
         "seq_p50_ms": round(med("seq", "p50"), 3), "seq_p99_ms": round(med("seq", "p99"), 3),
@@ -184,6 +196,8 @@ def main() -> None:
         # the server process's CPU time per review (all its threads): what a review costs whatever else
         # shares the CPUs; with one Python interpreter, 1000 / it is about the most reviews/s
         **{f"{case}_server_cpu_ms": round(med(case, "cpu"), 3) for case in ("seq", "conc", "deny", "worst")},
+        # the client process's (what kube-apiserver would spend, here in Python on the same 2 cores)
+        **{f"{case}_client_cpu_ms": round(med(case, "client_cpu"), 3) for case in ("seq", "conc", "deny", "worst")},
     }
     print(json.dumps(result))
 

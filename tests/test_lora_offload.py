@@ -17,7 +17,7 @@ from vllmfit.core.memory.lora import lora_activation_bytes, lora_bytes
 from vllmfit.core.memory.versions import parse_version
 from vllmfit.core.model.config import parse_hf_config
 from vllmfit.core.spec import api, extraargs
-from vllmfit.operator.admission import webhook
+from vllmfit.operator.admission import verdict
 from vllmfit.operator.rendering import builders
 from vllmfit.sources import catalog
 
@@ -309,4 +309,4 @@ def test_adapter_loading_flags_pass_and_draft_models_stay_refused():
     ({"cpuOffload": "8Gi"}, {}, False),
 ])
 def test_webhook_shrink(old, new, shrink):
-    assert webhook.is_shrink(spec(**old), spec(**new)) is shrink
+    assert verdict.is_shrink(spec(**old), spec(**new)) is shrink

@@ -88,7 +88,9 @@ async def test_the_webhook_denies_a_spec_too_costly_to_decide(spinning: threadin
 
     store = Store()
     store.rebuild([node("gpu-a", gpus=1)], [])
-    body = vd(SLOW, QWEN7)
+    # with a node selection, so that it is decided on a review thread: a spec whose decision is a few
+    # bisections whatever the cluster (placement.quick) is decided on the event loop
+    body = vd(SLOW, QWEN7, placement={"nodeSelector": {"kubernetes.io/hostname": "gpu-a"}})
     v = await webhook.review(store, body, None, "CREATE", False)
     assert not v.allowed and v.code == 422 and "took more than 0.5 s" in v.message
     assert (await webhook.review(store, vd("fine", QWEN7), None, "CREATE", False)).allowed

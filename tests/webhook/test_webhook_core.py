@@ -20,7 +20,7 @@ from vllmfit.core import memory, placement
 from vllmfit.core.defaults import GIB
 from vllmfit.core.memory import fmt_gib
 from vllmfit.core.spec import api, read
-from vllmfit.operator.admission import webhook
+from vllmfit.operator.admission import verdict, webhook
 from vllmfit.sources import catalog
 
 MODEL_8B = "meta-llama/Llama-3.1-8B-Instruct"
@@ -147,7 +147,7 @@ def spec_of(**kw) -> api.VLLMDeploymentSpec:
     ({}, {}, False),
 ])
 def test_is_shrink(old, new, shrink):
-    assert webhook.is_shrink(spec_of(**old), spec_of(**new)) is shrink
+    assert verdict.is_shrink(spec_of(**old), spec_of(**new)) is shrink
 
 
 # --- check --------------------------------------------------------------------------------------
@@ -315,12 +315,16 @@ async def test_a_review_that_cannot_be_checked_is_refused_unless_fail_open():
     store = Store()
     adm = webhook.Admission(budget_s=0.05, per_namespace=1)
     assert await adm.slot("default", asyncio.get_running_loop().time() + 1)  # another review holds it
-    v = await webhook.review(store, OBJ, None, "CREATE", False, adm)
+    big = {**OBJ, "spec": {**OBJ["spec"], "model": "meta-llama/Llama-3.1-405B-Instruct"}}  # decided on a thread
+    v = await webhook.review(store, big, None, "CREATE", False, adm)
     assert v == webhook.Verdict(False, webhook.LATE.format(budget=0.05, step=webhook.BUSY.format(n=1)), code=429)
-    other = {**OBJ, "metadata": {"name": "a", "namespace": "team-b"}}
-    assert (await webhook.review(store, other, None, "CREATE", False, adm)).allowed  # another tenant is not held
-    adm.free("default")
+    # a small spec that fits is decided on the event loop: it needs no place
     assert (await webhook.review(store, OBJ, None, "CREATE", False, adm)).allowed
+    other = {**big, "metadata": {"name": "a", "namespace": "team-b"}}
+    v = await webhook.review(store, other, None, "CREATE", False, adm)  # another tenant is not held
+    assert not v.allowed and v.code == 403 and "0/1 nodes are available" in v.message
+    adm.free("default")
+    assert (await webhook.review(store, big, None, "CREATE", False, adm)).code == 403
 
 
 async def test_an_update_of_a_spec_that_no_longer_parses_is_checked_as_new():

@@ -33,7 +33,7 @@ This package re-exports the names the shells use; inside the core, import the mo
 """
 
 from vllmfit.core.placement.contract import to_json
-from vllmfit.core.placement.decide import decide, held_replicas
+from vllmfit.core.placement.decide import decide, held_replicas, quick
 from vllmfit.core.placement.decision import Booking, Decision, ReplicaAllocation
 from vllmfit.core.placement.inputs import (
     DecisionPhase,
@@ -68,6 +68,7 @@ __all__ = [
     "held_replicas",
     "node_from_object",
     "plan",
+    "quick",
     "read_node",
     "replan",
     "request_from_object",

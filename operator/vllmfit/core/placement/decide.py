@@ -8,11 +8,13 @@ from dataclasses import replace
 
 from vllmfit.core import memory
 from vllmfit.core.memory import Flags, Sizing
+from vllmfit.core.placement import affinity
 from vllmfit.core.placement.decision import Booking, Decision, ReplicaAllocation
 from vllmfit.core.placement.fixes import _suggest
 from vllmfit.core.placement.inputs import Request, settings_of
 from vllmfit.core.placement.ledger import Ledger
 from vllmfit.core.placement.place import _decide
+from vllmfit.core.placement.search import _FEW_NODES
 
 
 def decide(
@@ -22,6 +24,7 @@ def decide(
     policy: memory.Policy = "vllm",
     suggest: bool = True,
     keep: Sequence[ReplicaAllocation] = (),
+    explain: bool = True,
 ) -> Decision:
     """Check and place every replica of `req` without changing the ledger.
 
@@ -31,15 +34,16 @@ def decide(
     CLI's plan, which owns it) is changed while deciding and given back as it was. Pinned placement is tried first; if it overfits and
     allowReschedule permits, or if nothing is pinned, the best-fit search runs over every
     node matching the node selector. When it does not fit, `suggestions` lists changes that
-    were each checked to make it fit (omitted with suggest=False).
+    were each checked to make it fit (omitted with suggest=False). explain=False: "does it fit?"
+    only: an Unschedulable decision carries neither reasons nor suggestions.
     """
     if ledger.frozen:
         ledger = ledger.scratch()
     own = ledger.release(req.key)
     s = settings_of(req, policy, ledger.kv_grant)  # once: the decision and its fixes size the same
     try:
-        d = _decide(ledger, req, policy, keep, s=s)
-        if suggest and d.phase == "Unschedulable":
+        d = _decide(ledger, req, policy, keep, explain, s=s)
+        if suggest and explain and d.phase == "Unschedulable":
             fixes = tuple(_suggest(ledger, req, policy, len(d.replicas), s))
             d = replace(
                 d,
@@ -50,6 +54,16 @@ def decide(
         return d
     finally:
         ledger._add(req.key, own)
+
+
+def quick(ledger: Ledger, req: Request, most_replicas: int) -> bool:
+    """Whether deciding `req` on `ledger` (without fixes) is a few bisections whatever the size of
+    the cluster: at most `most_replicas` replicas, every node a candidate (no nodeSelector, no
+    required node affinity), and at most a few nodes that may refuse its pods (a search steps past
+    the GPUs of each such node). docs/placement.md, "The bound"."""
+    spec = req.spec
+    return (spec.replicas <= most_replicas and not spec.placement.node_selector
+            and affinity.required_terms(spec) is None and len(ledger.census.refusing) <= _FEW_NODES)
 
 
 def held_replicas(ledger: Ledger, key: str, below: int, flags: Flags | None = None) -> list[ReplicaAllocation]:

@@ -22,24 +22,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import functools
+import json
 import logging
 import os
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, Protocol, Union, get_args, get_origin
+from typing import Any, Literal, Protocol
 
 import kopf
-from pydantic import BaseModel
 
 from vllmfit.core import defaults, placement
 from vllmfit.core.errors import UserError
 from vllmfit.core.spec import api, read, validate
 from vllmfit.operator.admission import bounded, certs
 from vllmfit.operator.admission.fairness import Admission
+from vllmfit.operator.admission.verdict import Verdict, check, defaults_patch, json_patch
 from vllmfit.operator.admission.webhookserver import MUTATE_ID, VALIDATE_ID, Server, clip
 from vllmfit.operator.booking import models
 from vllmfit.operator.booking.changes import memory_changes
@@ -64,17 +66,6 @@ class Store(Protocol):
     async def request_for(self, obj: api.VLLMDeployment) -> placement.Request: ...
 
 
-# --- The pure part ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Verdict:
-    allowed: bool
-    message: str = ""
-    warnings: tuple[str, ...] = ()
-    code: int = 200  # for denials: 403 does not fit, 422 invalid spec, 400 anything else
-
-
 def late(adm: Admission, step: str, warnings: tuple[str, ...] = ()) -> Verdict:
     """A review that could not be decided in time: refused, or with --webhook-fail-open allowed
     with a warning that says it was not checked."""
@@ -86,119 +77,6 @@ def late(adm: Admission, step: str, warnings: tuple[str, ...] = ()) -> Verdict:
 
 Invalid = read.SpecError
 """A spec the one reader or validator refuses (vllmfit.core.spec.read); one line naming the field."""
-
-
-def _model_of(annotation: Any) -> type[BaseModel] | None:
-    """The pydantic model class of a field annotation (`X`, `X | None`), if it is one."""
-    candidates = get_args(annotation) if get_origin(annotation) in (Union, type(int | None)) else (annotation,)
-    for c in candidates:
-        if isinstance(c, type) and issubclass(c, BaseModel):
-            return c
-    return None
-
-
-def defaults_patch(spec: Mapping[str, Any], model: type[BaseModel] = api.VLLMDeploymentSpec,
-                   overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The merge patch that adds every default of `model` that `spec` leaves out, recursing into
-    nested objects that are present. Defaults of None or [] mean "unset" and are not written.
-    `overrides` replace top-level defaults (the operator's --default-image for `image`)."""
-    out: dict[str, Any] = {}
-    for name, field in model.model_fields.items():
-        key = field.alias or name
-        if key not in spec:
-            if field.is_required():
-                continue
-            value = (overrides or {}).get(key, field.get_default(call_default_factory=True))
-            if isinstance(value, BaseModel):
-                value = value.model_dump(mode="json", by_alias=True, exclude_none=True)
-            if value not in (None, [], {}):
-                out[key] = value
-        elif (sub := _model_of(field.annotation)) is not None and isinstance(spec[key], Mapping):
-            inner = defaults_patch(spec[key], sub)
-            if inner:
-                out[key] = inner
-    return out
-
-
-"""Spec fields that change neither the memory a deployment needs nor where it may run."""
-SMALLER_NEEDS_LESS = frozenset(
-    {"replicas", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"})
-
-
-def is_shrink(old: api.VLLMDeploymentSpec, new: api.VLLMDeploymentSpec) -> bool:
-    """True when `new` only lowers numbers that memory grows with (replicas, context, sequences,
-    batched tokens, utilization, LoRA slots and rank), offloads more weights to CPU or turns
-    enforceEager on: it cannot need more on any GPU."""
-    changed = memory_changes(old, new)
-    return bool(changed) and all(
-        (n == "enforce_eager" and new.enforce_eager)
-        or (n == "kv_cache" and _kv_shrink(old.kv_cache, new.kv_cache))
-        or (n == "lora" and _lora_shrink(old.lora, new.lora))
-        or (n == "cpu_offload" and new.cpu_offload_bytes > old.cpu_offload_bytes)
-        or (n in SMALLER_NEEDS_LESS and getattr(old, n) is not None and getattr(new, n) is not None
-            and getattr(new, n) < getattr(old, n))
-        for n in changed
-    )
-
-
-def _lora_shrink(old: api.LoraSpec | None, new: api.LoraSpec | None) -> bool:
-    """LoRA removed, or fewer slots / a lower rank in the same dtype."""
-    if old is None:
-        return False
-    if new is None:
-        return True
-    return (new.lora_dtype == old.lora_dtype and new.max_loras <= old.max_loras
-            and new.max_lora_rank <= old.max_lora_rank)
-
-
-def _kv_shrink(old: api.KvCacheSpec | None, new: api.KvCacheSpec | None) -> bool:
-    """The same kind of KV request, lowered (tokens, memory or concurrency; typicalLength and grow
-    unchanged)."""
-    if old is None or new is None:
-        return False
-    if (old.typical_length, old.grow) != (new.typical_length, new.grow) or new.grow:
-        return False
-    pairs = [(old.tokens, new.tokens), (old.memory_bytes, new.memory_bytes), (old.concurrency, new.concurrency)]
-    if any((a is None) != (b is None) for a, b in pairs):
-        return False
-    return all(b <= a for a, b in pairs if a is not None and b is not None) and old != new
-
-
-def _where(d: placement.Decision) -> str:
-    return ", ".join(f"{r.node} GPU {list(r.gpus)}" for r in d.replicas)
-
-
-def _elsewhere(ledger: placement.Ledger, req: placement.Request) -> str:
-    """Where the request would fit if it were not pinned ('' if nowhere)."""
-    free = req.spec.placement.model_copy(update={"node_name": None, "gpu_indices": None})
-    d = placement.decide(ledger, replace(req, spec=req.spec.model_copy(update={"placement": free})), suggest=False)
-    return _where(d) if d.admitted else ""
-
-
-def check(ledger: placement.Ledger, req: placement.Request, *, old: api.VLLMDeploymentSpec | None = None,
-          dry_run: bool = False, old_flags: api.Flags | None = None) -> Verdict:
-    """The verdict for `req` on `ledger` (read only). `old`: the stored spec, on an UPDATE, and
-    `old_flags` its status.flags. A change of spec.replicas alone (kubectl scale, an HPA) keeps the
-    replicas it holds where they are, as the operator does: only new replicas must fit."""
-    keep: list[placement.ReplicaAllocation] = []
-    if old is not None and memory_changes(old, req.spec) == ["replicas"]:
-        keep = placement.held_replicas(ledger, req.key, min(old.replicas, req.spec.replicas), old_flags)
-    d = placement.decide(ledger, req, keep=keep)
-    if d.admitted:
-        extra: tuple[str, ...] = ()
-        if dry_run:
-            flags = " ".join(d.flags.args()) if d.flags else ""
-            extra = (f"dry run: would be placed on {_where(d)} with {flags}; nothing was booked",)
-        return Verdict(True, warnings=d.warnings + extra)
-    if d.phase == "Rejected":
-        return Verdict(False, "; ".join(d.reasons) or d.message, d.warnings, 422)
-    if old is not None and is_shrink(old, req.spec):
-        return Verdict(True, warnings=(*d.warnings, f"admitted because it needs less than before, but: {d.message}"))
-    msg = d.message
-    pin = req.spec.placement
-    if pin.node_name and not pin.allow_reschedule and (where := _elsewhere(ledger, req)):
-        msg += f". It fits on {where}: pin it there or set placement.allowReschedule: true"
-    return Verdict(False, msg, d.warnings, 403)
 
 
 # --- The Kopf shell -----------------------------------------------------------------------------
@@ -240,16 +118,24 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
             return Verdict(True, warnings=(f"{message}; the operator will retry",))
         return Verdict(False, message, code=422)
     namespace = obj.metadata.namespace or "default"
-    snapshot = store.books.snapshot()  # before the place is taken: nothing between them may raise
+    snapshot = store.books.snapshot()
+    old_flags = old.status.flags if old is not None and old.status is not None else None
+    decision = functools.partial(check, snapshot, req, old=old.spec if old else None, dry_run=dry_run,
+                                 old_flags=old_flags)
+    # A decision that is a few bisections whatever the cluster's size (placement.quick: a few
+    # replicas, no node selection) is made here, on the event loop, cheaper than the hop to a
+    # thread (threads share the GIL anyway); if it fits, that is the verdict. Anything else - a
+    # refusal and its checked fixes, many replicas, a node selection - is decided off the loop,
+    # bounded in time and fair between namespaces.
+    if placement.quick(snapshot, req, defaults.REVIEW_INLINE_REPLICAS) and (v := decision(quick=True)) is not None:
+        return v
     if not await adm.slot(namespace, deadline):
         return late(adm, BUSY.format(n=adm.per_namespace))
-    old_flags = old.status.flags if old is not None and old.status is not None else None
     # Off the event loop, on the committed snapshot (frozen: any number of reviews read it at once,
     # and no writer waits for them). The namespace's place is given back when the thread ends,
     # not when the review gives up on it: abandoned work counts against its own namespace.
     try:
-        fut = loop.run_in_executor(store.workers.review(), functools.partial(
-            check, snapshot, req, old=old.spec if old else None, dry_run=dry_run, old_flags=old_flags))
+        fut = loop.run_in_executor(store.workers.review(), decision)
     except BaseException:
         adm.free(namespace)
         raise
@@ -293,54 +179,107 @@ Observer = Callable[[str, str, float], None]
 vllmfit.operator.metrics.observe_review (the metrics module sits beside this one, not below)."""
 
 
+class Reviewer:
+    """Both webhooks' answers. The server calls `answer` with each AdmissionReview it has read and
+    checked (webhookserver.Server); the Kopf handlers `register` adds call the same two methods, so
+    Kopf's own dispatch (and the webhook configurations Kopf derives from its handlers) give the
+    same verdicts. The server does not go through Kopf's dispatch because it costs more than the
+    review itself: per request it builds a cause, deep-copies the body and diffs it (docs/webhook.md,
+    "Cost of a review")."""
+
+    def __init__(self, store: Store, default_image: str | None = None, admission: Admission | None = None,
+                 observer: Observer | None = None):
+        self.store, self.admission, self.observer = store, admission or Admission(), observer
+        self.overrides = {"image": default_image} if default_image else {}
+
+    def _observe(self, webhook: str, outcome: str, t0: float) -> None:
+        if self.observer is not None:
+            self.observer(webhook, outcome, time.monotonic() - t0)
+
+    async def validate(self, body: Mapping[str, Any], old: Mapping[str, Any] | None, operation: str,
+                       subresource: str | None, dry_run: bool) -> Verdict:
+        """The validating webhook's verdict; never raises (an invalid spec is a 422 denial, any
+        other failure a 400 denial that names it)."""
+        if subresource is not None and subresource != "scale":  # status is the operator's: never reviewed
+            return Verdict(True)
+        t0 = time.monotonic()
+        try:
+            if subresource == "scale":
+                v = await review_scale(self.store, body, dry_run, self.admission)
+            else:
+                v = await review(self.store, body, old, operation, dry_run, self.admission)
+        except Invalid as e:
+            self._observe("validate", "invalid", t0)
+            return Verdict(False, clip(str(e)), code=422)
+        except Exception as e:
+            logger.exception("validating webhook failed")
+            self._observe("validate", "error", t0)
+            return Verdict(False, clip(f"vllmfit webhook error: {type(e).__name__}: {e}"), code=400)
+        self._observe("validate", "denied" if not v.allowed else "warned" if v.warnings else "allowed", t0)
+        return replace(v, message=clip(v.message), warnings=tuple(clip(w) for w in v.warnings))
+
+    def default(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The mutating webhook's merge patch of spec (empty when spec is not an object: the
+        validating webhook denies that)."""
+        t0 = time.monotonic()
+        spec = body.get("spec")
+        patch = defaults_patch(spec, overrides=self.overrides) if isinstance(spec, Mapping) else {}
+        self._observe("default", "allowed", t0)
+        return patch
+
+    async def answer(self, hook: str, data: dict[str, Any]) -> dict[str, Any]:
+        """The AdmissionReview response to `data` (checked by webhookserver.review_problem) for
+        the webhook at path `hook`, as Kopf's dispatch would build it."""
+        req = data["request"]
+        response: dict[str, Any] = {"uid": req["uid"], "allowed": True}
+        out = {"apiVersion": data.get("apiVersion", "admission.k8s.io/v1"),
+               "kind": data.get("kind", "AdmissionReview"), "response": response}
+        resource = req["resource"]
+        if (resource["group"], resource["version"], resource["resource"]) != (api.GROUP, api.VERSION, api.PLURAL):
+            response.update(allowed=False, status={"code": 400, "message": f"The specified resource has no "
+                                                   f"handlers: {resource}"})
+            return out
+        operation, subresource = req["operation"], req.get("subResource")
+        if operation not in OPERATIONS:  # the configurations never send others
+            return out
+        body = req.get("object") if isinstance(req.get("object"), dict) else req.get("oldObject")
+        old = req.get("oldObject") if isinstance(req.get("oldObject"), dict) else None
+        if hook == VALIDATE_ID:
+            v = await self.validate(body, old, operation, subresource, bool(req.get("dryRun")))
+            if v.warnings:
+                response["warnings"] = list(v.warnings)
+            if not v.allowed:
+                response.update(allowed=False, status={"code": v.code, "message": v.message})
+        elif subresource is None and (ops := json_patch(body.get("spec") or {}, self.default(body), "/spec")):
+            response.update(patchType="JSONPatch", patch=base64.b64encode(json.dumps(ops).encode()).decode())
+        return out
+
+
 def register(registry: kopf.OperatorRegistry | None, store: Store,
              default_image: str | None = None, admission: Admission | None = None,
-             observer: Observer | None = None) -> None:
-    """Register the two admission handlers (ids = URL paths) in `registry` (Kopf's default if None).
-    `store`: the operator's state (booking.state.Store), whose committed ledger every review reads.
-    `default_image`: the operator's --default-image, written by the mutating webhook instead of the
-    pydantic default. `admission`: the bounds and fairness of reviews (one per webhook; default:
-    fail closed). `observer`: told of every review answered (the operator's metrics)."""
-    overrides = {"image": default_image} if default_image else {}
-    adm = admission or Admission()
-
-    def _observe(webhook: str, outcome: str, t0: float) -> None:
-        if observer is not None:
-            observer(webhook, outcome, time.monotonic() - t0)
+             observer: Observer | None = None) -> Reviewer:
+    """Register the two admission handlers (ids = URL paths) in `registry` (Kopf's default if None)
+    and return the Reviewer they call. `store`: the operator's state (booking.state.Store), whose
+    committed ledger every review reads. `default_image`: the operator's --default-image, written
+    by the mutating webhook instead of the pydantic default. `admission`: the bounds and fairness
+    of reviews (default: fail closed). `observer`: told of every review answered (the metrics)."""
+    reviewer = Reviewer(store, default_image, admission, observer)
 
     @kopf.on.validate(api.GROUP, api.VERSION, api.PLURAL, id=VALIDATE_ID, operations=OPERATIONS,
                       subresource="*", registry=registry)
     async def validate_vllmdeployment(body: kopf.Body, dryrun: bool, warnings: list[str], old: kopf.Body | None = None,
                                       operation: str = "CREATE", subresource: str | None = None, **_: Any) -> None:
-        t0 = time.monotonic()
-        try:
-            if subresource == "scale":
-                v = await review_scale(store, dict(body), dryrun, adm)
-            elif subresource is not None:  # status is the operator's: never reviewed
-                return
-            else:
-                v = await review(store, dict(body), dict(old) if old is not None else None,
-                                 operation, dryrun, adm)
-        except Invalid as e:
-            _observe("validate", "invalid", t0)
-            raise kopf.AdmissionError(clip(str(e)), code=422) from None
-        except Exception as e:
-            logger.exception("validating webhook failed")
-            _observe("validate", "error", t0)
-            raise kopf.AdmissionError(clip(f"vllmfit webhook error: {type(e).__name__}: {e}"), code=400) from None
-        _observe("validate", "denied" if not v.allowed else "warned" if v.warnings else "allowed", t0)
-        warnings.extend(clip(w) for w in v.warnings)
+        v = await reviewer.validate(dict(body), dict(old) if old is not None else None, operation, subresource, dryrun)
+        warnings.extend(v.warnings)
         if not v.allowed:
-            raise kopf.AdmissionError(clip(v.message), code=v.code)
+            raise kopf.AdmissionError(v.message, code=v.code)
 
     @kopf.on.mutate(api.GROUP, api.VERSION, api.PLURAL, id=MUTATE_ID, operations=OPERATIONS, registry=registry)
     async def default_vllmdeployment(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        t0 = time.monotonic()
-        spec = body.get("spec")
-        if isinstance(spec, Mapping):  # anything else is for the validating webhook to deny
-            for key, value in defaults_patch(spec, overrides=overrides).items():
-                patch.spec[key] = value
-        _observe("default", "allowed", t0)
+        for key, value in reviewer.default(body).items():
+            patch.spec[key] = value
+
+    return reviewer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -438,10 +377,11 @@ def setup(settings: kopf.OperatorSettings, args: argparse.Namespace, store: Stor
     if getattr(args, "no_webhook", False):
         return
     auth = client_auth(args)
-    register(registry, store, getattr(args, "default_image", None), admission_of(args), observer)
+    reviewer = register(registry, store, getattr(args, "default_image", None), admission_of(args), observer)
 
     def tls() -> Awaitable[tuple[Path | None, Path, Path]]:
         # the operator's own client configuration when it has one (tests point it at KMock)
         return prepare_tls(args, kube or certs.KubeApi(getattr(store, "kube_config", None)))
 
-    settings.admission.server = Server(addr=args.webhook_host, port=args.webhook_port, tls=tls, **auth)
+    settings.admission.server = Server(addr=args.webhook_host, port=args.webhook_port, tls=tls,
+                                       answer=reviewer.answer, **auth)
