@@ -75,6 +75,7 @@ class _Stream:
         self.next_fresh = next(self.fresh, None)
         self.cached: _Candidate | None = None
         self.cached_entry: tuple[Any, ...] | None = None
+        self.cached_whole = False  # the cached candidate takes every GPU of the type on its node
 
     @classmethod
     def of(cls, ledger: Ledger, req: Request, s: Settings, t: GpuType, nodes: NodeSet | None,
@@ -113,14 +114,17 @@ class _Stream:
             return None
         if entry is not self.cached_entry:
             node = entry[1]
+            whole = self.n > 1 and len(of_type := self.ledger.type_indices(node, self.t)) == self.n
             if self.n == 1:
                 gpus: tuple[int, ...] = (entry[2],)
+            elif whole:
+                gpus = tuple(sorted(of_type))  # all of them: the key, the least room of the n, fits
             else:  # search._pick: the n GPUs of the node that fit with the least (spread: most) room
                 fit = sorted((h, i) for h, i in self._node(node) if h >= self.need)
                 chosen = sorted(fit, key=lambda e: (-e[0], e[1]))[: self.n] if self.spread else fit[: self.n]
                 gpus = tuple(sorted(i for _, i in chosen))
             self.cached = _Candidate(node, gpus, self.sizing, entry[0] - self.need)
-            self.cached_entry = entry
+            self.cached_entry, self.cached_whole = entry, whole
         return self.cached
 
     def _node(self, node: str) -> list[tuple[int, int]]:
@@ -143,6 +147,9 @@ class _Stream:
         if self.n == 1:
             key = entry[0] - self.need
             new = (key, c.node, c.gpus[0])
+        elif self.cached_whole:  # the node's n GPUs of the type, each lowered by need: the least of them too
+            key = entry[0] - self.need
+            new = (key, c.node)
         else:  # Ledger._node_group_key: the n-th largest headroom of the node's GPUs of the type
             heads = self.nodes[c.node] = [(h - self.need if i in c.gpus else h, i) for h, i in self._node(c.node)]
             key = sorted((h for h, _ in heads), reverse=True)[self.n - 1]
