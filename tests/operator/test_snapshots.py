@@ -21,7 +21,7 @@ import kubernetes_asyncio.client
 import pytest
 from opkit import node, vd
 
-from vllmfit.core import placement
+from vllmfit.core import defaults, placement
 from vllmfit.operator.admission import webhook
 from vllmfit.operator.booking import state
 from vllmfit.operator.booking.books import Stale
@@ -76,6 +76,9 @@ def held_decision(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, thr
         return real(*args, **kwargs)
 
     monkeypatch.setattr(decide_module, "_decide", held)
+    # reviews decide on a thread, so a decision can be held while the loop runs the writer (a quick
+    # decision on the event loop, issue 32, cannot interleave with anything)
+    monkeypatch.setattr(defaults, "REVIEW_INLINE_REPLICAS", 0)
     monkeypatch.setattr(kubernetes_asyncio.client, "CustomObjectsApi", StatusApi)
     StatusApi.sent = []
     return armed, inside, go
