@@ -1,6 +1,8 @@
 """Issue 32: the operator's writes whose answer it does not use (a replica's Deployment, its
 Service, a status) are not deserialised into the Kubernetes client's models (booking.report.unread),
-most of the client's CPU per write; a failed write still raises ApiException, as the client does."""
+most of the client's CPU per write; a failed write still raises ApiException, as the client does.
+Its requests do not go through a thread twice each (the client's session trusting the environment:
+~/.netrc and proxy lookups per request) unless the environment names a proxy."""
 
 from __future__ import annotations
 
@@ -58,3 +60,20 @@ async def test_a_failed_unread_write_raises_as_the_client_does() -> None:
         return Answer(201, b"{}")
 
     assert await report.unread(fine) is None
+
+
+async def test_the_operators_client_looks_up_no_netrc_or_proxy_per_request(operator: Operator) -> None:
+    assert operator.store.api.rest_client.pool_manager.trust_env is False
+
+
+async def test_with_a_proxy_in_the_environment_the_client_still_trusts_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubernetes_asyncio import client
+
+    from vllmfit.operator.handlers.startup import api_client
+
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    api = api_client(client.Configuration(host="https://127.0.0.1:6443"))
+    try:
+        assert api.rest_client.pool_manager.trust_env is True
+    finally:
+        await api.close()
