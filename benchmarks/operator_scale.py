@@ -289,12 +289,11 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
                 t1 = time.monotonic()
                 await client.NodeV1Api(api).create_runtime_class(RUNTIME_CLASS)
                 runtime_class = True
-        if all_final_s is not None and runtime_class:
-            if written >= want:
-                children_s = time.monotonic() - t0
-                if waiting_cpu_percent is not None:
-                    unblocked_s = time.monotonic() - t1
-                break
+        if all_final_s is not None and runtime_class and written >= want:
+            children_s = time.monotonic() - t0
+            if waiting_cpu_percent is not None:
+                unblocked_s = time.monotonic() - t1
+            break
     operator_cpu_s = time.process_time() - cpu0
     items = (await custom.list_cluster_custom_object(GROUP, VERSION, PLURAL))["items"]  # once, for the invariant
     task.cancel()

@@ -20,8 +20,8 @@ import attrs
 import jsonpatch
 import kmock
 import kopf
-from kmock._internal import aiobus as kmock_bus
 import pytest
+from kmock._internal import aiobus as kmock_bus
 from kubernetes_asyncio import client
 
 from vllmfit.core import placement
