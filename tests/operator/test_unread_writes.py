@@ -77,3 +77,11 @@ async def test_with_a_proxy_in_the_environment_the_client_still_trusts_it(monkey
         assert api.rest_client.pool_manager.trust_env is True
     finally:
         await api.close()
+
+
+async def test_the_operator_collects_its_youngest_objects_less_often(operator: Operator) -> None:
+    import gc
+
+    from vllmfit.operator.handlers.startup import GC_YOUNG
+
+    assert gc.get_threshold()[0] == GC_YOUNG > 700  # Python's default: 700

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import socket
@@ -33,6 +34,14 @@ logger = logging.getLogger(__name__)
 
 IDENTITY = "vllmfit"
 USER_AGENT = f"{IDENTITY}/{__version__}"
+
+
+GC_YOUNG = 20_000
+"""Allocations between two collections of the youngest generation (Python: 700). Each event
+allocates thousands of short-lived objects (Kopf's causes, the client's requests, a status):
+at 700 they were promoted and walked again by the older generations' collections, a fifth of
+the operator's CPU while 1,500 deployments settle (issue 32: 3.4 s of 18.7; 1.1 s at 20,000).
+The operator sets it at start-up, for its own process."""
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
@@ -166,6 +175,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     await claims.load(store)  # the DRA nodes' GPUs and claims, before the ledger is rebuilt
     children, pods = await list_ours(store)  # a status books only what runs where it says; pods drain
     problems = store.rebuild(node_dicts, deployments, children, pods)
+    gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
     # shared by every object's memo (each a shallow copy of this one): see settle_startup_drains
     memo[STARTUP_DRAINS] = sorted(store.books.drains)
     await reservations.load(store)
