@@ -38,8 +38,8 @@ end in their units.
 
     .venv/bin/python benchmarks/operator_scale.py [--nodes 100] [--deployments 500] [--runs 3]
         [--timeout 600] [--without-runtimeclass [--idle 10]] [--noop-kopf] [--quick]
-    .venv/bin/python benchmarks/operator_scale.py --nodes 1000 --deployments 5000 --timeout 900   # fleet size
-    .venv/bin/python benchmarks/operator_scale.py --nodes 1000 --deployments 5000 --timeout 900 --noop-kopf
+    .venv/bin/python benchmarks/operator_scale.py --nodes 1000 --deployments 5000 --timeout 450   # fleet size
+    .venv/bin/python benchmarks/operator_scale.py --nodes 1000 --deployments 5000 --timeout 450 --noop-kopf
 """
 
 from __future__ import annotations
