@@ -92,6 +92,9 @@ class Emulator(kmock.KubernetesEmulator):
     Unlike the API server, a patch that changes nothing still makes a version and an event."""
 
     journal: list[Any] = attrs.field(factory=list, init=False)
+    operated: bool = attrs.field(default=False, init=False)  # an Operator runs on it (Operator.start/stop)
+    store: Any = attrs.field(default=None, init=False)  # the state of the last Operator started on it
+    _serving: list[Any] = attrs.field(factory=list, init=False)
     _buses: dict[Any, Any] = attrs.field(init=False, default=attrs.Factory(
         lambda self: collections.defaultdict(lambda: _Versioned(stamp=self.stamp)), takes_self=True))
     version: int = attrs.field(default=999, init=False)  # the last resourceVersion given
@@ -112,9 +115,6 @@ class Emulator(kmock.KubernetesEmulator):
         listed = await super()._serve_list(request)
         listed["metadata"]["resourceVersion"] = str(self.version)  # no await since the listing
         return listed
-    operated: bool = attrs.field(default=False, init=False)  # an Operator runs on it (Operator.start/stop)
-    store: Any = attrs.field(default=None, init=False)  # the state of the last Operator started on it
-    _serving: list[Any] = attrs.field(factory=list, init=False)
 
     def __iter__(self) -> Any:
         current = _SERVING.get()
