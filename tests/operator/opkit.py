@@ -8,6 +8,7 @@ the operator's watches before creating objects, stop the operator with task.canc
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import itertools
@@ -20,6 +21,7 @@ import jsonpatch
 import kmock
 import kopf
 import pytest
+from kmock._internal import aiobus as kmock_bus
 from kubernetes_asyncio import client
 
 from vllmfit.core import placement
@@ -82,14 +84,37 @@ class Emulator(kmock.KubernetesEmulator):
     whose "test" fails with 422 (KMock: 500, which Kopf retries with the same stale patch), and its
     watch loses no change made while it starts.
 
-    Still unlike the API server, resourceVersion never changes (objects keep what they were
-    created with), so Kopf cannot tell its own patches' echoes from new changes and re-runs the
-    create handler on later events; the operator's handlers are idempotent and take a light path."""
+    Like the API server (and unlike KMock, whose objects keep the resourceVersion they were
+    created with), every write gives the object a new resourceVersion from one counter: the
+    response to the write and its watch event carry it (`_Versioned`). Kopf relies on it to tell
+    its own patches' echoes from news (it waits for the version its patch returned before it runs
+    state-dependent handlers again); without it, a stale event re-ran the create handler.
+    Unlike the API server, a patch that changes nothing still makes a version and an event."""
 
     journal: list[Any] = attrs.field(factory=list, init=False)
     operated: bool = attrs.field(default=False, init=False)  # an Operator runs on it (Operator.start/stop)
     store: Any = attrs.field(default=None, init=False)  # the state of the last Operator started on it
     _serving: list[Any] = attrs.field(factory=list, init=False)
+    _buses: dict[Any, Any] = attrs.field(init=False, default=attrs.Factory(
+        lambda self: collections.defaultdict(lambda: _Versioned(stamp=self.stamp)), takes_self=True))
+    version: int = attrs.field(default=999, init=False)  # the last resourceVersion given
+
+    def stamp(self, event: Any) -> None:
+        """A write happened (`event`, its watch event, is about to be published): its object
+        gets the next resourceVersion. `event["object"]` shares its metadata with the stored
+        version (KMock keeps a fresh copy per write), so the stored object, the write's response
+        and the event all carry it."""
+        meta = (event.get("object") or {}).get("metadata") if isinstance(event, dict) else None
+        if isinstance(meta, dict):
+            self.version += 1
+            meta["resourceVersion"] = str(self.version)
+
+    async def _serve_list(self, request: Any) -> Any:
+        """KMock's list, with the resourceVersion it was taken at (KMock: "..."), as a watch
+        started from it wants (`_serve_watch`)."""
+        listed = await super()._serve_list(request)
+        listed["metadata"]["resourceVersion"] = str(self.version)  # no await since the listing
+        return listed
 
     def __iter__(self) -> Any:
         current = _SERVING.get()
@@ -135,12 +160,20 @@ class Emulator(kmock.KubernetesEmulator):
 
     async def _serve_watch(self, request: Any) -> Any:
         """KMock's watch, minus its race: it snapshots the objects and only then subscribes to
-        changes, losing those in between. Here both happen under the emulator's lock."""
+        changes, losing those in between. Here both happen under the emulator's lock. A watch
+        from a resourceVersion (Kopf's, after its listing) starts, as the API server's does, with
+        what changed since that version (KMock: every object again, ADDED, so Kopf handled stale
+        states once more): each object written since, as it is now (DELETED when gone)."""
         yield b""
         bus = self._buses[request.resource]
+        since = str((request.params or {}).get("resourceVersion") or "")
         async with self._lock:
             objs = self._KubernetesEmulator__get_objs(request, strict=False)  # type: ignore[attr-defined]
-            events = [{"type": "ADDED", "object": o.raw} for o in objs if not o.deleted]
+            if since.isdigit():
+                events = [{"type": "DELETED" if o.deleted else "MODIFIED", "object": o.last.raw} for o in objs
+                          if not o.empty and int(o.last.get("metadata", {}).get("resourceVersion") or 0) > int(since)]
+            else:
+                events = [{"type": "ADDED", "object": o.raw} for o in objs if not o.deleted]
             mark = await bus.mark()
         try:
             for event in events:
@@ -159,6 +192,20 @@ class Emulator(kmock.KubernetesEmulator):
         if method == "watch":
             return [r for r in self.journal if r.resource == res and r.action == kmock.action.WATCH]
         return [r for r in self.journal if r.resource == res and r.method == kmock.method[method.upper()]]
+
+
+@attrs.mutable
+class _Versioned(kmock_bus.Bus):  # type: ignore[misc,type-arg]
+    """A watch bus of the Emulator that stamps each write's object with a new resourceVersion
+    (Emulator.stamp) as the write is published: KMock publishes every create, patch and delete
+    once, under its lock, so the versions follow the order of the writes."""
+
+    stamp: Callable[[Any], None] = attrs.field(kw_only=True)
+
+    async def put(self, *items: Any) -> None:
+        for event in items:
+            self.stamp(event)
+        await super().put(*items)
 
 
 def km_url(km: Any) -> str:

@@ -30,12 +30,19 @@ async def test_sharing_replicas_get_their_booking_as_the_mps_limit(cluster: Clus
     store.options.mps = binding.Mps() if on else None
     try:
         await cluster.create(node("gpu-a", gpus=1))
+        # one after the other: a replica alone on its GPU is written with device-plugin limits and
+        # keeps them once a neighbour comes (no restart); created together, whether `a` was
+        # written before `b` was booked was a race (decided by how fast the writes are)
         await cluster.create(vd("a", QWEN7, maxModelLen=4096))
+        await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0"))
         await cluster.create(vd("b", QWEN7, maxModelLen=8192))
         await cluster.phase("a", "Admitted")
         await cluster.phase("b", "Admitted")
-        await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0") and cluster.get(DEPLOYMENTS, "b-0"))
-        for name in ("a", "b"):
+        await cluster.until(lambda: cluster.get(DEPLOYMENTS, "b-0"))
+        a0 = cluster.get(DEPLOYMENTS, "a-0")
+        assert a0["metadata"]["annotations"][builders.ANNOTATION_PINNING] == binding.PIN_DEVICE_PLUGIN
+        assert not [k for k in vllm_env(a0) if k.startswith("CUDA_MPS_")]  # not sharing: no MPS limit
+        for name in ("b",):
             d = cluster.get(DEPLOYMENTS, f"{name}-0")
             booked = d["spec"]["template"]["metadata"]["annotations"][builders.ANNOTATION_BOOKED]
             [(_index, nbytes)] = [part.split("=") for part in booked.split(",")]

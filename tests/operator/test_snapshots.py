@@ -43,7 +43,16 @@ class StatusApi:
 
     async def patch_namespaced_custom_object_status(self, group, version, ns, plural, name, body, **_: Any):
         StatusApi.sent.append((f"{ns}/{name}", body["status"]))
-        return body
+        return Answer()
+
+
+class Answer:
+    """The client's raw answer (the status writer asks for it unread: _preload_content=False)."""
+
+    status = 200
+
+    async def read(self) -> bytes:
+        return b"{}"
 
 
 def admitted_store(bodies: list[dict[str, Any]]) -> state.Store:

@@ -281,7 +281,7 @@ async def _sync_once(store: Store) -> None:
         taken.add(name)
         manifest = rsv.reservation_pod(cfg, node, i, name, tolerations_on(store, node, i))
         try:
-            await core.create_namespaced_pod(cfg.namespace, manifest)
+            await report.unread(core.create_namespaced_pod, cfg.namespace, manifest)
         except ApiException as e:
             if e.status != 409:
                 logger.error("reservation %s for %s GPU %d: %s %s", name, node, i, e.status, e.reason)

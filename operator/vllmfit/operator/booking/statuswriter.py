@@ -122,9 +122,9 @@ class StatusWriter:
             if status == rec.written:
                 return
             rec.mine = True  # before the write: its echo may arrive before the answer
-            await CustomObjectsApi(self._api()).patch_namespaced_custom_object_status(
-                api.GROUP, api.VERSION, rec.namespace, api.PLURAL, rec.name, {"status": status},
-                _content_type=MERGE_PATCH)  # type: ignore[call-arg]
+            await report.unread(CustomObjectsApi(self._api()).patch_namespaced_custom_object_status,
+                                api.GROUP, api.VERSION, rec.namespace, api.PLURAL, rec.name, {"status": status},
+                                _content_type=MERGE_PATCH)
             if self.cache.records.get(key) is rec:
                 rec.written = status
 

@@ -18,7 +18,7 @@ from vllmfit.operator.binding import claims, reservations
 from vllmfit.operator.binding import runtime_classes as runtimeclasses
 from vllmfit.operator.booking import draining, report
 from vllmfit.operator.booking.record import Record
-from vllmfit.operator.booking.report import now, post_event
+from vllmfit.operator.booking.report import now, post_event, unread
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.common import JSON_PATCH, MERGE_PATCH, gone_ok
 from vllmfit.operator.rendering import builders
@@ -35,7 +35,7 @@ async def apply_deployment(apps: client.AppsV1Api, make: Callable[[bool], dict[s
     kopf.adopt(manifest, owner=dict(owner))  # type: ignore[arg-type]
     meta = manifest["metadata"]
     try:
-        await apps.create_namespaced_deployment(meta["namespace"], manifest)  # type: ignore[arg-type]
+        await unread(apps.create_namespaced_deployment, meta["namespace"], manifest)
         return exclusive
     except ApiException as e:
         if e.status != 409:
@@ -63,8 +63,7 @@ async def apply_deployment(apps: client.AppsV1Api, make: Callable[[bool], dict[s
     patch = [{"op": "add", "path": f"/metadata/{k}", "value": meta[k]}
              for k in ("labels", "annotations", "ownerReferences")]
     patch.append({"op": "add", "path": "/spec", "value": manifest["spec"]})
-    await apps.patch_namespaced_deployment(meta["name"], meta["namespace"], patch,
-                                           _content_type=JSON_PATCH)  # type: ignore[call-arg]
+    await unread(apps.patch_namespaced_deployment, meta["name"], meta["namespace"], patch, _content_type=JSON_PATCH)
     return exclusive
 
 
@@ -72,14 +71,13 @@ async def apply_service(core: client.CoreV1Api, manifest: dict[str, Any], owner:
     kopf.adopt(manifest, owner=dict(owner))  # type: ignore[arg-type]
     meta = manifest["metadata"]
     try:
-        await core.create_namespaced_service(meta["namespace"], manifest)  # type: ignore[arg-type]
+        await unread(core.create_namespaced_service, meta["namespace"], manifest)
     except ApiException as e:
         if e.status != 409:
             raise
         patch = {"metadata": {"labels": meta["labels"], "ownerReferences": meta["ownerReferences"]},
                  "spec": {"selector": manifest["spec"]["selector"], "ports": manifest["spec"]["ports"]}}
-        await core.patch_namespaced_service(meta["name"], meta["namespace"], patch,
-                                            _content_type=MERGE_PATCH)  # type: ignore[call-arg]
+        await unread(core.patch_namespaced_service, meta["name"], meta["namespace"], patch, _content_type=MERGE_PATCH)
 
 
 def desired_object(rec: Record) -> api.VLLMDeployment | None:
