@@ -144,12 +144,7 @@ class Index:
             return None
         if allowed is None:
             return buckets[keys[-1] if spread else keys[lo]][-1]
-        for i in range(len(keys) - 1, lo - 1, -1) if spread else range(lo, len(keys)):
-            b = buckets[keys[i]]
-            for j in range(len(b) - 1, -1, -1):
-                if b[j][1] in allowed:
-                    return b[j]
-        return None
+        return next(self.walk(need, spread, allowed.__contains__), None)
 
 
 def _position(b: list[Entry], e: Entry) -> int:

@@ -393,12 +393,9 @@ class Ledger:
         head = self._head
         heads = sorted([head[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
         have = len(heads)
-        for gn in self._groups:  # each n's key is heads[n - 1] (_node_group_key), sorted once for all
-            gt, n = gn
+        for gt, n in self._groups:  # each n's key is heads[n - 1] (_node_group_key), sorted once for all
             if gt is t or (gt.product == t.product and gt == t):  # equal types of different nodes: distinct objects
-                key = heads[n - 1] if have >= n else None
-                if self._group_key[gn].get(node) != key:
-                    self._set_group_key(t, n, node, key)
+                self._set_group_key(t, n, node, heads[n - 1] if have >= n else None)  # a no-op when unchanged
 
     def _node_group_key(self, node: str, t: GpuType, n: int) -> int | None:
         heads = sorted([self._head[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)

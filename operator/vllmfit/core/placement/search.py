@@ -202,7 +202,8 @@ def _is_mig_type(ledger: Ledger, t: GpuType) -> bool:
 
 
 def _order(sizing: Sizing, score: int, node: str, gpus: tuple[int, ...], spread: bool) -> tuple[Any, ...]:
-    """`_better` as a key: a candidate is better than another when its key is smaller."""
+    """The order of candidates as a key (smaller is better): the longer context (then more KV
+    tokens) first; then best fit (least room left) or spread (most); then node name, GPUs."""
     f = sizing.flags
     return (-f.max_model_len, -sizing.granted_tokens, -score if spread else score, node, gpus) if f else \
         (0, 0, -score if spread else score, node, gpus)
@@ -210,11 +211,4 @@ def _order(sizing: Sizing, score: int, node: str, gpus: tuple[int, ...], spread:
 
 def _better(a: _Candidate, b: _Candidate, spread: bool) -> bool:
     """The longer context (then more KV tokens) first; then best fit or spread; then name, GPUs."""
-    fa, fb = a.sizing.flags, b.sizing.flags
-    ka = (fa.max_model_len, a.sizing.granted_tokens) if fa else (0, 0)
-    kb = (fb.max_model_len, b.sizing.granted_tokens) if fb else (0, 0)
-    if ka != kb:
-        return ka > kb
-    if a.score != b.score:
-        return (a.score > b.score) if spread else (a.score < b.score)
-    return (a.node, a.gpus) < (b.node, b.gpus)
+    return _order(a.sizing, a.score, a.node, a.gpus, spread) < _order(b.sizing, b.score, b.node, b.gpus, spread)
