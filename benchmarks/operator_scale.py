@@ -65,6 +65,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from vllmfit.core.defaults import RESYNC_SECONDS  # the waiting operator's window: one resync period
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "operator"))
 
 PRODUCTS = (("NVIDIA-H100-80GB-HBM3", 4), ("NVIDIA-A100-SXM4-80GB", 3), ("NVIDIA-A100-SXM4-40GB", 2),
@@ -238,7 +240,7 @@ def noop_registry(url: str, started: asyncio.Event) -> Any:
 
 
 async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 600.0,
-                  runtime_class: bool = True, idle: float = 30.0, noop: bool = False) -> dict[str, Any]:
+                  runtime_class: bool = True, idle: float = RESYNC_SECONDS, noop: bool = False) -> dict[str, Any]:
     import kopf
     from kubernetes_asyncio import client
 
@@ -367,7 +369,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a run may take to settle")
     p.add_argument("--without-runtimeclass", action="store_true",
                    help="no `nvidia` RuntimeClass at first: measure the operator's CPU while it waits for one")
-    p.add_argument("--idle", type=float, default=30.0,
+    p.add_argument("--idle", type=float, default=RESYNC_SECONDS,
                    help="seconds the waiting operator's CPU is measured (default: one resync period)")
     p.add_argument("--quick", action="store_true", help="5 nodes, 20 deployments, 60 s: a smoke run")
     p.add_argument("--noop-kopf", action="store_true",
