@@ -265,7 +265,9 @@ def test_mutate_leaves_an_invalid_spec_to_the_validator(hook):
 def test_bad_requests_get_a_4xx_never_a_500(hook):
     c = hook.client
     assert c.post("/nowhere", json={}).status_code == 404
-    assert c.get(f"/{webhook.VALIDATE_ID}").status_code == 405
+    assert c.post(f"/nowhere/{webhook.VALIDATE_ID}", json={}).status_code == 404  # the path, not its tail
+    got = c.get(f"/{webhook.VALIDATE_ID}")
+    assert got.status_code == 405 and got.headers["allow"] == "POST"
     r = c.post(f"/{webhook.VALIDATE_ID}", content=b'{"request": ')
     assert r.status_code == 400 and "not JSON" in r.json()["response"]["status"]["message"]
     review = admission_review(vllmd("x", model=MODEL_8B))
