@@ -59,6 +59,7 @@ class Ledger:
         self._groups: dict[tuple[GpuType, int], Index] = {}
         self._group_key: dict[tuple[GpuType, int], dict[str, int]] = {}  # (type, n) -> node -> its key
         self._selected: dict[tuple[object, ...], NodeSet] = {}  # (nodeSelector, affinity) -> matches
+        self._stale: set[tuple[str, GpuType]] = set()  # (node, type) whose group keys lag its bookings
         self._load(list(nodes))
 
     # nodes
@@ -287,9 +288,11 @@ class Ledger:
     def scratch(self) -> Ledger:
         """A mutable copy for one computation on a snapshot (`decide` on it); unlike `fork`, use
         it only while this ledger does not change (a frozen one never does), then drop it."""
+        if self._stale:
+            self._fresh()  # a copy shares the group indices as they are: current ones
         new = object.__new__(Ledger)
         new.__dict__.update(self.__dict__)
-        new.frozen, new._shared, new._owned = False, True, set()
+        new.frozen, new._shared, new._owned, new._stale = False, True, set(), set()
         return new
 
     copy = fork  # a mutable copy
@@ -386,8 +389,7 @@ class Ledger:
             self._head[key] = h
             if not s.mig:
                 refresh.add((s.node, s.gpu))
-        for node, t in refresh:
-            self._refresh_groups(node, t)
+        self._stale |= refresh  # their group keys are refreshed when a group index is read next (_fresh)
 
     def _refresh_groups(self, node: str, t: GpuType) -> None:
         head = self._head
@@ -396,6 +398,14 @@ class Ledger:
         for gt, n in self._groups:  # each n's key is heads[n - 1] (_node_group_key), sorted once for all
             if gt is t or (gt.product == t.product and gt == t):  # equal types of different nodes: distinct objects
                 self._set_group_key(t, n, node, heads[n - 1] if have >= n else None)  # a no-op when unchanged
+
+    def _fresh(self) -> dict[tuple[GpuType, int], Index]:
+        """The group indices with the keys of every node booked since they were read (a node filled
+        by many bookings in a row is refreshed once; a snapshot or fork starts with none stale)."""
+        stale, self._stale = self._stale, set()
+        for node, t in sorted(stale, key=lambda e: (e[0], e[1].product)):
+            self._refresh_groups(node, t)
+        return self._groups
 
     def _node_group_key(self, node: str, t: GpuType, n: int) -> int | None:
         heads = sorted([self._head[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
@@ -414,7 +424,7 @@ class Ledger:
 
     def group_index(self, t: GpuType, n: int) -> Index:
         """(n-th largest headroom, node) sorted, for nodes with at least n GPUs of type t."""
-        found = self._groups.get((t, n))
+        found = self._groups.get((t, n)) if not self._stale else self._fresh().get((t, n))
         if found is None:
             # Built whole, then published in one assignment (no thread sees it half built); a
             # ledger that changed its accounting since it was shared has its own tables (_changing).
