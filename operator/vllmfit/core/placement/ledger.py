@@ -10,7 +10,7 @@ from typing import Any
 from vllmfit.core.memory import DEFAULT_KV_GRANT, KvGrant
 from vllmfit.core.model.facts import GpuType
 from vllmfit.core.placement import affinity
-from vllmfit.core.placement.census import Census, NodeSet
+from vllmfit.core.placement.census import Census, NodeSet, still_matching
 from vllmfit.core.placement.decision import Booking, Decision
 from vllmfit.core.placement.headroom import Index
 from vllmfit.core.placement.inputs import GpuKey, GpuSlot, NodeInfo
@@ -67,10 +67,11 @@ class Ledger:
         """Add or update a node. Returns the deployments booked there that no longer fit: on a GPU
         now over budget, or on a GPU that disappeared (pass them to `replan`)."""
         self._changing("nodes", "acct")
-        if (old := self.nodes.get(node.name)) is None or not old.selected_as(node):  # not only foreign use changed
-            self._selected = {}  # a new cache (a snapshot may share the old one)
+        selection = (old := self.nodes.get(node.name)) is None or not old.selected_as(node)  # not only foreign use
         self._unindex_node(node.name)
         self.nodes[node.name] = node
+        if selection:  # each selection's matches with this node looked at again (a new dict: snapshots keep theirs)
+            self._selected = still_matching(self._selected, node.name, old, node, self.node_set)
         types: dict[GpuType, list[int]] = {}
         for s in node.gpus:
             key = (s.node, s.index)
@@ -121,8 +122,8 @@ class Ledger:
         bookings stay until released or re-placed by `replan`)."""
         self._changing("nodes", "acct")
         self._unindex_node(name)
-        self._selected = {}
-        self.nodes.pop(name, None)
+        old = self.nodes.pop(name, None)
+        self._selected = still_matching(self._selected, name, old, None, self.node_set)
         return self.affected(name)
 
     def _unindex_node(self, name: str) -> None:
@@ -160,7 +161,7 @@ class Ledger:
         self, selector: Mapping[str, str] | None, terms: tuple[affinity.Term, ...] | None = None
     ) -> NodeSet | None:
         """The nodes whose labels match a nodeSelector and the required node affinity `terms`;
-        None when there is neither (every node). Cached until a node changes (not only its foreign use)."""
+        None when there is neither (every node). Cached; a node's change updates it (census.still_matching)."""
         if not selector and terms is None:
             return None
         key = (tuple(sorted((selector or {}).items())), terms)
@@ -400,8 +401,7 @@ class Ledger:
                 self._set_group_key(t, n, node, heads[n - 1] if have >= n else None)  # a no-op when unchanged
 
     def _fresh(self) -> dict[tuple[GpuType, int], Index]:
-        """The group indices with the keys of every node booked since they were read (a node filled
-        by many bookings in a row is refreshed once; a snapshot or fork starts with none stale)."""
+        """The group indices, every node booked since they were read refreshed (once per node)."""
         stale, self._stale = self._stale, set()
         for node, t in sorted(stale, key=lambda e: (e[0], e[1].product)):
             self._refresh_groups(node, t)
