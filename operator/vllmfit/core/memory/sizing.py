@@ -67,7 +67,7 @@ def resolve(model: ModelArch, s: Settings, gpu: GpuType) -> Resolved:
     """Settings with vLLM's defaults filled in and the non-KV footprint (SpecError: why they
     cannot run). Cached: the answer depends only on these three frozen values (their compared
     fields; every one that `_resolve` reads is compared), and one review sizes the same settings
-    for several rooms (tests/memory/test_resolve_cache.py checks it against `_resolve`)."""
+    for several rooms (tests/test_resolve_cache.py checks it against `_resolve`)."""
     hit = _resolved(model, s, gpu)
     if isinstance(hit, str):
         raise SpecError(hit)
