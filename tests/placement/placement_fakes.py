@@ -64,7 +64,8 @@ def check_indices(ledger: placement.Ledger) -> None:
     for sl in ledger.slots():
         by_type.setdefault(sl.gpu, []).append((ledger.headroom_bytes(sl.node, sl.index), sl.node, sl.index))
     assert {t: sorted(v) for t, v in by_type.items()} == {t: v for t, v in ledger._free.items()}
-    for (t, n), lst in ledger._groups.items():
+    for t, n in list(ledger._groups):  # read through group_index: it brings the keys of nodes booked since up to date
+        lst = ledger.group_index(t, n)
         expect = []
         for name, info in ledger.nodes.items():
             heads = sorted(

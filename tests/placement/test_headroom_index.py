@@ -150,7 +150,7 @@ class _FakeSizing:
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.just(5), st.integers(0, 99), st.integers(0, 7)), unique=True, max_size=80))
 def test_a_buckets_position_is_the_first_entry_not_above_the_new_one(entries: list) -> None:
-    """headroom._position looks at both ends of a bucket first, then bisects: as a plain walk, for
+    """headroom._position bisects a bucket sorted in descending order: as a plain walk, for
     every entry of the bucket and every place between two."""
     from vllmfit.core.placement.headroom import _position
 

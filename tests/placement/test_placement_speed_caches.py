@@ -35,7 +35,7 @@ def test_a_new_ledger_keeps_the_whole_node_group_index_as_one_built_later_would(
     ledger = placement.Ledger(nodes)
     d = placement.decide(ledger, request("a/x", LLAMA_8B, tensorParallelSize=2))
     ledger.book(d)
-    eager = {k: list(v) for k, v in ledger._groups.items()}
+    eager = {k: list(ledger.group_index(*k)) for k in list(ledger._groups)}  # as read: keys of booked nodes refreshed
     assert (H100, 8) in eager and (H100, 2) in eager and (A100_40, 2) in eager  # whole nodes of each type
     ledger._groups.clear()
     ledger._group_key.clear()

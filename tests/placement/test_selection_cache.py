@@ -1,8 +1,9 @@
 """The ledger's selection cache (`Ledger._selected`: nodeSelector and affinity matches, the nodes a
 spec's tolerations keep out, per-set node counts and policy lines) survives a node change that
 changes only foreign use (what the node agent reports most often; issue 32: a fleet-size walk of
-every node per report), and is dropped by any other: after random node changes, every cached
-answer equals the one a fresh ledger of the same nodes computes."""
+every node per report); any other change keeps each nodeSelector's / affinity's matches with that
+node looked at again (census.still_matching) and drops the rest: after random node changes, every
+cached answer equals the one a fresh ledger of the same nodes computes."""
 
 from __future__ import annotations
 
@@ -73,4 +74,6 @@ def test_a_change_of_foreign_use_alone_keeps_the_cache() -> None:
     ledger.set_node(_node("n0", "x", 2, False, False, False, False))
     assert ledger._selected is cache and cache
     ledger.set_node(_node("n0", "y", 2, False, False, False, False))
-    assert ledger._selected is not cache and not ledger._selected
+    assert ledger._selected is not cache  # a new dict: the nodeSelector matches carried over with n0 looked at again,
+    assert all(not isinstance(k[0], str) for k in ledger._selected)  # the per-set counts, taints and policies dropped
+    assert ledger.matching({"pool": "x"}).names == () and ledger.matching({"pool": "y"}).names == ("n0",)

@@ -4,6 +4,7 @@ vLLM would log at start-up for the chosen flags."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from vllmfit.core import defaults, limits
@@ -63,6 +64,25 @@ def default_batch(gpu: GpuType, s: Settings, version: VllmVersion) -> tuple[int,
 
 
 def resolve(model: ModelArch, s: Settings, gpu: GpuType) -> Resolved:
+    """Settings with vLLM's defaults filled in and the non-KV footprint (SpecError: why they
+    cannot run). Cached: the answer depends only on these three frozen values (their compared
+    fields; every one that `_resolve` reads is compared), and one review sizes the same settings
+    for several rooms (tests/test_resolve_cache.py checks it against `_resolve`)."""
+    hit = _resolved(model, s, gpu)
+    if isinstance(hit, str):
+        raise SpecError(hit)
+    return hit
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolved(model: ModelArch, s: Settings, gpu: GpuType) -> Resolved | str:
+    try:
+        return _resolve(model, s, gpu)
+    except SpecError as e:
+        return str(e)
+
+
+def _resolve(model: ModelArch, s: Settings, gpu: GpuType) -> Resolved:
     errors = validate(model, s)
     gpu_errs, gpu_warns = gpu_errors(model, s, gpu)
     errors.extend(gpu_errs)
@@ -85,6 +105,7 @@ def resolve(model: ModelArch, s: Settings, gpu: GpuType) -> Resolved:
     adapters = lora_bytes(model, s, version, batched, seqs)
     offloaded = cpu_offloaded_bytes(model, s)
     graphs = graph_bytes(model, s)
+    band_over, band_under = kv_band(model, version, s.enforce_eager)
     if s.lora_max_loras is not None:  # cudagraph_specialize_lora: every graph captured without and with LoRA
         graphs *= LORA_GRAPH_CASES
     fixed = Footprint(
@@ -96,8 +117,8 @@ def resolve(model: ModelArch, s: Settings, gpu: GpuType) -> Resolved:
         cuda_context=ctx,
         non_torch=non_torch,
         cuda_graphs=graphs,
-        margin=kv_band(model, version, s.enforce_eager)[0],
-        kv_band_under=kv_band(model, version, s.enforce_eager)[1],
+        margin=band_over,
+        kv_band_under=band_under,
         lora=adapters,
         cpu_offloaded=offloaded,
     )
@@ -202,24 +223,23 @@ def finish(model: ModelArch, r: Resolved, gpu: GpuType, length: int, kv: int, wa
     """Footprint and flags for a chosen context and KV reservation (bytes per GPU)."""
     s, version = r.settings, r.version
     seqs = seqs or r.max_num_seqs
-    fp = replace(r.fixed, kv_cache=kv)
+    need = _inside_r(r.fixed, version) + kv  # the fixed part books no KV cache (kv_cache 0, slack 0)
     T = gpu.cuda_total_bytes
     inject_kv = False
     if s.gpu_memory_utilization is not None:
         u = s.gpu_memory_utilization
         requested = requested_bytes(T, u, version)
-        kv_avail = requested - _inside_r(fp, version) + kv
+        kv_avail = requested - need + kv
         if kv_avail < kv and s.policy == "vllm":
             warnings.append(
                 f"gpuMemoryUtilization {u} leaves {fmt_gib(max(kv_avail, 0))} for KV cache, less than the "
                 f"{fmt_gib(kv)} the KV request needs"
             )
-        fp = replace(fp, kv_cache=max(kv_avail, 0))
+        fp = replace(r.fixed, kv_cache=max(kv_avail, 0))
     else:
-        need = _inside_r(fp, version)
         u = utilization_for(T, need)
         requested = requested_bytes(T, u, version)
-        fp = replace(fp, slack=max(requested - need, 0))
+        fp = replace(r.fixed, kv_cache=kv, slack=max(requested - need, 0))
         # --kv-cache-memory-bytes pins the KV cache to the request; the matching u passes vLLM's
         # start-up check (free >= ceil(T x u)) next to its neighbours (docs/memory-model.md)
         inject_kv = s.policy == "vllm" and version.kv_cache_memory_bytes_flag and kv > 0
@@ -370,10 +390,9 @@ def _check(sizing: Sizing, available: int, model: ModelArch, s: Settings, r: Res
                 f"{sizing.flags.max_model_len} tokens ({fmt_gib(need_one)}, "
                 f"{r.layout.pool_tokens(need_one)} KV tokens)"
             )
-    sizing = replace(sizing, grant=grant_text(model, s, r, sizing), kv_beyond_caps=_beyond_caps(model, s, r, sizing))
-    if reasons:
-        return replace(sizing, fits=False, reasons=tuple(reasons))
-    return sizing
+    refused = {"fits": False, "reasons": tuple(reasons)} if reasons else {}
+    return replace(sizing, grant=grant_text(model, s, r, sizing), kv_beyond_caps=_beyond_caps(model, s, r, sizing),
+                   **refused)  # type: ignore[arg-type]
 
 
 def _beyond_caps(model: ModelArch, s: Settings, r: Resolved, sizing: Sizing) -> int:

@@ -16,9 +16,12 @@ the ledger copies it whole when it changes its node table while shared (Ledger._
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from vllmfit.core.model.facts import GpuType
+from vllmfit.core.placement import affinity
 from vllmfit.core.placement.inputs import NodeInfo
 
 Key = tuple[object, ...]
@@ -86,3 +89,37 @@ def _add(counts: dict, key: object, sign: int) -> None:  # type: ignore[type-arg
         counts[key] = n
     else:
         del counts[key]
+
+
+def still_matching(cache: dict[Key, object], name: str, old: NodeInfo | None, new: NodeInfo | None,
+                   node_set: Callable[[Iterable[str]], NodeSet]) -> dict[Key, object]:
+    """A ledger's selection cache after node `name` changed from `old` to `new` (None: absent) in
+    what a selection reads (labels, taints, GPUs): a new dict (a snapshot may share the old one)
+    holding each nodeSelector's / required affinity's matches (`Ledger.matching`: keys (selector
+    items, terms)) with that one node looked at again, not every node walked (issue 32); the other
+    entries (per-set summaries, taints, policies) are dropped: they may count the node. `node_set`:
+    the ledger's, on its node table as it is now."""
+    out: dict[Key, object] = {}
+    for key, found in cache.items():
+        if isinstance(key[0], str) or not isinstance(found, NodeSet):
+            continue
+        sel, terms = key
+        now = new is not None and all(new.labels.get(k) == v for k, v in sel) and \
+            affinity.terms_match(name, new.labels, terms)  # type: ignore[arg-type]
+        was = name in found.members
+        if not now and not was:
+            out[key] = found
+        elif now and was and old is not None and new is not None and _types(old) == _types(new):
+            out[key] = found  # the same names and GPU types
+        elif now and not was and new is not None:
+            names = list(found.names)
+            bisect.insort(names, name)
+            types = sorted(set(found.types) | _types(new), key=lambda t: t.product)
+            out[key] = NodeSet(tuple(names), found.members | {name}, tuple(types))
+        else:  # left the set, or its GPU types changed: the set's types counted again
+            out[key] = node_set(found.members - {name} if not now else found.members)
+    return out
+
+
+def _types(node: NodeInfo) -> set[GpuType]:
+    return {s.gpu for s in node.gpus}

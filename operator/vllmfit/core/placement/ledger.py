@@ -10,7 +10,7 @@ from typing import Any
 from vllmfit.core.memory import DEFAULT_KV_GRANT, KvGrant
 from vllmfit.core.model.facts import GpuType
 from vllmfit.core.placement import affinity
-from vllmfit.core.placement.census import Census, NodeSet
+from vllmfit.core.placement.census import Census, NodeSet, still_matching
 from vllmfit.core.placement.decision import Booking, Decision
 from vllmfit.core.placement.headroom import Index
 from vllmfit.core.placement.inputs import GpuKey, GpuSlot, NodeInfo
@@ -59,6 +59,7 @@ class Ledger:
         self._groups: dict[tuple[GpuType, int], Index] = {}
         self._group_key: dict[tuple[GpuType, int], dict[str, int]] = {}  # (type, n) -> node -> its key
         self._selected: dict[tuple[object, ...], NodeSet] = {}  # (nodeSelector, affinity) -> matches
+        self._stale: set[tuple[str, GpuType]] = set()  # (node, type) whose group keys lag its bookings
         self._load(list(nodes))
 
     # nodes
@@ -66,10 +67,11 @@ class Ledger:
         """Add or update a node. Returns the deployments booked there that no longer fit: on a GPU
         now over budget, or on a GPU that disappeared (pass them to `replan`)."""
         self._changing("nodes", "acct")
-        if (old := self.nodes.get(node.name)) is None or not old.selected_as(node):  # not only foreign use changed
-            self._selected = {}  # a new cache (a snapshot may share the old one)
+        selection = (old := self.nodes.get(node.name)) is None or not old.selected_as(node)  # not only foreign use
         self._unindex_node(node.name)
         self.nodes[node.name] = node
+        if selection:  # each selection's matches with this node looked at again (a new dict: snapshots keep theirs)
+            self._selected = still_matching(self._selected, node.name, old, node, self.node_set)
         types: dict[GpuType, list[int]] = {}
         for s in node.gpus:
             key = (s.node, s.index)
@@ -120,8 +122,8 @@ class Ledger:
         bookings stay until released or re-placed by `replan`)."""
         self._changing("nodes", "acct")
         self._unindex_node(name)
-        self._selected = {}
-        self.nodes.pop(name, None)
+        old = self.nodes.pop(name, None)
+        self._selected = still_matching(self._selected, name, old, None, self.node_set)
         return self.affected(name)
 
     def _unindex_node(self, name: str) -> None:
@@ -159,7 +161,7 @@ class Ledger:
         self, selector: Mapping[str, str] | None, terms: tuple[affinity.Term, ...] | None = None
     ) -> NodeSet | None:
         """The nodes whose labels match a nodeSelector and the required node affinity `terms`;
-        None when there is neither (every node). Cached until a node changes (not only its foreign use)."""
+        None when there is neither (every node). Cached; a node's change updates it (census.still_matching)."""
         if not selector and terms is None:
             return None
         key = (tuple(sorted((selector or {}).items())), terms)
@@ -287,9 +289,11 @@ class Ledger:
     def scratch(self) -> Ledger:
         """A mutable copy for one computation on a snapshot (`decide` on it); unlike `fork`, use
         it only while this ledger does not change (a frozen one never does), then drop it."""
+        if self._stale:
+            self._fresh()  # a copy shares the group indices as they are: current ones
         new = object.__new__(Ledger)
         new.__dict__.update(self.__dict__)
-        new.frozen, new._shared, new._owned = False, True, set()
+        new.frozen, new._shared, new._owned, new._stale = False, True, set(), set()
         return new
 
     copy = fork  # a mutable copy
@@ -386,8 +390,7 @@ class Ledger:
             self._head[key] = h
             if not s.mig:
                 refresh.add((s.node, s.gpu))
-        for node, t in refresh:
-            self._refresh_groups(node, t)
+        self._stale |= refresh  # their group keys are refreshed when a group index is read next (_fresh)
 
     def _refresh_groups(self, node: str, t: GpuType) -> None:
         head = self._head
@@ -396,6 +399,13 @@ class Ledger:
         for gt, n in self._groups:  # each n's key is heads[n - 1] (_node_group_key), sorted once for all
             if gt is t or (gt.product == t.product and gt == t):  # equal types of different nodes: distinct objects
                 self._set_group_key(t, n, node, heads[n - 1] if have >= n else None)  # a no-op when unchanged
+
+    def _fresh(self) -> dict[tuple[GpuType, int], Index]:
+        """The group indices, every node booked since they were read refreshed (once per node)."""
+        stale, self._stale = self._stale, set()
+        for node, t in sorted(stale, key=lambda e: (e[0], e[1].product)):
+            self._refresh_groups(node, t)
+        return self._groups
 
     def _node_group_key(self, node: str, t: GpuType, n: int) -> int | None:
         heads = sorted([self._head[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
@@ -414,7 +424,7 @@ class Ledger:
 
     def group_index(self, t: GpuType, n: int) -> Index:
         """(n-th largest headroom, node) sorted, for nodes with at least n GPUs of type t."""
-        found = self._groups.get((t, n))
+        found = self._groups.get((t, n)) if not self._stale else self._fresh().get((t, n))
         if found is None:
             # Built whole, then published in one assignment (no thread sees it half built); a
             # ledger that changed its accounting since it was shared has its own tables (_changing).

@@ -1,8 +1,9 @@
 """What a set of nodes has, summed once per set of nodes instead of once per GPU per review (issue 32).
 
 Derived, read-only views of a ledger's nodes: built on first use and kept in the ledger's
-selection cache (`Ledger._selected`), which is cleared whenever a node is added, changed or
-removed (a change of foreign use alone keeps it: nothing here reads it, `NodeInfo.selected_as`), so
+selection cache (`Ledger._selected`), whose entries here are dropped whenever a node is added,
+changed or removed (a change of foreign use alone keeps them: nothing here reads it,
+`NodeInfo.selected_as`; the matches themselves are updated, census.still_matching), so
 they are as current as the nodes themselves. For every node (no selector), they are
 read from the ledger's census (core.placement.census), kept as nodes change, so a review after a
 node changed walks no nodes; a selector's set is walked once per node state. Headroom is not summed
