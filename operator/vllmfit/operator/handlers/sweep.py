@@ -88,7 +88,9 @@ async def sweep(store: Store, namespace: str | None = None, only: str | None = N
             try:
                 now = (await as_json(apps.read_namespaced_deployment, name, ns)).get("metadata") or {}
             except ApiException as e:
-                if e.status not in (404, *PER_OBJECT):
+                if e.status == 404:
+                    continue  # gone since the listing (the resync's is taken before its writes)
+                if e.status not in PER_OBJECT:
                     raise
                 _skipped(f"Deployment {ns}/{name}", e)
                 continue
