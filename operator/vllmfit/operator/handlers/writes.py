@@ -15,7 +15,7 @@ from kubernetes_asyncio.client import ApiException
 
 from vllmfit.operator.binding import reservations
 from vllmfit.operator.booking import draining
-from vllmfit.operator.booking.report import post_event
+from vllmfit.operator.booking.report import as_json, post_event
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers import children
 from vllmfit.operator.handlers.children import children_state, sync_children
@@ -112,13 +112,12 @@ async def ended_drains(store: Store, keys: set[str] | None = None) -> Effects | 
         return None
     core, apps = client.CoreV1Api(store.api), client.AppsV1Api(store.api)
     listed: dict[tuple[str, str], tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
-    ser = store.api.sanitize_for_serialization
     try:
         for ns, name in targets:
             selector = builders.selector(name)
-            sets = await apps.list_namespaced_replica_set(ns, label_selector=selector)
-            pods = await core.list_namespaced_pod(ns, label_selector=selector)  # after the sets: none is new
-            listed[(ns, name)] = ser(pods).get("items") or [], ser(sets).get("items") or []
+            sets = await as_json(apps.list_namespaced_replica_set, ns, label_selector=selector)
+            pods = await as_json(core.list_namespaced_pod, ns, label_selector=selector)  # after the sets: none is new
+            listed[(ns, name)] = pods.get("items") or [], sets.get("items") or []
     except (ApiException, OSError) as e:
         logger.warning("cannot list the pods of stopped replicas (the resync retries): %s", e)
         return None
