@@ -7,7 +7,6 @@ by the next resync of a running operator."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import kmock
@@ -15,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opkit import NODES, VD, Cluster, Operator, node, vd
+from test_repair import resync
 
 from vllmfit.core.memory import Footprint
 from vllmfit.core.placement import Booking, Ledger
 from vllmfit.core.spec import api
 from vllmfit.operator.booking import draining
 from vllmfit.operator.booking.state import Store
-from vllmfit.operator.handlers import startup
 
 PRODUCTS = ("NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-40GB")
 GIB = 1 << 30
@@ -156,14 +155,6 @@ def test_an_idle_resync_changes_nothing_publishes_nothing_and_parses_no_status(m
 
 
 pytestmark = pytest.mark.looptime  # the operator's tests below: hang guards in virtual seconds
-
-
-async def resync(store: Store) -> None:
-    for _ in range(200):  # it skips while a status write or a change is in flight
-        if await startup.resync_once(store):
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("resync never ran")
 
 
 def silently(km: Any, resource: str, name: str, obj: dict[str, Any] | None, ns: str | None = None) -> None:
