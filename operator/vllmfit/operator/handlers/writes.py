@@ -181,9 +181,10 @@ def pinned_anew(store: Store) -> list[str]:
     """The records whose children may differ from what they were written from for a reason not
     their own (pins learned from reports, a whole-node holder gone or back, a drain that ended):
     those placed on a node where such a thing changed since the last look (cache.pins_dirty, and
-    the nodes of the drains), or all of them after a rebuild or a resync that changed something (cache.pins_all; an idle
-    resync compares every record itself, handlers.startup.resync_once). Issue 32:
-    looking at every record on every event was a quadratic cost at a few hundred deployments."""
+    the nodes of the drains), or all of them after a rebuild or a resync that changed something
+    (cache.pins_all; an idle resync compares every record itself, handlers.startup.resync_once).
+    Issue 32: looking at every record on every event was a quadratic cost at a few hundred
+    deployments."""
     cache, ledger = store.cache, store.books.ledger
     drained = {b.node for d in store.books.drains.values() for b in d.bookings}
     if cache.pins_all:
