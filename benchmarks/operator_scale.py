@@ -348,21 +348,24 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
             "emulator_cpu_total_s": emulator_cpu_s}
 
 
-async def resync_cpu(store: Any, rounds: int = 3) -> float:
+async def resync_cpu(store: Any, rounds: int = 3, tries: int = 20) -> float | None:
     """The CPU of one periodic resync of the settled operator (handlers.startup.resync_once: its
     listings and the ledger's correction), the median of `rounds`, in ms: what the resync costs
-    each defaults.RESYNC_SECONDS when nothing changed."""
+    each defaults.RESYNC_SECONDS when nothing changed. None when `tries` resyncs did not get
+    `rounds` done (each skips while a status write or a change is in flight: not settled)."""
     from vllmfit.operator.handlers import startup
 
     await store.writer.flush()
-    cpu = []
-    while len(cpu) < rounds:
+    cpu: list[float] = []
+    for _ in range(tries):
         c0 = time.process_time()
-        if await startup.resync_once(store):  # False: a status write was in flight; again
+        if await startup.resync_once(store):
             cpu.append(1000 * (time.process_time() - c0))
+            if len(cpu) == rounds:
+                return statistics.median(cpu)
         else:
-            await asyncio.sleep(0.1)
-    return statistics.median(cpu)
+            await asyncio.sleep(0.5)
+    return None
 
 
 async def quiet(served: Any, deadline: float, still: float = 5.0) -> float:
