@@ -313,6 +313,10 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
                 unblocked_s = time.monotonic() - t1
             break
     operator_cpu_s = time.process_time() - cpu0
+    resync_cpu_ms = None
+    if not noop and children_s is not None:
+        await quiet(served, time.monotonic() + 120)  # the operator's backlog (status echoes) ends first
+        resync_cpu_ms = await resync_cpu(store)
     items = (await custom.list_cluster_custom_object(GROUP, VERSION, PLURAL))["items"]  # once, for the invariant
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -340,11 +344,31 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
     over = sum(1 for (n, _), v in used.items() if v > budgets[n])
     return {"posted_s": posted_s, "all_final_s": all_final_s, "children_s": children_s,
             "waiting_cpu_percent": waiting_cpu_percent, "unblocked_s": unblocked_s, "quiet_s": quiet_s,
-            "waiting_requests": waiting_requests, "requests": served.value,
+            "waiting_requests": waiting_requests, "requests": served.value, "resync_cpu_ms": resync_cpu_ms,
             "admitted": counts.get("Admitted", 0) + counts.get("Running", 0),
             "unschedulable": counts.get("Unschedulable", 0), "rejected": counts.get("Rejected", 0),
             "gpus_used": len(used), "overbooked": over, "operator_cpu_s": operator_cpu_s,
             "emulator_cpu_total_s": emulator_cpu_s}
+
+
+async def resync_cpu(store: Any, rounds: int = 3, tries: int = 20) -> float | None:
+    """The CPU of one periodic resync of the settled operator (handlers.startup.resync_once: its
+    listings and the ledger's correction), the median of `rounds`, in ms: what the resync costs
+    each defaults.RESYNC_SECONDS when nothing changed. None when `tries` resyncs did not get
+    `rounds` done (each skips while a status write or a change is in flight: not settled)."""
+    from vllmfit.operator.handlers import startup
+
+    await store.writer.flush()
+    cpu: list[float] = []
+    for _ in range(tries):
+        c0 = time.process_time()
+        if await startup.resync_once(store):
+            cpu.append(1000 * (time.process_time() - c0))
+            if len(cpu) == rounds:
+                return statistics.median(cpu)
+        else:
+            await asyncio.sleep(0.5)
+    return None
 
 
 async def quiet(served: Any, deadline: float, still: float = 5.0) -> float:
@@ -429,6 +453,8 @@ def main() -> None:
         ("GPUs in use", f"{r0['gpus_used']}"),
         ("GPUs over budget (from the statuses)", f"{max(r['overbooked'] for r in runs)}"),
         ("CPU of this process while they settle (s)", show("operator_cpu_s")),
+        ("CPU of one idle resync, after they settled (ms)",
+         "not quiet" if med("resync_cpu_ms") is None else show("resync_cpu_ms", ".0f")),
         ("CPU of the emulator process, per run (s)", f"{runs[-1]['emulator_cpu_total_s'] / len(runs):.2f}"),
         ("requests the emulator answered", show("requests", ".0f")),
         ("peak RSS of the operator process (MB)", f"{peak_rss:.0f}"),
@@ -446,7 +472,7 @@ def main() -> None:
         "all_final_runs_s": [None if r["all_final_s"] is None else round(r["all_final_s"], 2) for r in runs],
         "admitted_count": r0["admitted"], "unschedulable_count": r0["unschedulable"],
         "rejected_count": r0["rejected"], "overbooked_gpus_count": max(r["overbooked"] for r in runs),
-        "operator_cpu_s": rounded("operator_cpu_s"),
+        "operator_cpu_s": rounded("operator_cpu_s"), "resync_cpu_ms": rounded("resync_cpu_ms"),
         "emulator_cpu_s": round(runs[-1]["emulator_cpu_total_s"] / len(runs), 2),
         "peak_rss_mb": round(peak_rss, 1), "import_rss_mb": round(base_rss, 1),
     }))

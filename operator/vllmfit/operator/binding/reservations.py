@@ -307,15 +307,15 @@ async def load(store: Store) -> None:
     """Read every reservation pod, and which replicas hold their whole node with device-plugin
     limits (their Deployments' pinning annotation), at start-up: a neighbour sharing such a node
     needs no reservation, whatever order the deployments are resumed in."""
-    pods = await client.CoreV1Api(store.api).list_namespaced_pod(
-        store.options.reservation.namespace, label_selector=f"{rsv.ROLE_LABEL}={rsv.ROLE}")
-    for pod in store.api.sanitize_for_serialization(pods).get("items") or []:
+    pods = await report.as_json(client.CoreV1Api(store.api).list_namespaced_pod,
+                                store.options.reservation.namespace, label_selector=f"{rsv.ROLE_LABEL}={rsv.ROLE}")
+    for pod in pods.get("items") or []:
         observe(store, pod, False)
     apps = client.AppsV1Api(store.api)
     for ns in sorted({rec.namespace for rec in store.cache.records.values() if rec.admitted}):
-        listed = await apps.list_namespaced_deployment(ns, label_selector=builders.selector(),
-                                                       _request_timeout=30)
-        for d in store.api.sanitize_for_serialization(listed).get("items") or []:
+        listed = await report.as_json(apps.list_namespaced_deployment, ns, label_selector=builders.selector(),
+                                      _request_timeout=30)
+        for d in listed.get("items") or []:
             whole_from_deployment(store, d)
 
 

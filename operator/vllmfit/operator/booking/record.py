@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllmfit.core.placement import Request
+from vllmfit.core.placement import Booking, Request, bookings_from_status
 from vllmfit.core.spec import api
 from vllmfit.operator.booking.pods import PodHealth
 
@@ -59,6 +59,8 @@ class Record:
     mine: bool = False  # this process wrote its status (echoes of it are not news)
     allocation_failure: str = ""  # the scheduler's last DRA allocation failure message for its pods
     going: bool = False  # being deleted: its children are stopped, then its booking released
+    _pruned: tuple[Any, Any, Any] = (None, None, None)  # (written, pruned(written), a status shown equal): `shows`
+    _booked: tuple[Any, list[Booking] | None] = (None, None)  # (a status, what it books): `booked_by`
 
     @property
     def name(self) -> str:
@@ -67,6 +69,37 @@ class Record:
     @property
     def namespace(self) -> str:
         return self.key.split("/", 1)[0]
+
+
+def shows(rec: Record, status: Mapping[str, Any]) -> bool:
+    """Whether `status` (as the API stores it) is what the record last wrote or read back:
+    pruned(rec.written) == pruned(status), at the cost of one comparison when the API shows what
+    it showed before (the resync asks it of every VLLMDeployment each period; issue 32). The
+    written status is pruned once (`written` is replaced, never changed in place), and the last
+    stored status found equal to it is kept: pruning is needed again only for a status that
+    changed (a stored status may keep nulls a merge patch leaves inside lists)."""
+    if rec._pruned[0] is not rec.written:
+        rec._pruned = (rec.written, pruned(rec.written), None)
+    if rec._pruned[1] == status or rec._pruned[2] == status:
+        return True
+    if rec._pruned[1] == pruned(status):
+        rec._pruned = (*rec._pruned[:2], status)
+        return True
+    return False
+
+
+def booked_by(rec: Record, status: Mapping[str, Any]) -> list[Booking] | None:
+    """The bookings `status` (as the API stores it, of this record's VLLMDeployment) says, or
+    None when it is no valid status. Derived once per status: the record keeps the last status
+    it derived from and the result, used again while the API shows the same status (the resync
+    asks each period; a status is parsed again only when it changed)."""
+    if rec._booked[0] != status:
+        try:
+            bookings: list[Booking] | None = bookings_from_status(rec.key, api.VLLMDeploymentStatus.model_validate(status))
+        except ValueError:
+            bookings = None
+        rec._booked = (status, bookings)
+    return rec._booked[1]
 
 
 def key_of(body: Mapping[str, Any]) -> str:

@@ -1,10 +1,12 @@
 """What the operator reports about a VLLMDeployment: its conditions and its whole `.status`,
 computed from the operator's record and the ledger (the headroom of every GPU it uses); the
-clock its conditions are stamped with (`now`), the Events it posts (`post_event`) and the writes
-whose answer it does not read (`unread`), for every room above (handlers, binding)."""
+clock its conditions are stamped with (`now`), the Events it posts (`post_event`), the writes
+whose answer it does not read (`unread`) and the reads it takes as plain JSON (`as_json`), for
+every room above (handlers, binding)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -35,19 +37,34 @@ def post_event(body: Mapping[str, Any], type_: str, reason: str, message: str) -
         logger.info("event %s %s: %s", type_, reason, message)
 
 
-async def unread(call: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> None:
-    """A write through the Kubernetes client whose answer is not used: the answer is read but
-    not deserialised into the client's models (half of the client's CPU while 500 deployments
-    settle; issue 32). A non-2xx answer raises ApiException, as the client itself would."""
+async def _answer(call: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> bytes:
+    """The body of the answer to a call through the Kubernetes client, never deserialised into
+    the client's models; a non-2xx answer raises ApiException, as the client itself would."""
     from kubernetes_asyncio.client import ApiException
     from kubernetes_asyncio.client.rest import RESTResponse
 
     answer = await call(*args, _preload_content=False, **kwargs)
-    data = await answer.read()  # read to the end: the connection goes back to the pool
+    data: bytes = await answer.read()  # read to the end: the connection goes back to the pool
     if not 200 <= answer.status <= 299:
         e = ApiException(http_resp=RESTResponse(answer, data))
         e.body = data.decode("utf-8", "replace")
         raise e
+    return data
+
+
+async def unread(call: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> None:
+    """A write through the Kubernetes client whose answer is not used: the answer is read but
+    not deserialised into the client's models (half of the client's CPU while 500 deployments
+    settle; issue 32). A non-2xx answer raises ApiException, as the client itself would."""
+    await _answer(call, *args, **kwargs)
+
+
+async def as_json(call: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+    """A read through the Kubernetes client as the API server's JSON (dicts and lists, as Kopf's
+    watches give objects), not the client's models: the resync's listings were deserialised into
+    models and serialised back, three quarters of its CPU (issue 32). A non-2xx answer raises
+    ApiException."""
+    return json.loads(await _answer(call, *args, **kwargs))
 
 
 def placement_from(decision: Decision, ledger: Ledger) -> list[api.ReplicaPlacement]:

@@ -41,10 +41,10 @@ from vllmfit.core import defaults, memory, placement
 from vllmfit.core.model.facts import ModelArch
 from vllmfit.core.placement import Ledger, Request
 from vllmfit.core.spec import api, validate
-from vllmfit.operator.booking import draining, models
+from vllmfit.operator.booking import draining, mirror, models
 from vllmfit.operator.booking.books import Books
 from vllmfit.operator.booking.pods import PodHealth
-from vllmfit.operator.booking.record import Record, key_of, pruned, record_from_object
+from vllmfit.operator.booking.record import Record, booked_by, key_of, record_from_object, shows
 from vllmfit.operator.booking.statuswriter import StatusWriter
 from vllmfit.operator.rendering import builders
 from vllmfit.sources import catalog
@@ -136,6 +136,7 @@ class Cache:
         self.started: set[tuple[str, int]] = set()  # (deployment, replica) whose footprint was seen stable
         self.learned: list[memory.learned.Record] = []  # read from the operator's ConfigMap (operator.learning)
         self.learned_dirty = False  # records to write
+        self.resynced = mirror.Corrected()  # what the last resync found different from the ledger
         self._devices: dict[str, list[dra.Device]] | None = None
         self._driver: str | None = None
 
@@ -240,18 +241,24 @@ class Store:
     def dra_nodes(self) -> set[str]:
         return {n for n in set(self.devices()) | set(self.cache.node_infos) if self.backend_of(n) == "dra"}
 
-    def overlay_dra(self, ledger: Ledger) -> None:
-        """Put the DRA view of every DRA node into `ledger` (after its bookings are restored)."""
+    def overlay_dra(self, ledger: Ledger) -> int:
+        """Put the DRA view of every DRA node into `ledger` (after its bookings are restored);
+        returns how many nodes it set or removed (one that is already as it should be is left)."""
         saved, self.books.ledger = self.books.ledger, ledger
+        changed = 0
         try:
             for name in sorted(self.dra_nodes()):
                 info = self.effective_node(name, self.cache.node_infos.get(name))
                 if info is None:
-                    ledger.remove_node(name)
-                else:
+                    if name in ledger.nodes:
+                        ledger.remove_node(name)
+                        changed += 1
+                elif ledger.nodes.get(name) != info:
                     ledger.set_node(info)
+                    changed += 1
         finally:
             self.books.ledger = saved
+        return changed
 
     # --- model resolution -------------------------------------------------------------------
 
@@ -334,9 +341,10 @@ class Store:
 
     def resync(self, nodes: Iterable[Mapping[str, Any]], deployments: Iterable[Mapping[str, Any]],
                children: Iterable[Mapping[str, Any]] | None = None) -> set[str]:
-        """Rebuild the ledger from the API again, keeping the records whose status is what this
-        process last wrote. Call it holding the lock, with every status written and no change
-        since the listing (handlers.resync_once checks both): then, on the active replica, it
+        """Correct the ledger to the API again (booking.mirror: only what differs from the
+        listing is changed; the result is the ledger a rebuild from it would give), keeping the
+        records whose status is what this process last wrote (`cache.resynced`: what differed).
+        Call it holding the lock, with every status written and no change since the listing (handlers.resync_once checks both): then, on the active replica, it
         changes nothing; on a standby peer (paused, no events), it catches up with what the
         active one decided, so a fail-over never starts from a stale ledger.
 
@@ -349,9 +357,9 @@ class Store:
         is no booking, and its record has no status, so that it is decided again (and looked at
         again at the next resync: a peer may write the Deployment after the status)."""
         running = None if children is None else draining.children_at(children)
-        fresh = Ledger(kv_grant=self.options.kv_grant)
         pods = self.cache.managed_pods()
         t = datetime.now(UTC)
+        infos: dict[str, placement.NodeInfo] = {}
         for obj in nodes:
             name = str((obj.get("metadata") or {}).get("name") or "")
             # Refused node data keeps the node's last good state (never "no GPUs"); a stale
@@ -360,42 +368,46 @@ class Store:
                                        previous=self.cache.node_infos.get(name), policy=self.options.budget)
             if read.info is None:
                 continue
-            self.cache.node_infos[name] = read.info
-            fresh.set_node(read.info)
+            self.cache.node_infos[name] = infos[name] = read.info
         records: dict[str, Record] = {}
         repair: set[str] = set()
+        booked: dict[str, list[placement.Booking]] = {}
         for body in deployments:
             key = key_of(body)
             status = body.get("status") or {}
             rec = self.cache.records.get(key)
-            if rec is not None and self.leading and rec.mine and pruned(rec.written) != pruned(status):
+            if rec is not None and self.leading and rec.mine and not shows(rec, status):
                 rec.written = dict(status)
                 rec.body = dict(body)
                 records[key] = rec
                 repair.add(key)
                 if rec.admitted:
-                    fresh.restore(key, self.books.ledger.bookings_of(key))
+                    booked[key] = self.books.ledger.bookings_of(key)
                 continue
-            news = rec is None or pruned(rec.written) != pruned(status)
+            news = rec is None or not shows(rec, status)
             if news:
                 rec = record_from_object(body)
                 rec.written = dict(status)
             records[key] = rec
             if rec.admitted:
-                try:
-                    st = api.VLLMDeploymentStatus.model_validate(status)
-                except ValueError:
+                bookings = booked_by(rec, status)
+                if bookings is None:
                     continue
-                bookings = placement.bookings_from_status(key, st)
                 if news and running is not None and not draining.status_matches(rec, body, bookings, running):
                     rec.admitted, rec.placement, rec.flags, rec.outcome = False, [], None, "Pending"
                     rec.admitted_request, rec.written = None, {}
                     continue
-                fresh.restore(key, bookings)
-        self.overlay_dra(fresh)
-        draining.carry(fresh, self.books.drains)
-        self.books.ledger, self.cache.records = fresh, records
-        self.cache.pins_all = True
+                booked[key] = bookings
+        work, found = mirror.correct(self.books.ledger, infos, booked, keep=self.dra_nodes())
+        found.nodes += self.overlay_dra(work)
+        mirror.recharge(work, self.books.drains, self.books.ledger, found)
+        if found or records.keys() != self.cache.records.keys() or \
+                any(r is not self.cache.records[k] for k, r in records.items()):
+            self.cache.pins_all = True  # what the children are written from may have changed
+        if found:
+            self.books.ledger = work  # else the ledger already says what the cluster says: kept
+        self.cache.records = records
+        self.cache.resynced = found
         return repair
 
     def adopt(self, body: Mapping[str, Any], children: Iterable[Mapping[str, Any]] | None = None) -> bool | None:
@@ -407,7 +419,7 @@ class Store:
         Hold the lock."""
         key, status = key_of(body), body.get("status") or {}
         rec = self.cache.records.get(key)
-        if rec is not None and (rec.mine or pruned(rec.written) == pruned(status)):
+        if rec is not None and (rec.mine or shows(rec, status)):
             return False
         if rec is None and not status.get("memory"):
             return False  # new: the create handler decides it

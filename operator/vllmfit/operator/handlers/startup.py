@@ -102,7 +102,7 @@ async def resync_once(store: Store) -> bool:
         return False
     before = store.books.changes
     nodes, deployments = await list_cluster(store)
-    children, _ = await list_ours(store)
+    children, pods = await list_ours(store)
     fx = Effects()
     async with store.books.lock:
         if store.books.changes != before or store.writer.busy():
@@ -122,7 +122,7 @@ async def resync_once(store: Store) -> bool:
     if not store.leading:
         return True
     await finish(store, fx, strict=False)
-    await sweep(store)
+    await sweep(store, listed=(children, pods))  # re-read under the lock before a deletion
     await settle_drains(store)  # pods of stopped replicas whose deletion no event told
     for body in undecided:
         logger.warning("resync: %s has no status; deciding it", key_of(body))

@@ -9,6 +9,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
 
+from vllmfit.operator.booking.report import as_json
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.common import RESOURCE, gone_ok
 from vllmfit.operator.rendering import builders
@@ -56,58 +57,65 @@ def _ours(labels: Mapping[str, str] | None) -> bool:
     return bool(labels) and labels.get(builders.MANAGED_BY) == "vllmfit" and builders.LABEL_DEPLOYMENT in labels
 
 
-async def sweep(store: Store, namespace: str | None = None, only: str | None = None) -> list[str]:
+async def sweep(store: Store, namespace: str | None = None, only: str | None = None,
+                listed: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None) -> list[str]:
     """Delete every Deployment and bare pod vllmfit owns (found by label) that no admitted
     booking covers: left by a crash between writes, or by a record that changed meanwhile.
     Each is re-read and re-checked under its owner's child lock (sync_children holds it too).
-    `only`: the deployment label to look at. Returns what was deleted ("Kind ns/name")."""
+    `only`: the deployment label to look at. `listed`: vllmfit's Deployments and pods as
+    `list_ours` gave them (the resync's listing, not taken again); listed here otherwise.
+    Returns what was deleted ("Kind ns/name")."""
     apps, core = client.AppsV1Api(store.api), client.CoreV1Api(store.api)
-    selector = builders.selector()
-    if namespace is None:
-        deps = await apps.list_deployment_for_all_namespaces(label_selector=selector)
-        pods_ = await core.list_pod_for_all_namespaces(label_selector=selector)
+    if listed is not None:
+        deps, pods_ = listed
+    elif namespace is None:
+        deps, pods_ = await list_ours(store)
     else:
-        deps = await apps.list_namespaced_deployment(namespace, label_selector=selector)
-        pods_ = await core.list_namespaced_pod(namespace, label_selector=selector)
+        selector = builders.selector()
+        deps = (await as_json(apps.list_namespaced_deployment, namespace, label_selector=selector)).get("items") or []
+        pods_ = (await as_json(core.list_namespaced_pod, namespace, label_selector=selector)).get("items") or []
     gone: list[str] = []
-    for d in deps.items or []:
-        meta = d.metadata
-        labels = meta.labels or {}
+    for d in deps:
+        meta = d.get("metadata") or {}
+        labels = meta.get("labels") or {}
         if not _ours(labels) or (only is not None and labels.get(builders.LABEL_DEPLOYMENT) != only):
             continue
-        owner = f"{meta.namespace}/{labels[builders.LABEL_DEPLOYMENT]}"
-        if covers(store, meta.namespace, labels, meta.name, (meta.annotations or {}).get(builders.ANNOTATION_PLACEMENT)):
+        ns, name = meta.get("namespace"), meta.get("name")
+        owner = f"{ns}/{labels[builders.LABEL_DEPLOYMENT]}"
+        if covers(store, ns, labels, name, (meta.get("annotations") or {}).get(builders.ANNOTATION_PLACEMENT)):
             continue
         async with store.cache.child_locks[owner]:
             try:
-                d = await apps.read_namespaced_deployment(meta.name, meta.namespace)
+                now = (await as_json(apps.read_namespaced_deployment, name, ns)).get("metadata") or {}
             except ApiException as e:
-                if e.status not in (404, *PER_OBJECT):
+                if e.status == 404:
+                    continue  # gone since the listing (the resync's is taken before its writes)
+                if e.status not in PER_OBJECT:
                     raise
-                _skipped(f"Deployment {meta.namespace}/{meta.name}", e)
+                _skipped(f"Deployment {ns}/{name}", e)
                 continue
-            where = (d.metadata.annotations or {}).get(builders.ANNOTATION_PLACEMENT)
-            if covers(store, meta.namespace, d.metadata.labels or {}, meta.name, where):
+            where = (now.get("annotations") or {}).get(builders.ANNOTATION_PLACEMENT)
+            if covers(store, ns, now.get("labels") or {}, name, where):
                 continue
-            if not await _delete(apps.delete_namespaced_deployment, f"Deployment {meta.namespace}/{meta.name}",
-                                 meta.name, meta.namespace):
+            if not await _delete(apps.delete_namespaced_deployment, f"Deployment {ns}/{name}", name, ns):
                 continue
-            gone.append(f"Deployment {meta.namespace}/{meta.name}")
+            gone.append(f"Deployment {ns}/{name}")
             rec = store.cache.records.get(owner)
             if rec is not None:
                 rec.synced = None  # written again when its record says it should run
-                rec.children = {r for r in rec.children if builders.deployment_name(rec.name, r) != meta.name}
-    for pod in pods_.items or []:
-        meta = pod.metadata
-        labels = meta.labels or {}
-        if not _ours(labels) or any(o.controller for o in meta.owner_references or []) or (
+                rec.children = {r for r in rec.children if builders.deployment_name(rec.name, r) != name}
+    for pod in pods_:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if not _ours(labels) or any(o.get("controller") for o in meta.get("ownerReferences") or []) or (
                 only is not None and labels.get(builders.LABEL_DEPLOYMENT) != only):
             continue  # pods of a ReplicaSet go with their Deployment
-        if covers(store, meta.namespace, labels, meta.name,
-                  (meta.annotations or {}).get(builders.ANNOTATION_PLACEMENT), pod=True):
+        ns, name = meta.get("namespace"), meta.get("name")
+        if covers(store, ns, labels, name, (meta.get("annotations") or {}).get(builders.ANNOTATION_PLACEMENT),
+                  pod=True):
             continue
-        if await _delete(core.delete_namespaced_pod, f"Pod {meta.namespace}/{meta.name}", meta.name, meta.namespace):
-            gone.append(f"Pod {meta.namespace}/{meta.name}")
+        if await _delete(core.delete_namespaced_pod, f"Pod {ns}/{name}", name, ns):
+            gone.append(f"Pod {ns}/{name}")
     for what in gone:
         logger.warning("%s ran without an admitted booking: deleted", what)
     return gone
@@ -117,17 +125,16 @@ async def list_ours(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, 
     """Every Deployment and pod vllmfit owns (found by label), as JSON."""
     apps, core = client.AppsV1Api(store.api), client.CoreV1Api(store.api)
     selector = builders.selector()
-    deps = await apps.list_deployment_for_all_namespaces(label_selector=selector)
-    pods_ = await core.list_pod_for_all_namespaces(label_selector=selector)
-    ser = store.api.sanitize_for_serialization
-    return ser(deps).get("items") or [], ser(pods_).get("items") or []
+    deps = await as_json(apps.list_deployment_for_all_namespaces, label_selector=selector)
+    pods_ = await as_json(core.list_pod_for_all_namespaces, label_selector=selector)
+    return deps.get("items") or [], pods_.get("items") or []
 
 
 async def list_cluster(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every Node and every VLLMDeployment, as JSON."""
-    nodes = await client.CoreV1Api(store.api).list_node()
-    listed = await client.CustomObjectsApi(store.api).list_cluster_custom_object(*RESOURCE)
-    return store.api.sanitize_for_serialization(nodes).get("items") or [], listed.get("items") or []
+    nodes = await as_json(client.CoreV1Api(store.api).list_node)
+    listed = await as_json(client.CustomObjectsApi(store.api).list_cluster_custom_object, *RESOURCE)
+    return nodes.get("items") or [], listed.get("items") or []
 
 
 async def lead(store: Store) -> None:

@@ -19,7 +19,7 @@ from vllmfit.operator.admission import bounded
 from vllmfit.operator.booking import draining
 from vllmfit.operator.booking.books import Stale
 from vllmfit.operator.booking.record import Record, key_of
-from vllmfit.operator.booking.report import now
+from vllmfit.operator.booking.report import as_json, now
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.children import children_state
 from vllmfit.operator.handlers.common import Effects, Invalid, checked, store_of
@@ -202,9 +202,9 @@ async def on_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any)
 async def children_of(store: Store, body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The Deployments of vllmfit for this VLLMDeployment (found by label), as JSON."""
     meta = body.get("metadata") or {}
-    listed = await client.AppsV1Api(store.api).list_namespaced_deployment(
-        meta.get("namespace") or "default", label_selector=builders.selector(str(meta.get("name"))))
-    return store.api.sanitize_for_serialization(listed).get("items") or []
+    listed = await as_json(client.AppsV1Api(store.api).list_namespaced_deployment,
+                           meta.get("namespace") or "default", label_selector=builders.selector(str(meta.get("name"))))
+    return listed.get("items") or []
 
 
 async def forget(store: Store, body: Mapping[str, Any]) -> None:

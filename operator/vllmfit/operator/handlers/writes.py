@@ -15,7 +15,7 @@ from kubernetes_asyncio.client import ApiException
 
 from vllmfit.operator.binding import reservations
 from vllmfit.operator.booking import draining
-from vllmfit.operator.booking.report import post_event
+from vllmfit.operator.booking.report import as_json, post_event
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers import children
 from vllmfit.operator.handlers.children import children_state, sync_children
@@ -112,13 +112,12 @@ async def ended_drains(store: Store, keys: set[str] | None = None) -> Effects | 
         return None
     core, apps = client.CoreV1Api(store.api), client.AppsV1Api(store.api)
     listed: dict[tuple[str, str], tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
-    ser = store.api.sanitize_for_serialization
     try:
         for ns, name in targets:
             selector = builders.selector(name)
-            sets = await apps.list_namespaced_replica_set(ns, label_selector=selector)
-            pods = await core.list_namespaced_pod(ns, label_selector=selector)  # after the sets: none is new
-            listed[(ns, name)] = ser(pods).get("items") or [], ser(sets).get("items") or []
+            sets = await as_json(apps.list_namespaced_replica_set, ns, label_selector=selector)
+            pods = await as_json(core.list_namespaced_pod, ns, label_selector=selector)  # after the sets: none is new
+            listed[(ns, name)] = pods.get("items") or [], sets.get("items") or []
     except (ApiException, OSError) as e:
         logger.warning("cannot list the pods of stopped replicas (the resync retries): %s", e)
         return None
@@ -182,8 +181,10 @@ def pinned_anew(store: Store) -> list[str]:
     """The records whose children may differ from what they were written from for a reason not
     their own (pins learned from reports, a whole-node holder gone or back, a drain that ended):
     those placed on a node where such a thing changed since the last look (cache.pins_dirty, and
-    the nodes of the drains), or all of them after a rebuild or resync (cache.pins_all). Issue 32:
-    looking at every record on every event was a quadratic cost at a few hundred deployments."""
+    the nodes of the drains), or all of them after a rebuild or a resync that changed something
+    (cache.pins_all; an idle resync compares every record itself, handlers.startup.resync_once).
+    Issue 32: looking at every record on every event was a quadratic cost at a few hundred
+    deployments."""
     cache, ledger = store.cache, store.books.ledger
     drained = {b.node for d in store.books.drains.values() for b in d.bookings}
     if cache.pins_all:
