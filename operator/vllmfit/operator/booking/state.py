@@ -344,9 +344,10 @@ class Store:
         """Correct the ledger to the API again (booking.mirror: only what differs from the
         listing is changed; the result is the ledger a rebuild from it would give), keeping the
         records whose status is what this process last wrote (`cache.resynced`: what differed).
-        Call it holding the lock, with every status written and no change since the listing (handlers.resync_once checks both): then, on the active replica, it
-        changes nothing; on a standby peer (paused, no events), it catches up with what the
-        active one decided, so a fail-over never starts from a stale ledger.
+        Call it holding the lock, with every status written and no change since the listing
+        (handlers.resync_once checks both): then, on the active replica, it changes nothing; on
+        a standby peer (paused, no events), it catches up with what the active one decided, so a
+        fail-over never starts from a stale ledger.
 
         Level-based status: on the active replica (`leading`), a record this process decided
         whose stored status differs from what it wrote (a write lost, or never made) is kept with
