@@ -132,7 +132,10 @@ def query(base: str, promql: str) -> dict[str, Any]:
         with OPENER.open(url, timeout=5) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as e:
-        return json.loads(e.read())
+        body = e.read()
+        if e.code == 503:  # still starting: Prometheus answers "Service Unavailable" until it is ready
+            return {"status": "down", "error": body.decode(errors="replace")}
+        return json.loads(body)
     except urllib.error.URLError as e:  # not listening yet
         return {"status": "down", "error": str(e)}
 
