@@ -9,7 +9,7 @@ Gt, Lt on node labels; matchFields supports only `metadata.name` with In and Not
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vllmfit.core.memory import SpecError
@@ -104,6 +104,14 @@ def _requirement_matches(value: str | None, op: str, values: tuple[str, ...]) ->
     if value is None or not _is_int(value):
         return False
     return int(value) > int(values[0]) if op == "Gt" else int(value) < int(values[0])
+
+
+def selected(name: str, labels: Mapping[str, str], selector: Iterable[tuple[str, str]],
+             terms: tuple[Term, ...] | None) -> bool:
+    """Whether a node (name, labels) is one a pod's nodeSelector (its items) and required node
+    affinity (`terms`) select: the one rule `Ledger.matching`, `census.still_matching` and the
+    search use."""
+    return all(labels.get(k) == v for k, v in selector) and terms_match(name, labels, terms)
 
 
 def terms_match(name: str, labels: Mapping[str, str], terms: tuple[Term, ...] | None) -> bool:

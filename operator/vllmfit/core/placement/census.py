@@ -104,8 +104,7 @@ def still_matching(cache: dict[Key, object], name: str, old: NodeInfo | None, ne
         if isinstance(key[0], str) or not isinstance(found, NodeSet):
             continue
         sel, terms = key
-        now = new is not None and all(new.labels.get(k) == v for k, v in sel) and \
-            affinity.terms_match(name, new.labels, terms)  # type: ignore[arg-type]
+        now = new is not None and affinity.selected(name, new.labels, sel, terms)  # type: ignore[arg-type]
         was = name in found.members
         if not now and not was:
             out[key] = found

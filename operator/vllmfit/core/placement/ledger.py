@@ -171,7 +171,7 @@ class Ledger:
             found = cache[key] = self.node_set(
                 n
                 for n, nd in self.nodes.items()
-                if all(nd.labels.get(k) == v for k, v in key[0]) and affinity.terms_match(n, nd.labels, terms)
+                if affinity.selected(n, nd.labels, key[0], terms)
             )
         return found
 

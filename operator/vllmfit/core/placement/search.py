@@ -80,9 +80,8 @@ def _node_matches(node: NodeInfo, spec: VLLMDeploymentSpec, *, taints: bool = Tr
     """The node matches the spec's nodeSelector and required node affinity and (`taints`) takes
     its pods: not cordoned, every NoSchedule/NoExecute taint tolerated."""
     sel = spec.placement.node_selector or {}
-    return all(node.labels.get(k) == v for k, v in sel.items()) and affinity.terms_match(
-        node.name, node.labels, affinity.required_terms(spec)
-    ) and not (taints and refusal(node, spec))
+    return affinity.selected(node.name, node.labels, sel.items(), affinity.required_terms(spec)) and not (
+        taints and refusal(node, spec))
 
 
 def schedulable(ledger: Ledger, matching: NodeSet | None, spec: VLLMDeploymentSpec) -> NodeSet | None:
