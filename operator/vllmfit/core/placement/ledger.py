@@ -99,6 +99,7 @@ class Ledger:
         self.version += len(nodes)
         entries: dict[GpuType, list[tuple[int, str, int]]] = {}
         slots, on_gpu, used, head = self._slots, self._on_gpu, self._used, self._head
+        budget: dict[tuple[int, int], int] = {}  # (id(policy), id(type)) -> budget: the same for most GPUs
         for node in nodes:
             self.nodes[node.name] = node
             types: dict[GpuType, list[int]] = {}
@@ -107,7 +108,9 @@ class Ledger:
                 slots[key] = s
                 on_gpu.setdefault(s.node, {}).setdefault(s.index, {})
                 used[key] = 0
-                h = head[key] = s.budget_bytes - s.foreign_bytes
+                if (b := budget.get(k := (id(s.policy), id(s.gpu)))) is None:  # both alive: the node holds them
+                    b = budget[k] = s.budget_bytes
+                h = head[key] = b - s.foreign_bytes
                 entries.setdefault(s.gpu, []).append((h, s.node, s.index))
                 if not s.mig:
                     types.setdefault(s.gpu, []).append(s.index)
@@ -229,7 +232,7 @@ class Ledger:
         need: dict[GpuKey, int] = {}
         for b in new:
             need[(b.node, b.index)] = need.get((b.node, b.index), 0) + b.footprint.total
-        bad = [k for k, v in sorted(need.items()) if k not in self._slots or v > self.headroom_bytes(*k)]
+        bad = sorted(k for k, v in need.items() if (h := self._head.get(k)) is None or v > h)  # _head: current
         if bad:
             self._add(decision.key, old)
             raise OverBudget(f"{decision.key} no longer fits on {bad[0][0]} GPU {bad[0][1]}; decide again")
@@ -393,12 +396,11 @@ class Ledger:
         self._stale |= refresh  # their group keys are refreshed when a group index is read next (_fresh)
 
     def _refresh_groups(self, node: str, t: GpuType) -> None:
-        head = self._head
-        heads = sorted([head[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
-        have = len(heads)
-        for gt, n in self._groups:  # each n's key is heads[n - 1] (_node_group_key), sorted once for all
-            if gt is t or (gt.product == t.product and gt == t):  # equal types of different nodes: distinct objects
-                self._set_group_key(t, n, node, heads[n - 1] if have >= n else None)  # a no-op when unchanged
+        heads = sorted([self._head[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
+        for (gt, n), keys in self._group_key.items():  # each n's key is heads[n - 1] (_node_group_key)
+            if (gt is t or (gt.product == t.product and gt == t)) and (  # equal types may be distinct objects
+                    keys.get(node) != (key := heads[n - 1] if len(heads) >= n else None)):
+                self._set_group_key(t, n, node, key)
 
     def _fresh(self) -> dict[tuple[GpuType, int], Index]:
         """The group indices, every node booked since they were read refreshed (once per node)."""
@@ -434,14 +436,12 @@ class Ledger:
                 if ix is not None and len(ix) >= n:
                     keys[node] = sorted([head[(node, i)] for i in ix], reverse=True)[n - 1]
             found = Index((k, node) for node, k in keys.items())
-            self._group_key[(t, n)] = keys
-            self._groups[(t, n)] = found
+            self._group_key[(t, n)], self._groups[(t, n)] = keys, found
         return found
 
     def free_index(self, t: GpuType) -> Index:
         """(headroom, node, index) sorted, for every GPU (or MIG slice) of type t."""
-        found = self._free.get(t)
-        return _EMPTY if found is None else found
+        return self._free.get(t, _EMPTY)
 
     def type_indices(self, node: str, t: GpuType) -> list[int]:
         return self._by_type.get(node, {}).get(t, [])

@@ -32,6 +32,13 @@ def _full_sizing(model: ModelArch, s: Settings, gpu: GpuType) -> Sizing | str:
 
 
 @functools.lru_cache(maxsize=8192)
+def _fitting(model: ModelArch, s: Settings, types: tuple[GpuType, ...]) -> tuple[tuple[GpuType, Sizing], ...]:
+    """The types of `types` where the full-context sizing fits, with it: what a search tries first,
+    one cache lookup per search instead of one per GPU type."""
+    return tuple((t, f) for t in types if not isinstance(f := _full_sizing(model, s, t), str) and f.fits)
+
+
+@functools.lru_cache(maxsize=8192)
 def _sized(model: ModelArch, s: Settings, gpu: GpuType, available: int) -> Sizing:
     """memory.size, cached: a KV cache that grows into the room of a GPU, or unset values lowered to
     it, depend only on these, and many GPUs have the same room (every empty GPU of a product)."""
@@ -67,7 +74,7 @@ def _shrinkable(s: Settings) -> bool:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one per search, and a frozen dataclass's __init__ costs a call per field
 class _Candidate:
     node: str
     gpus: tuple[int, ...]
@@ -161,10 +168,7 @@ def _search(
     best: _Candidate | None = None
     model = req.model
     order: tuple[Any, ...] | None = None  # the best hit's _order (smaller is better), its sizing and hit
-    for t in types:
-        full = _full_sizing(model, s, t)
-        if isinstance(full, str) or not full.fits:
-            continue
+    for t, full in _fitting(model, s, tuple(types)):
         hit = _pick(ledger, t, n, full.footprint.total, nodes, spread)
         if hit:
             sized = full
