@@ -304,8 +304,8 @@ def _place_replicas(
             rs = bulk_rs if queue is not None else fixed or _same_as(s, out.placed)
             cand: _Candidate | None = None
             why, warn = "", list[str]()
-            if queue is None and BULK and not pin.node_name and bulk.applies(rs) and (
-                    fixed or (out.placed and min(out.placed) < replica)):  # rs is the same for every replica left
+            if queue is None and (fixed or (out.placed and min(out.placed) < replica)) and BULK and (
+                    not pin.node_name and bulk.applies(rs)):  # rs is the same for every replica left
                 left = sum(1 for r in range(replica, spec.replicas) if r not in out.placed)
                 queue, bulk_rs = bulk.place(ledger, req, rs, every, spread, left)[::-1], rs
             if queue is not None:
@@ -336,7 +336,8 @@ def _place_replicas(
                         out.smaller = _same_as(s, {0: ReplicaAllocation(0, "", (), smaller.sizing)})
                         out.smaller_warnings = list(smaller.sizing.warnings)
                 break
-            out.warnings.extend(w for w in (*warn, *cand.sizing.warnings) if w not in out.warnings)
+            if warn or cand.sizing.warnings:
+                out.warnings.extend(w for w in (*warn, *cand.sizing.warnings) if w not in out.warnings)
             alloc = ReplicaAllocation(replica, cand.node, cand.gpus, cand.sizing, cand.footprints)
             out.placed[replica] = alloc
             if queue is not None:
