@@ -19,12 +19,15 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 
 from vllmfit.core.model.facts import GpuType
 from vllmfit.core.placement import affinity
 from vllmfit.core.placement.inputs import NodeInfo
 
 Key = tuple[object, ...]
+BY_PRODUCT = attrgetter("product")
+"""The sort key of GPU types, their product name (a C call, not a lambda: every search sorts them)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,7 +116,7 @@ def still_matching(cache: dict[Key, object], name: str, old: NodeInfo | None, ne
         elif now and not was and new is not None:
             names = list(found.names)
             bisect.insort(names, name)
-            types = sorted(set(found.types) | _types(new), key=lambda t: t.product)
+            types = sorted(set(found.types) | _types(new), key=BY_PRODUCT)
             out[key] = NodeSet(tuple(names), found.members | {name}, tuple(types))
         else:  # left the set, or its GPU types changed: the set's types counted again
             out[key] = node_set(found.members - {name} if not now else found.members)

@@ -10,7 +10,7 @@ from typing import Any
 from vllmfit.core.memory import DEFAULT_KV_GRANT, KvGrant
 from vllmfit.core.model.facts import GpuType
 from vllmfit.core.placement import affinity
-from vllmfit.core.placement.census import Census, NodeSet, still_matching
+from vllmfit.core.placement.census import BY_PRODUCT, Census, NodeSet, still_matching
 from vllmfit.core.placement.decision import Booking, Decision
 from vllmfit.core.placement.headroom import Index
 from vllmfit.core.placement.inputs import GpuKey, GpuSlot, NodeInfo
@@ -153,12 +153,12 @@ class Ledger:
         return self.census.most(t)
 
     def gpu_types(self) -> list[GpuType]:
-        return sorted(self._free, key=lambda t: t.product)
+        return sorted(self._free, key=BY_PRODUCT)
 
     def node_set(self, names: Iterable[str]) -> NodeSet:
         names = tuple(sorted(n for n in set(names) if n in self.nodes))
         types = {s.gpu for n in names for s in self.nodes[n].gpus}
-        return NodeSet(names, frozenset(names), tuple(sorted(types, key=lambda t: t.product)))
+        return NodeSet(names, frozenset(names), tuple(sorted(types, key=BY_PRODUCT)))
 
     def matching(
         self, selector: Mapping[str, str] | None, terms: tuple[affinity.Term, ...] | None = None

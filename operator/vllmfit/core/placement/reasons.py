@@ -18,6 +18,7 @@ from vllmfit.core import memory
 from vllmfit.core.memory import Settings, fmt_gib
 from vllmfit.core.model.facts import GpuType
 from vllmfit.core.placement import affinity, summary
+from vllmfit.core.placement.census import BY_PRODUCT
 from vllmfit.core.placement.inputs import Request, gpu_label, where
 from vllmfit.core.placement.ledger import Ledger, NodeSet
 from vllmfit.core.placement.search import _UNLIMITED, _full_sizing, _min_need, _shrinkable
@@ -186,7 +187,7 @@ def _node_cause(ledger: Ledger, req: Request, s: Settings, name: str) -> _Why:
     node = ledger.nodes[name]
     if node.error:  # an invalid budget policy label: the node takes nothing
         return _Why("policy", node=name, text=node.error)
-    types = sorted({sl.gpu for sl in node.gpus if n == 1 or not sl.mig}, key=lambda t: t.product)
+    types = sorted({sl.gpu for sl in node.gpus if n == 1 or not sl.mig}, key=BY_PRODUCT)
     if not types:
         return _Why("nogpu", node=name)
     best: _Why | None = None
