@@ -252,10 +252,10 @@ class Ledger:
             gkey = (b.node, b.index)
             self._gpu_book(b.node).setdefault(b.index, {})[(b.deployment, b.replica)] = b
             self._used[gkey] = self._used.get(gkey, 0) + b.footprint.total
+            if b.kv_beyond:
+                self._beyond.add(key)
         self._by_deployment[key] = [*self._by_deployment.get(key, ()), *bookings]  # a new list: never changed in place
-        if any(b.kv_beyond for b in bookings):
-            self._beyond.add(key)
-        self._reindex({(b.node, b.index) for b in bookings})
+        self._reindex(bookings)
 
     def beyond_caps(self) -> list[str]:
         """The deployments holding KV cache beyond their maxNumSeqs x maxModelLen, sorted."""
@@ -272,7 +272,7 @@ class Ledger:
             if b.node in self._on_gpu and self._gpu_book(b.node).get(b.index, {}).pop(
                     (b.deployment, b.replica), None) is not None:
                 self._used[gkey] -= b.footprint.total
-        self._reindex({(b.node, b.index) for b in bookings})
+        self._reindex(bookings)
         return bookings
 
     # versions and sharing
@@ -380,10 +380,10 @@ class Ledger:
         if not lst:
             del self._free[s.gpu]
 
-    def _reindex(self, keys: Iterable[GpuKey]) -> None:
-        refresh: set[tuple[str, GpuType]] = set()
-        for key in keys:
-            s = self._slots.get(key)
+    def _reindex(self, bookings: Iterable[Booking]) -> None:
+        """The headroom of the GPUs of `bookings` indexed anew (a GPU twice: the second finds it done)."""
+        for b in bookings:
+            s = self._slots.get(key := (b.node, b.index))
             if s is None or (old := self._head.get(key)) == (h := s.budget_bytes - self._used.get(key, 0) - s.foreign_bytes):
                 continue
             lst = self._free_list(s.gpu)  # _unindex, then _index at h
@@ -391,9 +391,8 @@ class Ledger:
                 lst.remove((old, key[0], key[1]))
             lst.add((h, key[0], key[1]))
             self._head[key] = h
-            if not s.mig:
-                refresh.add((s.node, s.gpu))
-        self._stale |= refresh  # their group keys are refreshed when a group index is read next (_fresh)
+            if not s.mig:  # its node's group keys are refreshed when a group index is read next (_fresh)
+                self._stale.add((s.node, s.gpu))
 
     def _refresh_groups(self, node: str, t: GpuType) -> None:
         heads = sorted([self._head[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)

@@ -160,16 +160,18 @@ def _search(
     """Best placement of one replica among `nodes` (None: all): a full-context fit anywhere beats
     a reduced context; among full fits, best fit (or spread) by headroom left, then name."""
     n = s.gpus
-    types = [
-        t
-        for t in (ledger.gpu_types() if nodes is None else nodes.types)
-        if n == 1 or not _is_mig_type(ledger, t)
-    ]
+    every = ledger.gpu_types() if nodes is None else nodes.types
+    types = tuple(every) if n == 1 else tuple(t for t in every if not _is_mig_type(ledger, t))
+    free = ledger._free if n == 1 and nodes is None else None  # most searches: one GPU, any node
     best: _Candidate | None = None
     model = req.model
     order: tuple[Any, ...] | None = None  # the best hit's _order (smaller is better), its sizing and hit
-    for t, full in _fitting(model, s, tuple(types)):
-        hit = _pick(ledger, t, n, full.footprint.total, nodes, spread)
+    for t, full in _fitting(model, s, types):
+        if free is not None:  # _pick's answer, inline: the type's first GPU with room (types are free's keys)
+            e = free[t].first(full.footprint.total, spread)
+            hit = None if e is None else (e[1], (e[2],), e[0])
+        else:
+            hit = _pick(ledger, t, n, full.footprint.total, nodes, spread)
         if hit:
             sized = full
             if s.kv_grow:  # the KV cache grows into the room of the group's tightest GPU (a default
