@@ -8,7 +8,7 @@ from typing import Literal
 from vllmfit.core import defaults, limits
 from vllmfit.core.defaults import GIB
 from vllmfit.core.memory.versions import VllmVersion
-from vllmfit.core.model.facts import GpuType, ModelArch, hash_once, once, state_without_hash
+from vllmfit.core.model.facts import GpuType, ModelArch, hash_once, once, quick_init, state_without_hash
 from vllmfit.core.spec.status import Flags  # the one flag type: what sizing computes is what status carries
 
 Policy = Literal["vllm", "adr"]
@@ -16,6 +16,7 @@ Policy = Literal["vllm", "adr"]
 # --- Inputs ------------------------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True)
 class Settings:
     """The memory-relevant settings of one deployment (vLLM's flags, or unset = computed)."""
@@ -85,6 +86,7 @@ DEFAULT_KV_GRANT = KvGrant()
 # --- Outputs -----------------------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True)
 class Footprint:
     """Bytes one vLLM process uses on one GPU."""
@@ -146,6 +148,7 @@ class VllmStartup:
     kv_cache_high_bytes: int = 0
 
 
+@quick_init
 @dataclass(frozen=True)
 class Sizing:
     """One deployment sized for one GPU group: the decision, as data."""

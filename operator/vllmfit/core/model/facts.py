@@ -5,8 +5,8 @@ A Hugging Face config.json becomes a `ModelArch` in `vllmfit.core.model.config`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, TypeVar
 
 from vllmfit.core import limits
 from vllmfit.core.model.hybrid import StateSpec
@@ -47,6 +47,36 @@ class once:
             return self
         value = instance.__dict__[self.name] = self.func(instance)
         return value
+
+
+T = TypeVar("T")
+
+
+def quick_init(cls: type[T]) -> type[T]:
+    """A frozen dataclass whose `__init__` sets its fields in one step (the new instance's
+    `__dict__`), not one `object.__setattr__` call per field as dataclasses' frozen `__init__` does:
+    about 0.4 us a field on this project's CI machine (a 26-field `Settings` took 12.5 us to build,
+    1.9 us unfrozen; a decision builds a `Decision`, a `ReplicaAllocation` and a `Booking` per GPU,
+    and `dataclasses.replace` builds through `__init__` too). The same signature, defaults and
+    result (tested against the dataclass's own `__init__`, kept in `QUICK_INIT_ORIGINAL`); refused
+    at import for a class with `__post_init__`, `default_factory`, `init=False` or keyword-only fields."""
+    fs = fields(cls)  # type: ignore[arg-type]
+    if hasattr(cls, "__post_init__") or any(
+            not f.init or f.kw_only or f.default_factory is not MISSING for f in fs):
+        raise TypeError(f"quick_init: {cls.__name__} has a field or hook it does not build")
+    params = ", ".join(f.name if f.default is MISSING else f"{f.name}=_d_{f.name}" for f in fs)
+    body = ", ".join(f"{f.name!r}: {f.name}" for f in fs)
+    ns: dict[str, Any] = {"_set": object.__setattr__, **{f"_d_{f.name}": f.default for f in fs}}
+    src = f"def __init__(self, {params}):\n    _set(self, '__dict__', {{{body}}})\n"
+    exec(src, ns)  # noqa: S102 - the class's own field names, as dataclasses generates its __init__
+    init = ns["__init__"]
+    init.__qualname__, init.__module__ = f"{cls.__qualname__}.__init__", cls.__module__
+    QUICK_INIT_ORIGINAL[cls] = cls.__init__  # type: ignore[misc]
+    cls.__init__ = init  # type: ignore[misc]
+    return cls
+
+
+QUICK_INIT_ORIGINAL: dict[type, Callable[..., None]] = {}  # class -> the dataclass's own __init__ (tests)
 
 
 def state_without_hash(self: object) -> dict[str, object]:

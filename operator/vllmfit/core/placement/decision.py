@@ -6,9 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllmfit.core.memory import Flags, Footprint, Sizing
+from vllmfit.core.model.facts import quick_init
 from vllmfit.core.placement.inputs import DecisionPhase
 
 
+@quick_init
 @dataclass(frozen=True)
 class Booking:
     """One replica of one deployment on one GPU."""
@@ -21,6 +23,7 @@ class Booking:
     kv_beyond: int = 0  # KV bytes beyond maxNumSeqs x maxModelLen (kvCache.grow, a grant from before issue 33)
 
 
+@quick_init
 @dataclass(frozen=True)
 class ReplicaAllocation:
     """One replica: a TP x PP group on one node. `sizing.flags` are this replica's vLLM flags
@@ -36,6 +39,7 @@ class ReplicaAllocation:
         return self.footprints[position] if self.footprints else self.sizing.footprint
 
 
+@quick_init
 @dataclass(frozen=True)
 class Decision:
     """The outcome of `decide`, as data."""
