@@ -24,8 +24,7 @@ def _both(cls: type, *args: object, **kwargs: object) -> tuple[dict, dict]:
 
 def test_the_hot_classes_use_it() -> None:
     names = {c.__name__ for c in CLASSES}
-    assert {"Settings", "Footprint", "Sizing", "Booking", "ReplicaAllocation", "Decision", "GpuSlot",
-            "NodeInfo", "Request"} <= names
+    assert {"Settings", "Footprint", "Sizing", "Booking", "ReplicaAllocation", "Decision"} <= names
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__qualname__)

@@ -10,7 +10,7 @@ from typing import Literal
 
 from vllmfit.core import defaults, memory
 from vllmfit.core.memory import Settings
-from vllmfit.core.model.facts import GpuType, ModelArch, once, quick_init
+from vllmfit.core.model.facts import GpuType, ModelArch, once
 from vllmfit.core.observe import attribution
 from vllmfit.core.placement.taints import Taint, Toleration, tolerations_of, untolerated
 from vllmfit.core.spec.api import KvCacheSpec, VLLMDeployment, VLLMDeploymentSpec
@@ -22,7 +22,6 @@ GpuKey = tuple[str, int]  # (node, index)
 # --- Inputs ------------------------------------------------------------------------------------
 
 
-@quick_init
 @dataclass(frozen=True)
 class GpuSlot:
     """One schedulable unit of a node: a whole GPU, or a MIG slice (index = observe.unit_index)."""
@@ -63,7 +62,6 @@ def where(node: str, gpus: Sequence[int]) -> str:
     return f"{node} GPU {','.join(gpu_label(i).removeprefix('GPU ') for i in gpus)}"
 
 
-@quick_init
 @dataclass(frozen=True)
 class NodeInfo:
     name: str
@@ -122,7 +120,6 @@ class NodeInfo:
                               memory.fmt_gib(sl.policy.held_back(sl.capacity_bytes))) for sl in self.gpus}))
 
 
-@quick_init
 @dataclass(frozen=True)
 class Request:
     """A VLLMDeployment to place: its spec, its resolved model facts, and an order key."""
