@@ -22,12 +22,6 @@ logger = logging.getLogger(__name__)
 RESOURCE = (api.GROUP, api.VERSION, api.PLURAL)
 
 
-HANDLED_KEY = "last-handled-configuration"
-HANDLED = f"{api.GROUP}/{HANDLED_KEY}"
-"""The annotation where Kopf keeps the spec it last handled (startup.configure): an object
-without it has never been handled by any vllmfit replica, so Kopf's create handler will."""
-
-
 JSON_PATCH = "application/json-patch+json"
 
 

@@ -24,7 +24,7 @@ from vllmfit.operator.booking import learning
 from vllmfit.operator.booking.record import key_of
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.children import children_state
-from vllmfit.operator.handlers.common import HANDLED_KEY, Effects, store_of
+from vllmfit.operator.handlers.common import Effects, store_of
 from vllmfit.operator.handlers.decide import retry_waiting
 from vllmfit.operator.handlers.sweep import list_cluster, list_ours, sweep
 from vllmfit.operator.handlers.vllmdeployments import reconcile
@@ -49,7 +49,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
     which belongs to vllmfit and is pruned by the CRD schema), our own finalizer name."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=api.GROUP, key=HANDLED_KEY)
+        prefix=api.GROUP, key="last-handled-configuration")
     settings.persistence.finalizer = f"{api.GROUP}/finalizer"
     # Identity: Events say "vllmfit" (source.component, reportingComponent; `kubectl describe`
     # shows "From vllmfit") and name the pod that posted them; every write carries the User-Agent

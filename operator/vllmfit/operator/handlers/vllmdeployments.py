@@ -22,7 +22,7 @@ from vllmfit.operator.booking.record import Record, key_of
 from vllmfit.operator.booking.report import as_json, now
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.children import children_state
-from vllmfit.operator.handlers.common import HANDLED, Effects, Invalid, checked, store_of
+from vllmfit.operator.handlers.common import Effects, Invalid, checked, store_of
 from vllmfit.operator.handlers.decide import (
     apply_decision,
     not_admitted,
@@ -170,8 +170,7 @@ async def on_resume(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 async def on_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A status this process did not write is news from the previous active peer (after a
     fail-over, Kopf replays every object): take its bookings, so nothing it admitted is lost.
-    An object it never heard of that Kopf has handled before (a peer's) is decided here; a new
-    one is left to the create handler (`handled`).
+    An object it never heard of is decided (idempotent: the create handler may do it too).
     A deletion seen here frees the booking even when the finalizer was never set (an object
     deleted right after its creation: the delete handler never runs for it)."""
     store = store_of(memo)
@@ -196,18 +195,8 @@ async def on_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any)
                        key_of(body))
         await reconcile(store, body, force=True)
         return
-    if key_of(body) not in store.cache.records and handled(body):  # a peer's: it died before writing its status
+    if key_of(body) not in store.cache.records:  # handled by a peer that died before writing its status
         await reconcile(store, body, force=False)
-
-
-def handled(body: Mapping[str, Any]) -> bool:
-    """Kopf has handled this object before (a vllmfit replica's create handler ran to its end).
-    One that it has not is decided by the create handler, once Kopf's finalizer is in: deciding
-    it here as well wrote its status before Kopf added the finalizer, whose patch (guarded by the
-    resourceVersion it was read at) then failed and was sent again, and the create handler ran
-    the reconcile a second time (issue 32: 3 patches of the object instead of 2 at 500, one
-    reconcile more)."""
-    return HANDLED in ((body.get("metadata") or {}).get("annotations") or {})
 
 
 async def children_of(store: Store, body: Mapping[str, Any]) -> list[dict[str, Any]]:
