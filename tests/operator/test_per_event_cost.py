@@ -12,7 +12,6 @@ import asyncio
 from typing import Any
 
 import pytest
-
 from test_state import admitted_status, node
 
 from vllmfit.operator.binding import reservations
