@@ -57,12 +57,13 @@ def uuid_table(store: Store) -> UuidTable:
     reservations grouped by node once, each node's answer computed once (issue 32: `uuids` per
     replica went over every reservation of the cluster, for every record on every event)."""
     by_node: dict[str, list[rsv.Reservation]] = {}
-    for r in store.cache.reservations.values():
-        by_node.setdefault(r.node, []).append(r)
     memo: dict[str, dict[int, str]] = {}
 
     def table(node: str) -> dict[int, str]:
         if node not in memo:
+            if not memo:  # grouped on the first use only: most events' tables are never read
+                for r in store.cache.reservations.values():
+                    by_node.setdefault(r.node, []).append(r)
             memo[node] = rsv.learned_uuids(by_node.get(node, ()), node, slot_uuids(store, node))
         return memo[node]
 
