@@ -12,6 +12,9 @@ POSTed at once (32 in flight); measured, per run:
   5,000 cost both processes more than a real cluster's watchers would);
 - children_s: until every admitted replica also has its Deployment;
 - peak RSS of this (the operator's) process, resource.getrusage;
+- the requests the emulator answered until it had none for 5 s after the children were written
+  (the operator's backlog of echoes included), by kind ("update vllmdeployments/status") and per
+  VLLMDeployment, and the operator's CPU until then (settle_cpu_s);
 - the invariant: no GPU booked over its budget, recomputed from the stored statuses alone, against
   the budget the operator itself books against (its budget policy: `counted` by default, not
   ADR-0002's 0.9 x capacity - 2 GiB).
