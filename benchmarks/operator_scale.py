@@ -12,6 +12,9 @@ POSTed at once (32 in flight); measured, per run:
   5,000 cost both processes more than a real cluster's watchers would);
 - children_s: until every admitted replica also has its Deployment;
 - peak RSS of this (the operator's) process, resource.getrusage;
+- the requests the emulator answered until it had none for 5 s after the children were written
+  (the operator's backlog of echoes included), by kind ("update vllmdeployments/status") and per
+  VLLMDeployment, and the operator's CPU until then (settle_cpu_s);
 - the invariant: no GPU booked over its budget, recomputed from the stored statuses alone, against
   the budget the operator itself books against (its budget policy: `counted` by default, not
   ADR-0002's 0.9 x capacity - 2 GiB).
@@ -57,9 +60,11 @@ import multiprocessing as mp
 import os
 import random
 import resource
+import shutil
 import socket
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -93,21 +98,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def serve_emulator(port: int, ready: Any, served: Any = None, progress: Any = None) -> None:
+def serve_emulator(port: int, ready: Any, served: Any = None, progress: Any = None,
+                   kinds_path: str | None = None) -> None:
     """The child process: KMock's emulator on 127.0.0.1:port until killed; `served` (a shared
     counter) counts the requests it has answered; `progress` (shared counters) is what the API
-    shows, kept by the emulator as it publishes each write (`Settled`)."""
+    shows, kept by the emulator as it publishes each write (`Settled`); `kinds_path`: a JSON file
+    kept with the requests answered so far by kind ("PATCH vllmdeployments/status"), every 0.5 s."""
     import kmock
     from opkit import DEPLOYMENTS, VD, Emulator
 
     logging.disable(logging.WARNING)
     tally = Settled(kmock.resource(VD), kmock.resource(DEPLOYMENTS))
+    kinds: dict[str, int] = {}
 
     class Counted(Emulator):  # type: ignore[misc]
         async def _handle(self, request: Any) -> Any:
             if served is not None:
                 with served.get_lock():
                     served.value += 1
+            kind = request_kind(request)
+            kinds[kind] = kinds.get(kind, 0) + 1
             return await super()._handle(request)
 
         def stamp(self, event: Any) -> None:
@@ -122,12 +132,26 @@ def serve_emulator(port: int, ready: Any, served: Any = None, progress: Any = No
                                                   verbs={"get", "list", "watch", "create", "patch", "update",
                                                          "delete"})
             ready.set()
+            ticks, dumped = 0, -1
             while progress is not None:
                 await asyncio.sleep(0.05)
                 progress[:] = tally.counts()
+                ticks += 1
+                if kinds_path and ticks % 10 == 0 and sum(kinds.values()) != dumped:
+                    dumped = sum(kinds.values())
+                    Path(kinds_path + ".tmp").write_text(json.dumps(kinds))
+                    os.replace(kinds_path + ".tmp", kinds_path)
             await asyncio.Event().wait()
 
     asyncio.run(main())
+
+
+def request_kind(request: Any) -> str:
+    """A request's kind for the breakdown: its verb and resource ("patch vllmdeployments/status",
+    "watch pods", "create events")."""
+    verb = str(getattr(request.action or request.method, "name", "?")).lower()
+    plural = getattr(request.resource, "plural", None) or request.url.path
+    return f"{verb} {plural}{'/' + request.subresource if request.subresource else ''}"
 
 
 class Settled:
@@ -251,7 +275,9 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
     ready = mp.get_context("spawn").Event()
     served = mp.get_context("spawn").Value("q", 0)
     progress = mp.get_context("spawn").Array("q", 4)
-    child = mp.get_context("spawn").Process(target=serve_emulator, args=(port, ready, served, progress), daemon=True)
+    kinds_path = os.path.join(tempfile.mkdtemp(prefix="operator-scale-"), "kinds.json")
+    child = mp.get_context("spawn").Process(target=serve_emulator, args=(port, ready, served, progress, kinds_path),
+                                            daemon=True)
     child.start()
     if not ready.wait(60):
         raise RuntimeError("the emulator did not start")
@@ -314,9 +340,15 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
             break
     operator_cpu_s = time.process_time() - cpu0
     resync_cpu_ms = None
-    if not noop and children_s is not None:
+    settle_kinds: dict[str, int] = {}
+    if children_s is not None:
         await quiet(served, time.monotonic() + 120)  # the operator's backlog (status echoes) ends first
-        resync_cpu_ms = await resync_cpu(store)
+        settle_cpu_s = time.process_time() - cpu0  # the settle's whole CPU, its backlog included
+        await asyncio.sleep(0.6)  # the emulator's next count of requests by kind
+        with contextlib.suppress(OSError, ValueError):
+            settle_kinds = json.loads(Path(kinds_path).read_text())
+        if not noop:
+            resync_cpu_ms = await resync_cpu(store)
     items = (await custom.list_cluster_custom_object(GROUP, VERSION, PLURAL))["items"]  # once, for the invariant
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -328,6 +360,7 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
     await api.close()
     child.kill()
     child.join()
+    shutil.rmtree(os.path.dirname(kinds_path), ignore_errors=True)
     emulator_cpu_s = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime + \
         resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime  # all children so far (one per run)
 
@@ -348,6 +381,7 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
             "admitted": counts.get("Admitted", 0) + counts.get("Running", 0),
             "unschedulable": counts.get("Unschedulable", 0), "rejected": counts.get("Rejected", 0),
             "gpus_used": len(used), "overbooked": over, "operator_cpu_s": operator_cpu_s,
+            "settle_cpu_s": settle_cpu_s if children_s is not None else None, "settle_kinds": settle_kinds,
             "emulator_cpu_total_s": emulator_cpu_s}
 
 
@@ -444,6 +478,9 @@ def main() -> None:
         ("requests to the emulator meanwhile", show("waiting_requests", ".0f")),
         ("RuntimeClass created -> every Deployment written (s)", show("unblocked_s")),
     ) if a.without_runtimeclass else ()
+    for r in runs:
+        r["settle_requests_per_deployment"] = sum(r["settle_kinds"].values()) / a.deployments \
+            if r["settle_kinds"] else None
     for label, value in (
         ("all POSTed (s)", show("posted_s")),
         ("every VLLMDeployment in a final phase (s)", show("all_final_s")),
@@ -453,6 +490,8 @@ def main() -> None:
         ("GPUs in use", f"{r0['gpus_used']}"),
         ("GPUs over budget (from the statuses)", f"{max(r['overbooked'] for r in runs)}"),
         ("CPU of this process while they settle (s)", show("operator_cpu_s")),
+        ("  the same, until the emulator is quiet for 5 s (s)", show("settle_cpu_s")),
+        ("requests until quiet, per VLLMDeployment", show("settle_requests_per_deployment")),
         ("CPU of one idle resync, after they settled (ms)",
          "not quiet" if med("resync_cpu_ms") is None else show("resync_cpu_ms", ".0f")),
         ("CPU of the emulator process, per run (s)", f"{runs[-1]['emulator_cpu_total_s'] / len(runs):.2f}"),
@@ -461,6 +500,9 @@ def main() -> None:
         ("RSS after imports (MB)", f"{base_rss:.0f}"),
     ):
         print(f"{label:<54} {value:>14}")
+    kinds = r0["settle_kinds"]
+    for kind in sorted(kinds, key=lambda k: -kinds[k]):  # the first run's, until quiet: what each request is
+        print(f"  {kind:<52} {kinds[kind]:>8} {kinds[kind] / a.deployments:>5.2f}/deployment")
     print(json.dumps({
         "nodes": a.nodes, "deployments": a.deployments, "runs": a.runs, "timeout_s": a.timeout,
         "baseline": "noop-kopf" if a.noop_kopf else None,
@@ -472,7 +514,9 @@ def main() -> None:
         "all_final_runs_s": [None if r["all_final_s"] is None else round(r["all_final_s"], 2) for r in runs],
         "admitted_count": r0["admitted"], "unschedulable_count": r0["unschedulable"],
         "rejected_count": r0["rejected"], "overbooked_gpus_count": max(r["overbooked"] for r in runs),
-        "operator_cpu_s": rounded("operator_cpu_s"), "resync_cpu_ms": rounded("resync_cpu_ms"),
+        "operator_cpu_s": rounded("operator_cpu_s"), "settle_cpu_s": rounded("settle_cpu_s"),
+        "settle_requests_per_deployment_count": rounded("settle_requests_per_deployment"),
+        "resync_cpu_ms": rounded("resync_cpu_ms"),
         "emulator_cpu_s": round(runs[-1]["emulator_cpu_total_s"] / len(runs), 2),
         "peak_rss_mb": round(peak_rss, 1), "import_rss_mb": round(base_rss, 1),
     }))

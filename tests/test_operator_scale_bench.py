@@ -24,6 +24,8 @@ def test_operator_scale_quick_settles_within_budget() -> None:
     assert r["admitted_count"] + r["unschedulable_count"] + r["rejected_count"] == r["deployments"] == 20
     assert r["admitted_count"] > 0
     assert r["overbooked_gpus_count"] == 0  # against the operator's own (counted) budget
+    # every VLLMDeployment's POST, status, Deployment and Service at least, counted by kind
+    assert r["settle_requests_per_deployment_count"] >= 4 and r["settle_cpu_s"] >= r["operator_cpu_s"]
 
 
 def test_operator_scale_quick_waits_for_the_runtimeclass() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from test_state import admitted_status, node
 
 from vllmfit.operator.binding import reservations
@@ -75,3 +76,30 @@ async def test_a_failed_pass_is_raised_to_every_caller_that_joined_it(monkeypatc
     gate.set()
     results = await asyncio.gather(*calls, return_exceptions=True)
     assert all(isinstance(r, OSError) for r in results)
+
+
+@pytest.mark.looptime  # the pass's wait in virtual seconds
+async def test_a_burst_gets_one_pass_paced_by_the_last_passs_cost(monkeypatch: Any) -> None:
+    """reservations.PASS_SHARE: after a pass, the next one waits (1 / PASS_SHARE - 1) times the
+    last one's computing time; a burst of callers meanwhile joins it (one pass per caller, back
+    to back, was most of the operator's CPU at 5,000 deployments). Real passes, over an empty
+    ledger (nothing to create: no request is sent), each computing for 1 s by the pass's clock."""
+    store = two_nodes()
+    store.api = object()
+    loop = asyncio.get_running_loop()
+    starts: list[float] = []
+    ends: list[tuple[float, float]] = []
+
+    def wanted(s: Store) -> set[tuple[str, int]]:
+        starts.append(loop.time())
+        return set()  # nothing wanted, nothing there: a pass sends no request
+
+    monkeypatch.setattr(reservations, "wanted", wanted)
+    clock = iter(range(1000))
+    monkeypatch.setattr(reservations, "perf_counter", lambda: float(next(clock)))  # 1 s a pass
+    await reservations.sync(store)  # the first pass starts at once
+    ends.append(reservations._last_pass[store])
+    await asyncio.gather(*(reservations.sync(store) for _ in range(20)))
+    assert len(starts) == 2, starts  # the burst joined one pass
+    ended, took = ends[0]
+    assert took == 1.0 and starts[1] >= ended + took * (1 / reservations.PASS_SHARE - 1)

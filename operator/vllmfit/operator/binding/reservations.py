@@ -16,6 +16,7 @@ import asyncio
 import logging
 import weakref
 from collections.abc import Callable, Iterable, Mapping
+from time import perf_counter
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -56,12 +57,13 @@ def uuid_table(store: Store) -> UuidTable:
     reservations grouped by node once, each node's answer computed once (issue 32: `uuids` per
     replica went over every reservation of the cluster, for every record on every event)."""
     by_node: dict[str, list[rsv.Reservation]] = {}
-    for r in store.cache.reservations.values():
-        by_node.setdefault(r.node, []).append(r)
     memo: dict[str, dict[int, str]] = {}
 
     def table(node: str) -> dict[int, str]:
         if node not in memo:
+            if not memo:  # grouped on the first use only: most events' tables are never read
+                for r in store.cache.reservations.values():
+                    by_node.setdefault(r.node, []).append(r)
             memo[node] = rsv.learned_uuids(by_node.get(node, ()), node, slot_uuids(store, node))
         return memo[node]
 
@@ -131,10 +133,16 @@ def tolerations_on(store: Store, node: str, index: int) -> list[dict[str, Any]]:
 
 
 def wanted(store: Store) -> set[tuple[str, int]]:
+    """The GPU slots that need a reservation (`needs_reservation` of every booked replica); each
+    node's backend is looked up once, and a replica on a node that is not the device plugin's is
+    not looked at further."""
     out: set[tuple[str, int]] = set()
     held = holders(store)
+    plugin: dict[str, bool] = {}
     for (key, replica), (node, gpus) in replicas(store).items():
-        if needs_reservation(store, key, replica, node, gpus, held):
+        if node not in plugin:
+            plugin[node] = device_plugin(store, node)
+        if plugin[node] and needs_reservation(store, key, replica, node, gpus, held):
             out.update((node, i) for i in gpus)
     return out
 
@@ -231,6 +239,23 @@ def rebook(store: Store, r: rsv.Reservation) -> tuple[set[str], str | None]:
 _next_pass: weakref.WeakKeyDictionary[Store, asyncio.Future[None]] = weakref.WeakKeyDictionary()
 """Per store: the reservation pass asked for and not started yet (callers meanwhile join it)."""
 
+PASS_SHARE = 0.25
+"""The most of the event loop's time that reservation passes take in a burst of events: a pass
+looks at the whole ledger (`wanted`: milliseconds at a few hundred deployments, tens at
+thousands), so a pass starts no sooner than (1 / PASS_SHARE - 1) times the last one's computing
+time after that one ended; callers meanwhile join it (issue 32: at 5,000 deployments one pass
+per event was most of the operator's CPU). Nothing is held open meanwhile: a replica pod stays
+behind its scheduling gate until the reservations of its GPUs hold them."""
+
+_last_pass: weakref.WeakKeyDictionary[Store, tuple[float, float]] = weakref.WeakKeyDictionary()
+"""Per store: when the last pass ended (the loop's clock) and how long its computing took (s)."""
+
+
+def pass_delay(store: Store, now: float) -> float:
+    """Seconds the next pass waits before it starts (PASS_SHARE); 0 for the first."""
+    ended, took = _last_pass.get(store, (now, 0.0))
+    return max(0.0, ended + took * (1 / PASS_SHARE - 1) - now)
+
 
 async def sync(store: Store) -> None:
     """Create the reservations wanted and not there; delete those no replica needs. A pass looks
@@ -250,6 +275,8 @@ async def sync(store: Store) -> None:
     mine.add_done_callback(lambda f: f.cancelled() or f.exception())  # read here if nobody joined
     _next_pass[store] = mine
     try:
+        if (delay := pass_delay(store, loop.time())) > 0:
+            await asyncio.sleep(delay)  # callers meanwhile join this pass
         async with store.cache.child_locks[LOCK]:
             if _next_pass.get(store) is mine:
                 del _next_pass[store]  # started: a later caller's change needs a later pass
@@ -268,11 +295,13 @@ async def sync(store: Store) -> None:
 async def _sync_once(store: Store) -> None:
     """One pass of `sync` (hold child_locks[LOCK])."""
     async with store.books.lock:
+        t0 = perf_counter()
         want = wanted(store)
         reservations = list(store.cache.reservations.values())
         table = uuid_table(store)
         known = {n: table(n) for n in {r.node for r in reservations} | {n for n, _ in want}}
-    todo = rsv.plan(want, reservations, known)
+        todo = rsv.plan(want, reservations, known)
+        _last_pass[store] = (asyncio.get_running_loop().time(), perf_counter() - t0)
     core = client.CoreV1Api(store.api)
     cfg = store.options.reservation
     taken = {r.name for r in reservations}

@@ -66,12 +66,10 @@ def _patch(work: Ledger, nodes: Mapping[str, NodeInfo], bookings: Mapping[str, S
            keep: Container[str]) -> tuple[Ledger, Corrected]:
     found = Corrected()
     for name in [n for n in work.nodes if n not in nodes and n not in keep]:
-        work.remove_node(name)
-        found.nodes += 1
+        found.nodes += put_node(work, name, None)
     for name, info in nodes.items():
-        if name not in keep and work.nodes.get(name) != info:
-            work.set_node(info)
-            found.nodes += 1
+        if name not in keep:
+            found.nodes += put_node(work, name, info)
     for key in [k for k in work.deployments() if k not in bookings and not draining.is_drain(k)]:
         _releasable(work.bookings_of(key))
         work.release(key)
@@ -82,6 +80,21 @@ def _patch(work: Ledger, nodes: Mapping[str, NodeInfo], bookings: Mapping[str, S
             work.restore(key, bs)
             found.deployments += 1
     return work, found
+
+
+def put_node(ledger: Ledger, name: str, info: NodeInfo | None) -> bool:
+    """Make node `name` in `ledger` be `info` (None: not there), changing it only when it differs
+    (a node set again is re-indexed and makes a new version); returns whether it changed. The
+    resync's correction and the DRA overlay (Store.overlay_dra) both go through it."""
+    if info is None:
+        if name not in ledger.nodes:
+            return False
+        ledger.remove_node(name)
+        return True
+    if ledger.nodes.get(name) == info:
+        return False
+    ledger.set_node(info)
+    return True
 
 
 def _releasable(bookings: Sequence[Booking]) -> None:

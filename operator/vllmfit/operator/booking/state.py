@@ -248,14 +248,7 @@ class Store:
         changed = 0
         try:
             for name in sorted(self.dra_nodes()):
-                info = self.effective_node(name, self.cache.node_infos.get(name))
-                if info is None:
-                    if name in ledger.nodes:
-                        ledger.remove_node(name)
-                        changed += 1
-                elif ledger.nodes.get(name) != info:
-                    ledger.set_node(info)
-                    changed += 1
+                changed += mirror.put_node(ledger, name, self.effective_node(name, self.cache.node_infos.get(name)))
         finally:
             self.books.ledger = saved
         return changed
