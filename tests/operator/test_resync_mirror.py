@@ -11,7 +11,7 @@ from typing import Any
 
 import kmock
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from opkit import NODES, VD, Cluster, Operator, node, vd
 from test_repair import resync
@@ -102,6 +102,8 @@ def drains_of(spec: list[tuple[str, str, int, int]]) -> dict[str, draining.Drain
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(CLUSTER, CLUSTER, DRIFT, DRAINS)
+@example(((None, None, None), (None, None, None, None)), ((None, None, None), (None, None, None, None)),
+         [("restore", "d0", [(0, "n0", 0, 10), (0, "n0", 0, 10)]), ("release", "d0", [])], [])  # phantom bytes
 def test_a_resync_leaves_the_ledger_a_fresh_rebuild_gives(before: Any, after: Any, drift: list, drains: list) -> None:
     store = Store()
     store.rebuild(*listing(before))

@@ -161,3 +161,17 @@ def test_restore_replaces_what_the_key_had() -> None:
     ledger.restore("default/a", [placement.Booking("default/a", 0, "n", 1, fp)])
     assert [(b.node, b.index) for b in ledger.bookings_of("default/a")] == [("n", 1)]
     assert (ledger.used_bytes("n", 0), ledger.used_bytes("n", 1)) == (0, 10 << 30)
+
+
+def test_a_replica_listed_twice_on_one_gpu_counts_once_and_leaves_nothing_when_released() -> None:
+    """A status that lists one replica twice on one GPU (forged, or written by a bug) books it once,
+    as the GPU's own books show it; releasing it leaves the GPU empty, not 10 GiB of phantom use
+    (hypothesis found it: test_resync_mirror's resync then kept the phantom bytes)."""
+    ledger = placement.Ledger([node("n", H100, 1)])
+    small, large = memory.Footprint(10 << 30, 0, 0, 0, 0, 0), memory.Footprint(12 << 30, 0, 0, 0, 0, 0)
+    ledger.restore("default/a", [placement.Booking("default/a", 0, "n", 0, fp) for fp in (small, large)])
+    assert ledger.used_bytes("n", 0) == 12 << 30 == sum(b.footprint.total for b in ledger.bookings_on("n", 0))
+    check_invariant(ledger)
+    ledger.release("default/a")
+    assert ledger.used_bytes("n", 0) == 0 and ledger.headroom_bytes("n", 0) == H100_BUDGET
+    check_invariant(ledger)

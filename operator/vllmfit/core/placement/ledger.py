@@ -249,9 +249,10 @@ class Ledger:
             return
         self._changing("acct", "deps")
         for b in bookings:
-            gkey = (b.node, b.index)
-            self._gpu_book(b.node).setdefault(b.index, {})[(b.deployment, b.replica)] = b
-            self._used[gkey] = self._used.get(gkey, 0) + b.footprint.total
+            gkey, book = (b.node, b.index), self._gpu_book(b.node).setdefault(b.index, {})
+            old = book.get(who := (b.deployment, b.replica))  # a replica booked twice on one GPU counts once
+            book[who] = b
+            self._used[gkey] = self._used.get(gkey, 0) + b.footprint.total - (old.footprint.total if old else 0)
             if b.kv_beyond:
                 self._beyond.add(key)
         self._by_deployment[key] = [*self._by_deployment.get(key, ()), *bookings]  # a new list: never changed in place
@@ -269,9 +270,9 @@ class Ledger:
         self._beyond.discard(key)
         for b in bookings:
             gkey = (b.node, b.index)
-            if b.node in self._on_gpu and self._gpu_book(b.node).get(b.index, {}).pop(
-                    (b.deployment, b.replica), None) is not None:
-                self._used[gkey] -= b.footprint.total
+            if b.node in self._on_gpu and (old := self._gpu_book(b.node).get(b.index, {}).pop(
+                    (b.deployment, b.replica), None)) is not None:
+                self._used[gkey] -= old.footprint.total
         self._reindex(bookings)
         return bookings
 
