@@ -347,8 +347,9 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
         await asyncio.sleep(0.6)  # the emulator's next count of requests by kind
         with contextlib.suppress(OSError, ValueError):
             settle_kinds = json.loads(Path(kinds_path).read_text())
-        if not noop:
-            resync_cpu_ms = await resync_cpu(store)
+        if not noop:  # bounded: at 5,000 the operator's backlog after every status is final runs for minutes
+            with contextlib.suppress(TimeoutError):
+                resync_cpu_ms = await asyncio.wait_for(resync_cpu(store), RESYNC_WAIT_S)
     items = (await custom.list_cluster_custom_object(GROUP, VERSION, PLURAL))["items"]  # once, for the invariant
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -383,6 +384,10 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
             "gpus_used": len(used), "overbooked": over, "operator_cpu_s": operator_cpu_s,
             "settle_cpu_s": settle_cpu_s if children_s is not None else None, "settle_kinds": settle_kinds,
             "emulator_cpu_total_s": emulator_cpu_s}
+
+
+RESYNC_WAIT_S = 60.0
+"""How long the idle-resync figure waits for the operator's writes to drain (then: "not quiet")."""
 
 
 async def resync_cpu(store: Any, rounds: int = 3, tries: int = 20) -> float | None:
