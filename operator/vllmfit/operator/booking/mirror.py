@@ -26,10 +26,9 @@ class Corrected:
     nodes: int = 0  # nodes set or removed
     deployments: int = 0  # deployments whose bookings were restored or released
     drains: int = 0  # drains whose charge changed
-    rebuilt: bool = False  # a new ledger was built (correct: a forged status could not be patched)
 
     def __bool__(self) -> bool:
-        return bool(self.nodes or self.deployments or self.drains or self.rebuilt)
+        return bool(self.nodes or self.deployments or self.drains)
 
 
 def _order(b: Booking) -> tuple[int, str, int]:
@@ -41,25 +40,16 @@ def same(a: Sequence[Booking], b: Sequence[Booking]) -> bool:
     return len(a) == len(b) and (list(a) == list(b) or sorted(a, key=_order) == sorted(b, key=_order))
 
 
-class _Unpatchable(Exception):
-    """A deployment to release books one GPU twice for one replica (a forged status): the ledger
-    keys a GPU's bookings by deployment and replica, so a release would leave part counted."""
-
-
 def correct(ledger: Ledger, nodes: Mapping[str, NodeInfo], bookings: Mapping[str, Sequence[Booking]],
             *, keep: Container[str] = ()) -> tuple[Ledger, Corrected]:
     """A fork of `ledger` whose nodes are `nodes` and whose deployments' bookings are
     `bookings` (what the cluster says; a drain's own key is left alone, see `recharge`), with
     only what differs changed: a node whose info differs is set again, one not in `nodes`
     removed, a deployment whose bookings differ restored, one not in `bookings` released.
-    `keep`: nodes left as they are (the DRA nodes: Store.overlay_dra sets them after). When a
-    deployment to change books one GPU twice for one replica, a new ledger is built instead."""
-    try:
-        return _patch(ledger.fork(), nodes, bookings, keep)
-    except _Unpatchable:
-        work, found = _patch(Ledger(kv_grant=ledger.kv_grant), nodes, bookings, keep)
-        found.rebuilt = True
-        return work, found
+    `keep`: nodes left as they are (the DRA nodes: Store.overlay_dra sets them after). A status
+    that books one GPU twice for one replica is released and restored like any other (the ledger
+    counts such a replica once: Ledger._add)."""
+    return _patch(ledger.fork(), nodes, bookings, keep)
 
 
 def _patch(work: Ledger, nodes: Mapping[str, NodeInfo], bookings: Mapping[str, Sequence[Booking]],
@@ -71,12 +61,10 @@ def _patch(work: Ledger, nodes: Mapping[str, NodeInfo], bookings: Mapping[str, S
         if name not in keep:
             found.nodes += put_node(work, name, info)
     for key in [k for k in work.deployments() if k not in bookings and not draining.is_drain(k)]:
-        _releasable(work.bookings_of(key))
         work.release(key)
         found.deployments += 1
     for key, bs in bookings.items():
-        if not same(held := work.bookings_of(key), bs):
-            _releasable(held)
+        if not same(work.bookings_of(key), bs):
             work.restore(key, bs)
             found.deployments += 1
     return work, found
@@ -95,11 +83,6 @@ def put_node(ledger: Ledger, name: str, info: NodeInfo | None) -> bool:
         return False
     ledger.set_node(info)
     return True
-
-
-def _releasable(bookings: Sequence[Booking]) -> None:
-    if len({(b.replica, b.node, b.index) for b in bookings}) < len(bookings):
-        raise _Unpatchable
 
 
 def recharge(work: Ledger, drains: Mapping[str, draining.Drain], before: Ledger, found: Corrected) -> None:
