@@ -111,11 +111,13 @@ def whole(store: Store, node: str, but: str | None = None, held: Holders | None 
 
 
 def needs_reservation(store: Store, key: str, replica: int, node: str, gpus: Iterable[int],
-                      held: Holders | None = None) -> bool:
+                      held: Holders | None = None, plugin: bool | None = None) -> bool:
     """A replica's GPUs need reservations: a device-plugin node, the replica is not written with
     limits, and no other replica holds the whole node. Before its Deployment is first written,
-    one that will get limits (builders.exclusive) needs none."""
-    if not device_plugin(store, node) or (key, replica) in store.cache.whole or whole(store, node, but=key, held=held):
+    one that will get limits (builders.exclusive) needs none. `plugin`: `device_plugin` of the
+    node, when the caller has it (`wanted` asks once per node)."""
+    if not (device_plugin(store, node) if plugin is None else plugin) or (key, replica) in store.cache.whole \
+            or whole(store, node, but=key, held=held):
         return False
     return (key, replica) in store.cache.written or not builders.exclusive(store.books.ledger, key, node, list(gpus))
 
@@ -134,15 +136,14 @@ def tolerations_on(store: Store, node: str, index: int) -> list[dict[str, Any]]:
 
 def wanted(store: Store) -> set[tuple[str, int]]:
     """The GPU slots that need a reservation (`needs_reservation` of every booked replica); each
-    node's backend is looked up once, and a replica on a node that is not the device plugin's is
-    not looked at further."""
+    node's backend is looked up once."""
     out: set[tuple[str, int]] = set()
     held = holders(store)
     plugin: dict[str, bool] = {}
     for (key, replica), (node, gpus) in replicas(store).items():
         if node not in plugin:
             plugin[node] = device_plugin(store, node)
-        if plugin[node] and needs_reservation(store, key, replica, node, gpus, held):
+        if needs_reservation(store, key, replica, node, gpus, held, plugin[node]):
             out.update((node, i) for i in gpus)
     return out
 
