@@ -408,9 +408,22 @@ def test_max_seqs_and_tokens_in_0_33_pass_the_batch_and_the_pipeline() -> None:
 
 
 def test_a_hybrid_pool_of_tokens_counts_every_group() -> None:
-    # 1 full + 5 sliding groups, 1000 tokens each: 6 x ceil(1000 / 16) = 378 blocks + the null block
+    # 1 full + 5 sliding groups, 1000 tokens each: 6 x ceil(1000 / 16) = 378 blocks, one more block
+    # in each window-bounded group (vLLM SlidingWindowSpec.max_memory_usage_bytes: cdiv + 1) and
+    # the null block
     kv = KvLayout(16, MIB, 1, 5, 1024, VllmVersion(0, 21))
-    assert kv.bytes_for_tokens(1000) == (6 * 63 + 1) * MIB
+    assert kv.bytes_for_tokens(1000) == (6 * 63 + 5 + 1) * MIB
+    assert kv.pool_tokens((6 * 63 + 5 + 1) * MIB) == 63 * 16  # the inverse: whole blocks in every group
+    assert kv.pool_tokens((6 * 63 + 5) * MIB) == 62 * 16
+
+
+def test_a_pool_of_max_model_len_tokens_holds_one_request_of_it() -> None:
+    # Gemma 2 (sliding W 4096 over a 1024 context): one request needs ceil(1024 / 16) + 1 blocks in
+    # the window-bounded group (vLLM's start-up check), so 1024 tokens are 64 + 65 blocks + null
+    kv = KvLayout(16, MIB, 1, 1, 4096, VllmVersion(0, 21))
+    assert kv.bytes_for(1024, 1, 2048) == (64 + 65 + 1) * MIB
+    assert kv.bytes_for_tokens(1024) == kv.bytes_for(1024, 1, 2048)
+    assert kv.pool_tokens(kv.bytes_for(1024, 1, 2048)) == 1024
 
 
 def test_sliding_window_models_get_one_window_bounded_group_per_kind() -> None:

@@ -46,7 +46,7 @@ async def test_a_new_leader_catches_up_and_sweeps_before_it_admits(cluster: Clus
     await cluster.phase("b", "Unschedulable")  # caught up: a holds the only GPU
     assert store.leading
     assert [b.node for b in store.books.ledger.bookings_of("default/a")] == ["gpu-a"]
-    await cluster.until(lambda: cluster.get(DEPLOYMENTS, "old-0") is None, timeout=3, what="old-0 swept")
+    await cluster.until(lambda: cluster.get(DEPLOYMENTS, "old-0") is None, what="old-0 swept")
     assert cluster.get(DEPLOYMENTS, "a-0") is not None
     later = list(cluster.km.journal)[n:]
     swept = _index(later, "DELETE", "/deployments/old-0")

@@ -136,19 +136,28 @@ class KvLayout:
         blocks = seqs * self.blocks_per_request(length, batched_tokens, pp) + 1
         return blocks * self.block_bytes
 
+    @property
+    def _window_blocks(self) -> int:
+        """The block a window-bounded group adds because its window may not start at a block's
+        start (vLLM SlidingWindowSpec.max_memory_usage_bytes: cdiv(tokens, block) + 1)."""
+        return self.sliding_groups if self.window else 0
+
     def bytes_for_tokens(self, tokens: int) -> int:
-        """KV bytes of a pool that holds `tokens` tokens in every group, plus the null block."""
+        """KV bytes of a pool that holds `tokens` tokens in every group, plus the null block; a
+        window-bounded group's extra block (`_window_blocks`) counts, so a pool of maxModelLen
+        tokens holds one request of maxModelLen, as vLLM's start-up check counts it."""
         attn = self.full_groups * ceil_div(tokens, self.full_block_size) + \
             self.sliding_groups * ceil_div(tokens, self.sliding_block_size)
         state = self.state_groups * ceil_div(tokens, self.block_size)
-        return (attn + state + 1) * self.block_bytes
+        return (attn + state + self._window_blocks + 1) * self.block_bytes
 
     def pool_tokens(self, kv_bytes: int) -> int:
         """Tokens `kv_bytes` hold in every group (the null block, taken from the pool by vLLM's
-        BlockPool, excluded): what a KV request in tokens is granted."""
+        BlockPool, and the window blocks excluded): what a KV request in tokens is granted, so
+        `bytes_for_tokens(pool_tokens(b)) <= b`."""
         if not self.groups or not self.block_bytes:
             return 0
-        return max(self.num_blocks(kv_bytes) - 1, 0) // self.groups * self.min_block_size
+        return max(self.num_blocks(kv_bytes) - 1 - self._window_blocks, 0) // self.groups * self.min_block_size
 
     def concurrency(self, kv_bytes: int, length: int, batched_tokens: int, pp: int = 1) -> float:
         """Requests of `length` tokens the pool holds at once (the null block excluded)."""
