@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import kubernetes_validate
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vllmfit.backends import binding
 from vllmfit.backends import reservation as rsv
@@ -195,3 +197,29 @@ def test_with_an_owner_uid_only_pods_it_controls_count() -> None:
     assert rsv.untrusted(_res_pod("vllmfit", mine), cfg) is None
     assert rsv.untrusted(_res_pod("vllmfit"), cfg) == "it is not controlled by vllmfit's owner object"
     assert rsv.untrusted(_res_pod("vllmfit", [{**mine[0], "uid": "other"}]), cfg) is not None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["r0", "r1", "r2", "r3"]), st.sampled_from(["a", "b", "c"]),
+                          st.integers(0, 1), st.sampled_from([None, U[0], U[1]]), st.booleans(),
+                          st.sampled_from(["put", "setdefault", "pop"])), max_size=30))
+def test_known_reservations_answer_as_a_pass_over_all_of_them(ops: list) -> None:
+    """rsv.Known's indices (a node's reservations, the live reported ones) say what a filter over
+    every reservation says, whatever the order of creations, replacements (a reservation moving
+    node, reporting, terminating) and deletions."""
+    known, plain = rsv.Known(), {}
+    for name, node, index, uuid, terminating, op in ops:
+        r = rsv.Reservation(name, node, index, uuid, terminating)
+        if op == "put":
+            known[name], plain[name] = r, r
+        elif op == "setdefault":
+            assert known.setdefault(name, r) == plain.setdefault(name, r)
+        else:
+            assert known.pop(name, None) == plain.pop(name, None)
+        assert dict(known) == plain and len(known) == len(plain) and list(known.values()) == list(plain.values())
+        for n in ("a", "b", "c"):
+            assert sorted(known.on(n), key=lambda r: r.name) == sorted(
+                (r for r in plain.values() if r.node == n), key=lambda r: r.name)
+            assert rsv.held_uuids(known.on(n), n) == rsv.held_uuids(plain.values(), n)
+        assert known.reported_live() == sorted((r for r in plain.values() if r.reported and not r.terminating),
+                                               key=lambda r: r.name)

@@ -15,6 +15,7 @@ Identity: a reservation is asked for one GPU slot (`vllmfit.dev/reserve-node`,
 what it holds is the GPU with the reported UUID, whatever it was asked for. Everything here
 works from that rule:
 
+  Known            the reservations the operator knows, by name, by node, and those that reported
   held_uuids       the GPUs a node's reservations hold (reported UUIDs)
   slots_held       which ledger slots are held or being reserved, and which slot each
                    reservation ends up serving
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -89,6 +90,56 @@ class Reservation:
     @property
     def reported(self) -> bool:
         return bool(self.uuid)
+
+
+class Known(MutableMapping[str, Reservation]):
+    """The reservation pods vllmfit knows, by pod name, with what the operator asks of them on
+    every event kept as they change: a node's reservations, and the live ones that reported a GPU
+    (issue 32: each of those asks went over every reservation of the cluster, so settling grew
+    with the square of its size)."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, Reservation] = {}
+        self._by_node: dict[str, dict[str, Reservation]] = {}
+        self._reported: dict[str, Reservation] = {}
+
+    def __getitem__(self, name: str) -> Reservation:
+        return self._by_name[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_name)
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def __setitem__(self, name: str, r: Reservation) -> None:
+        if (old := self._by_name.get(name)) is not None:  # replaced where it was, as a dict does
+            self._unindex(name, old)
+        self._by_name[name] = r
+        self._by_node.setdefault(r.node, {})[name] = r
+        if r.reported and not r.terminating:
+            self._reported[name] = r
+
+    def __delitem__(self, name: str) -> None:
+        self._unindex(name, self._by_name.pop(name))
+
+    def _unindex(self, name: str, r: Reservation) -> None:
+        on = self._by_node[r.node]
+        del on[name]
+        if not on:
+            del self._by_node[r.node]
+        self._reported.pop(name, None)
+
+    def values(self) -> Any:  # the dict's own view: a pass over all of them at dict speed
+        return self._by_name.values()
+
+    def on(self, node: str) -> list[Reservation]:
+        """The reservations of `node`."""
+        return list(self._by_node.get(node, {}).values())
+
+    def reported_live(self) -> list[Reservation]:
+        """The reservations not terminating that reported a GPU, by name."""
+        return [self._reported[n] for n in sorted(self._reported)]
 
 
 def is_reservation(pod: Mapping[str, Any]) -> bool:

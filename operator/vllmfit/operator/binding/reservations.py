@@ -46,25 +46,20 @@ def slot_uuids(store: Store, node: str) -> dict[int, str | None]:
 
 def uuids(store: Store, node: str) -> dict[int, str]:
     """Known and reservation-reported UUIDs of the node's GPUs."""
-    return rsv.learned_uuids(store.cache.reservations.values(), node, slot_uuids(store, node))
+    return rsv.learned_uuids(store.cache.reservations.on(node), node, slot_uuids(store, node))
 
 
 UuidTable = Callable[[str], dict[int, str]]
 
 
 def uuid_table(store: Store) -> UuidTable:
-    """`uuids` of every node, for one pass over many replicas (the store unchanged meanwhile): the
-    reservations grouped by node once, each node's answer computed once (issue 32: `uuids` per
-    replica went over every reservation of the cluster, for every record on every event)."""
-    by_node: dict[str, list[rsv.Reservation]] = {}
+    """`uuids` of every node, for one pass over many replicas (the store unchanged meanwhile):
+    each node's answer computed once."""
     memo: dict[str, dict[int, str]] = {}
 
     def table(node: str) -> dict[int, str]:
         if node not in memo:
-            if not memo:  # grouped on the first use only: most events' tables are never read
-                for r in store.cache.reservations.values():
-                    by_node.setdefault(r.node, []).append(r)
-            memo[node] = rsv.learned_uuids(by_node.get(node, ()), node, slot_uuids(store, node))
+            memo[node] = uuids(store, node)
         return memo[node]
 
     return table
@@ -218,7 +213,7 @@ def rebook(store: Store, r: rsv.Reservation) -> tuple[set[str], str | None]:
     if j is None or not ledger.bookings_on(node, i) or ledger.bookings_on(node, j):
         return set(), None
     if any(o.name != r.name and not o.terminating and rsv.serves(o, slot_uuids(store, node)) == i
-           for o in store.cache.reservations.values() if o.node == node):
+           for o in store.cache.reservations.on(node)):
         return set(), None  # i is held by another reservation: this one is surplus
     keys = sorted({b.deployment for b in ledger.bookings_on(node, i)})
     old = {k: ledger.release(k) for k in keys}
@@ -403,7 +398,7 @@ def openable(store: Store) -> list[tuple[str, str, list[dict[str, Any]]]]:
     (`measured.gate`: what it holds back is in `store.cache.gate_holds`). Hold the lock."""
     out = []
     for (ns, name), (node, pinned, gates) in sorted(store.cache.gated.items()):
-        if not rsv.gate_open(pinned, rsv.held_uuids(store.cache.reservations.values(), node)):
+        if not rsv.gate_open(pinned, rsv.held_uuids(store.cache.reservations.on(node), node)):
             continue
         owner = store.cache.gate_of.get((ns, name))
         if owner is not None:  # the start gate on measured room (issue 34)

@@ -110,7 +110,7 @@ class Cache:
         self.child_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.node_infos: dict[str, placement.NodeInfo | None] = {}  # node -> what its Node object says
         # placement backends (vllmfit.operator.binding.reservations)
-        self.reservations: dict[str, rsv.Reservation] = {}  # reservation pod name -> what it holds
+        self.reservations = rsv.Known()  # reservation pod name -> what it holds (and by node)
         self.gated: dict[tuple[str, str], tuple[str, list[str], list[dict[str, Any]]]] = {}  # pod -> node, pins, gates
         self.whole: dict[tuple[str, int], str] = {}  # (deployment, replica) written with device-plugin limits -> node
         self.written: set[tuple[str, int]] = set()  # (deployment, replica) whose Deployment was written

@@ -255,7 +255,8 @@ async def over_budget(store: Store, node: str, fx: Effects, t: str) -> None:
     again (they go elsewhere when they fit elsewhere; else they stay, behind the start gate); then
     a condition and an Event naming who holds what on each GPU still over budget, cleared once
     back within budget."""
-    slots = {(s.node, s.index) for s in store.books.ledger.slots() if s.node == node}
+    info = store.books.ledger.nodes.get(node)  # its slots, not a sort of the fleet's (issue 32)
+    slots = {(node, s.index) for s in info.gpus} if info is not None else set()
     bad = {k for k in slots if store.books.ledger.headroom_bytes(*k) < 0}
     for key in sorted({b.deployment for k in sorted(bad) for b in store.books.ledger.bookings_on(*k)}):
         rec = store.cache.records.get(key)

@@ -201,8 +201,7 @@ def rebook_reported(store: Store, fx: Effects) -> list[str]:
     the GPU they hold (or give them back when it has not the room); pins learned from reports
     rewrite the replicas' Deployments. Hold the lock. Returns reservations to delete."""
     retire: list[str] = []
-    for r in sorted((r for r in store.cache.reservations.values() if r.reported and not r.terminating),
-                    key=lambda r: r.name):  # only those that reported a GPU are sorted
+    for r in store.cache.reservations.reported_live():
         on_it = {b.deployment for b in store.books.ledger.bookings_on(r.node, r.index)}
         moved, message = reservations.rebook(store, r)
         if message and not moved:  # the GPU it got has not the room: ask again
