@@ -21,6 +21,7 @@ QUICK = {  # benchmark -> the arguments of its quick mode
     "event_fuzz.py": ["--seeds", "1", "--steps", "10"],
     "review_fairness.py": ["--nodes", "20", "--deployments", "40", "--seconds", "2"],
     "snapshot_cost.py": ["--nodes", "20", "--deployments", "40"],
+    "node_report.py": ["--quick"],
 }
 ELSEWHERE = {"operator_scale.py": "tests/test_operator_scale_bench.py"}
 """Benchmarks whose quick mode another test runs and checks more closely (not run twice)."""

@@ -226,6 +226,8 @@ async def test_a_gpu_over_budget_names_who_holds_what_and_takes_no_newcomer_unti
     """a (Ready) uses far more than predicted: with b beside it, its GPU is over budget. b has not
     started and has nowhere else to go: it stays (behind the start gate); a newcomer waits; a
     foreign process appearing after admission adds to it; once a is back down both go."""
+    FULL = {0: BUDGET - 10 * GIB}  # another workload fills gpu-z: nothing goes there
+    await cluster.create(node("gpu-z", gpus=1, annotations=inventory(1, foreign=FULL)))
     await cluster.create(node("gpu-a", gpus=1, annotations=inventory(1)))
     await cluster.create(vd("a", QWEN7, **FIXED))
     await cluster.create(vd("b", QWEN7, **FIXED))
@@ -254,6 +256,13 @@ async def test_a_gpu_over_budget_names_who_holds_what_and_takes_no_newcomer_unti
     # no newcomer is placed on that GPU while it is over budget
     await cluster.create(vd("c", QWEN7, maxModelLen=2048, kvCache={"concurrency": 1}))
     await cluster.phase("c", "Unschedulable")
+    # another node's report says nothing of gpu-a: the conditions stay (they flapped to False and
+    # back, an Event each time, with every other node's report)
+    await agent(cluster, "gpu-z", 1, {}, foreign=FULL, at=stamp(10))
+    await cluster.until(lambda: st.cache.attributions["gpu-z"].sampled_at == stamp(10), what="gpu-z's report")
+    await st.writer.flush()
+    assert condition(cluster.status("a"), "OverBudget") == c, "another node's report cleared a's OverBudget"
+    assert condition(cluster.status("b"), "OverBudget")["status"] == "True"
     # a goes back within its prediction: the GPU is within budget, the conditions say so, c is placed
     await agent(cluster, "gpu-a", 1, {0: [(uid, predicted - GIB)]}, at=stamp(30))
     await cluster.until(lambda: condition(cluster.status("b"), "OverBudget")["status"] == "False")

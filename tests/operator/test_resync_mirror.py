@@ -198,3 +198,17 @@ async def test_drift_behind_the_operators_back_is_repaired_by_the_next_resync(
     assert led.bookings_of(gone) == [] and gone not in store.cache.records  # released
     assert led.nodes["gpu-b"].gpus[0].gpu.product == "NVIDIA-L40S"  # the node as its object says
     assert store.cache.resynced.nodes == 1 and store.cache.resynced.deployments == 2
+
+
+def test_the_resync_takes_at_most_its_share_of_a_core() -> None:
+    """The periodic resync lists and compares every object (4.3 s of CPU at 5,000 deployments,
+    measured by benchmarks/operator_scale.py): the next one waits --resync-seconds, or 9 times the
+    last one's CPU when that is longer (defaults.RESYNC_SHARE, 10 % of a core)."""
+    from vllmfit.core import defaults
+    from vllmfit.operator.handlers.startup import resync_wait
+
+    assert defaults.RESYNC_SHARE == 0.1
+    assert resync_wait(30.0, 0.2) == 30.0  # 500 deployments: the period as set
+    assert resync_wait(30.0, 4.3) == pytest.approx(38.7)  # 5,000: 4.3 s in 43 s, a tenth of a core
+    assert resync_wait(30.0, 40.0) == pytest.approx(360.0)
+    assert resync_wait(5.0, 1.0) == pytest.approx(9.0)

@@ -53,7 +53,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resync-seconds", type=float,
                    default=_env_float("VLLMFIT_RESYNC_SECONDS", defaults.RESYNC_SECONDS),
                    help="rebuild the ledger from the API this often when idle, so a standby peer is current "
-                        "when it takes over; 0 = never (default: $VLLMFIT_RESYNC_SECONDS or %(default)g)")
+                        "when it takes over (less often where a resync would take over a tenth of a core); "
+                        "0 = never (default: $VLLMFIT_RESYNC_SECONDS or %(default)g)")
     p.add_argument("--placement-backend", choices=("auto", "dra", "device-plugin"),
                    default=os.environ.get("VLLMFIT_PLACEMENT_BACKEND") or "auto",
                    help="how Kubernetes holds the GPUs vllmfit books: auto = DRA on nodes whose GPUs a "

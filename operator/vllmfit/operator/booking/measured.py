@@ -4,6 +4,7 @@ have started, what their processes hold, and the start gate of a replica's pod
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from vllmfit.core.observe import attribution
@@ -11,14 +12,25 @@ from vllmfit.core.placement import observed
 from vllmfit.operator.booking.state import Store
 
 
-def replica_pods(store: Store) -> dict[str, str]:
+def replica_pods(store: Store) -> Mapping[str, str]:
     """UIDs of vllmfit's pods whose replica is known -> "namespace/name#replica"."""
-    out = {}
-    for rec in store.cache.records.values():
-        for pod, uid in rec.pod_uids.items():
-            if pod in rec.pods:
-                out[uid] = f"{rec.key}#{rec.pods[pod][0]}"
-    return out
+    return store.cache.managed_pods(replica=True)
+
+
+def forget(store: Store, node: str | None = None) -> None:
+    """Drop the samples of replicas no longer booked anywhere, and their starts: those sampled on
+    `node` (its report; issue 32: not a pass over every replica of the fleet per report), or, with
+    None, every one (the resync: a replica released whose node never reports again). Hold the lock."""
+    ledger, samples_of = store.books.ledger, store.cache.footprints
+    for n in [node] if node is not None else list(samples_of):
+        samples = samples_of.get(n, {})
+        for key, replica, index in [k for k in samples if not ledger.bookings_of(k[0], k[1])]:
+            del samples[(key, replica, index)]
+            store.cache.started.discard((key, replica))
+        if not samples:
+            samples_of.pop(n, None)
+    if node is None:
+        store.cache.started = {(k, r) for k, r in store.cache.started if ledger.bookings_of(k, r)}
 
 
 def ready(store: Store, key: str, replica: int) -> bool:

@@ -14,6 +14,10 @@ from vllmfit.operator.booking.pods import PodHealth
 
 logger = logging.getLogger("vllmfit.operator.booking.state")
 
+OVER_BUDGET = "OverBudget"
+"""Condition on the deployments booked on a GPU whose measured bookings exceed its budget
+(handlers.nodes.over_budget; the keys whose condition says True: Cache.over_budget)."""
+
 
 def pruned(value: Any) -> Any:
     """A status without its null fields: a merge patch deletes the keys set to None, and a CRD
@@ -136,3 +140,43 @@ def record_from_object(body: Mapping[str, Any]) -> Record:
     if rec.admitted and admitted is not None and admitted.status != "True":
         rec.waiting = "Unschedulable" in admitted.reason  # an update that waits for room
     return rec
+
+
+class PodOwners(Mapping[str, str]):
+    """vllmfit's vLLM pods by UID, read from the records, for what a node's agent reports (its
+    processes' pod UIDs): UID -> "namespace/name" (`replica`: "namespace/name#replica", the pods
+    whose replica is known). A UID is one of a record's `pod_uids` (its pod events) or, with
+    `written`, of the `podUids` of its status as last written or read back.
+
+    Issue 32: a node's report built these maps from every record (three passes over 40,000 at
+    fleet size, for each report of each node). `index` (Cache.pod_index: UID -> key) says where
+    to look; each look-up checks the record itself, so an entry left behind (a pod gone, a record
+    replaced or forgotten) answers nothing. Every UID that enters a record enters the index: a pod
+    event (`Cache.pod_seen`), a status read back (`Cache.index_records`); the status writer writes
+    only UIDs the records' pods already have."""
+
+    def __init__(self, records: Mapping[str, Record], index: Mapping[str, str], *, written: bool = True,
+                 replica: bool = False):
+        self.records, self.index, self.written, self.replica = records, index, written, replica
+
+    def __getitem__(self, uid: str) -> str:
+        rec = self.records.get(self.index.get(uid, ""))
+        if rec is None:
+            raise KeyError(uid)
+        if self.replica:
+            pod = next((p for p, u in rec.pod_uids.items() if u == uid and p in rec.pods), None)
+            if pod is None:
+                raise KeyError(uid)
+            return f"{rec.key}#{rec.pods[pod][0]}"
+        if uid in rec.pod_uids.values() or (self.written and uid in ((rec.written or {}).get("podUids") or ())):
+            return rec.key
+        raise KeyError(uid)
+
+    def __iter__(self) -> Any:
+        return (uid for uid in list(self.index) if uid in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __bool__(self) -> bool:
+        return bool(self.index)  # `pods or {}`: an empty index answers nothing either way

@@ -44,7 +44,15 @@ from vllmfit.core.spec import api, validate
 from vllmfit.operator.booking import draining, mirror, models
 from vllmfit.operator.booking.books import Books
 from vllmfit.operator.booking.pods import PodHealth
-from vllmfit.operator.booking.record import Record, booked_by, key_of, record_from_object, shows
+from vllmfit.operator.booking.record import (
+    OVER_BUDGET,
+    PodOwners,
+    Record,
+    booked_by,
+    key_of,
+    record_from_object,
+    shows,
+)
 from vllmfit.operator.booking.statuswriter import StatusWriter
 from vllmfit.operator.rendering import builders
 from vllmfit.sources import catalog
@@ -105,6 +113,8 @@ class Cache:
 
     def __init__(self) -> None:
         self.records: dict[str, Record] = {}
+        self.pod_index: dict[str, str] = {}  # pod UID -> its record's key (managed_pods; PodOwners checks it)
+        self.over_budget: set[str] = set()  # keys whose OverBudget condition says True (handlers.nodes.over_budget)
         self.attributions: dict[str, Any] = {}  # node -> vllmfit.core.observe.attribution.Attribution
         self.log_cache: dict[tuple[str, int], PodHealth] = {}  # (pod uid, restarts) -> health read from its log
         self.child_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -129,7 +139,7 @@ class Cache:
         self.dra_capacity_ok = True  # False once the API server dropped capacity requests (feature gate off)
         self.dra_refresh = ""  # why the DRA nodes must be looked at again (set while writing; finish() does it)
         # the closed loop (issue 34; handlers.nodes, reservations, vllmfit.core.placement.observed)
-        self.footprints: dict[tuple[str, int, str, int], tuple[str, int]] = {}  # replica, GPU -> (sampledAt, bytes)
+        self.footprints: dict[str, dict[tuple[str, int, int], tuple[str, int]]] = {}  # node -> replica, GPU -> (sampledAt, bytes)
         self.replica_usage: dict[str, Any] = {}  # node -> Attribution keyed "namespace/name#replica"
         self.gate_of: dict[tuple[str, str], tuple[str, int, str | None]] = {}  # gated pod -> deployment, replica, "node:i"
         self.gate_holds: dict[tuple[str, str], str] = {}  # gated pod -> why the start gate holds it
@@ -150,14 +160,28 @@ class Cache:
     def slices_changed(self) -> None:
         self._devices = None
 
-    def managed_pods(self) -> dict[str, str]:
-        """UIDs of vllmfit's vLLM pods -> their deployment. Their GPU memory is booked in the
-        ledger; the node inventory's other memory in use is foreign (vllmfit.core.observe.attribution's rule)."""
-        out: dict[str, str] = {}
-        for rec in self.records.values():
+    def managed_pods(self, *, written: bool = True, replica: bool = False) -> PodOwners:
+        """UIDs of vllmfit's vLLM pods -> their deployment (`PodOwners`). Their GPU memory is
+        booked in the ledger; the node inventory's other memory in use is foreign
+        (vllmfit.core.observe.attribution's rule)."""
+        return PodOwners(self.records, self.pod_index, written=written, replica=replica)
+
+    def pod_seen(self, rec: Record, pod: str, uid: str) -> None:
+        """A pod event named the UID of one of `rec`'s pods."""
+        rec.pod_uids[pod] = uid
+        self.pod_index[uid] = rec.key
+
+    def index_records(self, recs: Iterable[Record] | None = None) -> None:
+        """Index what node reports look up in these records (None: made anew from every record),
+        after records are read back from statuses: their pods' UIDs, and whether their OverBudget
+        condition says True."""
+        if recs is None:
+            self.pod_index, self.over_budget, recs = {}, set(), self.records.values()
+        for rec in recs:
             for uid in [*((rec.written or {}).get("podUids") or []), *rec.pod_uids.values()]:
-                out[str(uid)] = rec.key
-        return out
+                self.pod_index[str(uid)] = rec.key
+            if any(c.type == OVER_BUDGET and c.status == "True" for c in rec.conditions):
+                self.over_budget.add(rec.key)
 
     def upsert(self, body: Mapping[str, Any]) -> Record:
         key = key_of(body)
@@ -288,6 +312,7 @@ class Store:
         for body in ordered:
             rec = record_from_object(body)
             self.cache.records[rec.key] = rec
+        self.cache.index_records()
         pods = self.cache.managed_pods()  # read before the nodes: their GPU memory is booked, not foreign
         self.cache.node_infos = {}
         for obj in nodes:
@@ -401,6 +426,7 @@ class Store:
         if found:
             self.books.ledger = work  # else the ledger already says what the cluster says: kept
         self.cache.records = records
+        self.cache.index_records()
         self.cache.resynced = found
         return repair
 
@@ -427,6 +453,7 @@ class Store:
             return None
         new.written = dict(status)
         self.cache.records[key] = new
+        self.cache.index_records([new])
         self.cache.pins_dirty.update(p.node for r in (rec, new) if r is not None for p in r.placement)
         if new.admitted:
             self.books.ledger.restore(key, placement.bookings_from_status(key, st))

@@ -204,7 +204,7 @@ async def replan(store: Store, node: str, fx: Effects, cause: str) -> None:
 async def resolve_requests_on(store: Store, nodes: set[str]) -> None:
     """Re-placing needs resolved models: resolve the request of every deployment booked on these
     nodes (before the caller takes the lock; a spec that cannot be resolved keeps none)."""
-    keys = {b.deployment for k in store.books.ledger.deployments() for b in store.books.ledger.bookings_of(k) if b.node in nodes}
+    keys = {k for n in nodes for k in store.books.ledger.deployments_on(n)}  # not a pass over all (issue 32)
     for key in sorted(keys):
         rec = store.cache.records.get(key)
         if rec is not None and rec.request is None:
@@ -220,6 +220,7 @@ async def update_node(store: Store, name: str, info: placement.NodeInfo | None, 
     from the device plugin to DRA)."""
     old = store.books.ledger.nodes.get(name)
     store.cache.pins_dirty.add(name)  # its GPUs' UUIDs (pins) may change
+    placed = set(store.books.ledger.deployments_on(name))  # before the change (a node removed books none after)
     if info != old:
         slots = [(s.node, s.index) for s in (old.gpus if old else ())]
         before = {k: store.books.ledger.headroom_bytes(*k) for k in slots}
@@ -235,7 +236,8 @@ async def update_node(store: Store, name: str, info: placement.NodeInfo | None, 
         if grew:
             await retry_waiting(store, fx)
         fx.mark.update(builders.neighbours(store.books.ledger, {(s.node, s.index) for s in info.gpus} if info else set()))
-    for k, rec in store.cache.records.items():
-        if rec.admitted and rec.synced is not None and any(p.node == name for p in rec.placement) \
+    for k in sorted(placed | set(store.books.ledger.deployments_on(name))):  # the node's, not every record (issue 32)
+        rec = store.cache.records.get(k)
+        if rec is not None and rec.admitted and rec.synced is not None and any(p.node == name for p in rec.placement) \
                 and rec.synced != children_state(store, rec):
             fx.sync.add(k)

@@ -19,7 +19,8 @@ from vllmfit.operator import metrics
 from vllmfit.operator.admission import bounded
 from vllmfit.operator.binding import reservations
 from vllmfit.operator.booking import learning, report
-from vllmfit.operator.booking.measured import in_use, replica_pods, started
+from vllmfit.operator.booking.measured import forget, in_use, replica_pods, started
+from vllmfit.operator.booking.record import OVER_BUDGET
 from vllmfit.operator.booking.report import now
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.common import Effects, store_of
@@ -57,11 +58,10 @@ def attribute(store: Store, node: str, body: Mapping[str, Any], t: str) -> None:
         inv = inventory.GpuInventory.model_validate_json(raw)
     except pydantic.ValidationError:
         return
-    uids = {uid: rec.key for rec in store.cache.records.values() for uid in rec.pod_uids.values()}
-    att = attribution.attribute(inv, uids)
+    att = attribution.attribute(inv, store.cache.managed_pods(written=False))
     store.cache.attributions[node] = att
     store.cache.replica_usage[node] = attribution.attribute(inv, replica_pods(store))  # the closed loop's view
-    for key in store.books.ledger.deployments():
+    for key in store.books.ledger.deployments_on(node):  # the node's, not every deployment's (issue 32)
         rec = store.cache.records.get(key)
         mine = [b for b in store.books.ledger.bookings_of(key) if b.node == node]
         if rec is None or not mine:
@@ -148,8 +148,7 @@ async def node_data_refused(store: Store, name: str, problem: str) -> None:
 def node_data_condition(store: Store, name: str, problem: str | None, fx: Effects, t: str) -> None:
     """Set (problem) or clear (None) the NodeData condition of the deployments booked on `name`;
     an Event when it turns False or its message changes. Hold the lock."""
-    keys = {b.deployment for k in store.books.ledger.deployments() for b in store.books.ledger.bookings_of(k) if b.node == name}
-    for key in sorted(keys):
+    for key in sorted(store.books.ledger.deployments_on(name)):
         rec = store.cache.records.get(key)
         if rec is None:
             continue
@@ -172,8 +171,6 @@ def node_data_condition(store: Store, name: str, problem: str | None, fx: Effect
 
 # --- The closed loop (issue 34): measured footprints into the ledger ---------------------------
 
-OVER_BUDGET = "OverBudget"
-"""Condition on the deployments booked on a GPU whose measured bookings exceed its budget."""
 
 
 def close_loop(store: Store, node: str, fx: Effects, held: dict[tuple[str, int, str, int], int]) -> bool:
@@ -185,13 +182,14 @@ def close_loop(store: Store, node: str, fx: Effects, held: dict[tuple[str, int, 
     att = store.cache.replica_usage.get(node)
     measured = []
     if att is not None:
-        forget(store)
+        forget(store, node)
         for (key, replica, index), n in sorted(in_use(store, node).items()):
             if not att.units[index].attributable:
                 continue
             sample = (att.sampled_at, n)
-            prev = store.cache.footprints.get((key, replica, node, index))
-            store.cache.footprints[(key, replica, node, index)] = sample
+            samples = store.cache.footprints.setdefault(node, {})
+            prev = samples.get((key, replica, index))
+            samples[(key, replica, index)] = sample
             if observed.stable(prev, sample):
                 store.cache.started.add((key, replica))
             measured.append(observed.Measured(key, replica, node, index, n, started(store, key, replica)))
@@ -218,14 +216,6 @@ async def after_measuring(store: Store, node: str, shrank: bool, fx: Effects, t:
     await over_budget(store, node, fx, t)
     if shrank:
         await retry_waiting(store, fx)  # a booking came back down: room for what waits
-
-
-def forget(store: Store) -> None:
-    """Drop the samples and starts of replicas that are no longer booked."""
-    live = {(k, b.replica) for k in store.books.ledger.deployments() for b in store.books.ledger.bookings_of(k)}
-    store.cache.started &= live
-    for k in [k for k in store.cache.footprints if (k[0], k[1]) not in live]:
-        del store.cache.footprints[k]
 
 
 def teach(store: Store, node: str, measured: list[observed.Measured]) -> None:
@@ -271,21 +261,31 @@ async def over_budget(store: Store, node: str, fx: Effects, t: str) -> None:
             apply_decision(store, rec, req, d, fx, cause=f"{node}: a GPU it was booked on is over budget (measured)")
         else:
             store.books.ledger.restore(key, old_bookings)  # nowhere better: it waits behind the start gate
-    texts: dict[str, list[str]] = {}
-    for k in sorted(k for k in slots if store.books.ledger.headroom_bytes(*k) < 0):
-        line = observed.holders(store.books.ledger, *k)
-        for b in store.books.ledger.bookings_on(*k):
-            texts.setdefault(b.deployment, []).append(line)
-    for key, rec in store.cache.records.items():
+    # The condition of what is booked here, and of what said it was over budget (it may be booked
+    # elsewhere now), from every GPU it is booked on: another node's report leaves it as it is
+    # (it was cleared, then set again with an Event, by each report of any other node), and a
+    # report looks at the node's deployments, not at every record (issue 32).
+    ledger, over = store.books.ledger, store.cache.over_budget
+    for key in sorted(set(ledger.deployments_on(node)) | over):
+        rec = store.cache.records.get(key)
+        if rec is None:
+            over.discard(key)
+            continue
+        gpus = sorted({(b.node, b.index) for b in ledger.bookings_of(key)})
+        lines = [observed.holders(ledger, *k) for k in gpus if ledger.headroom_bytes(*k) < 0]
         old = next((c for c in rec.conditions if c.type == OVER_BUDGET), None)
-        if key in texts:
-            message = "; ".join(texts[key])
-            if old is None or old.message != message:
+        if lines:
+            over.add(key)
+            message = "; ".join(lines)
+            if old is None or old.status != "True" or old.message != message:
                 rec.conditions = report.set_condition(rec.conditions, OVER_BUDGET, "True", "MeasuredOverBudget",
                                                       message, t, rec.generation)
                 fx.events.append((rec.body, "Warning", "GpuOverBudget", message))
                 fx.mark.add(key)
-        elif old is not None and old.status == "True":
-            rec.conditions = report.set_condition(rec.conditions, OVER_BUDGET, "False", "WithinBudget",
-                                                  "every GPU it is booked on is within its budget", t, rec.generation)
-            fx.mark.add(key)
+        else:
+            over.discard(key)
+            if old is not None and old.status == "True":
+                rec.conditions = report.set_condition(rec.conditions, OVER_BUDGET, "False", "WithinBudget",
+                                                      "every GPU it is booked on is within its budget", t,
+                                                      rec.generation)
+                fx.mark.add(key)

@@ -79,7 +79,7 @@ async def on_pod(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -
                 replica = 0
             rec.pods[name] = (replica, health)
             if meta.get("uid"):
-                rec.pod_uids[name] = meta["uid"]
+                store.cache.pod_seen(rec, name, str(meta["uid"]))
         old = next((c for c in rec.conditions if c.type == "Ready"), None)
         refresh_ready(rec, now())
         new = next(c for c in rec.conditions if c.type == "Ready")

@@ -7,6 +7,7 @@ import gc
 import logging
 import os
 import socket
+import time
 from typing import Any
 
 import aiohttp
@@ -17,10 +18,11 @@ from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiException
 
 from vllmfit import __version__
+from vllmfit.core import defaults
 from vllmfit.core.spec import api
 from vllmfit.operator import metrics
 from vllmfit.operator.binding import claims, reservations
-from vllmfit.operator.booking import learning
+from vllmfit.operator.booking import learning, measured
 from vllmfit.operator.booking.record import key_of
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.children import children_state
@@ -108,6 +110,7 @@ async def resync_once(store: Store) -> bool:
         if store.books.changes != before or store.writer.busy():
             return False
         repair = store.resync(nodes, deployments, children)
+        measured.forget(store)  # the samples of replicas released where no node reports any more
         if store.leading:
             if repair:
                 logger.warning("resync: rewriting statuses that differ from the records: %s", ", ".join(sorted(repair)))
@@ -148,13 +151,23 @@ def api_client(config: Any) -> client.ApiClient:
     return api
 
 
+def resync_wait(every: float, cpu: float) -> float:
+    """Seconds from the end of a resync that took `cpu` seconds of CPU to the start of the next:
+    `every` (--resync-seconds), or longer, so that resyncs take at most defaults.RESYNC_SHARE of
+    a core however large the cluster."""
+    return max(every, cpu * (1 / defaults.RESYNC_SHARE - 1))
+
+
 async def resync_loop(store: Store, every: float) -> None:
+    wait = every
     while True:
-        await asyncio.sleep(every)
+        await asyncio.sleep(wait)
+        cpu = time.process_time()  # the process's: events handled while it awaits its listings count too
         try:
             await resync_once(store)
         except Exception as e:  # noqa: BLE001 - a failed listing is retried next time
             logger.warning("resync failed: %s", e)
+        wait = resync_wait(every, time.process_time() - cpu)
 
 
 STARTUP_DRAINS = "vllmfit_startup_drains"
