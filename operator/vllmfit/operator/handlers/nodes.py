@@ -172,7 +172,6 @@ def node_data_condition(store: Store, name: str, problem: str | None, fx: Effect
 # --- The closed loop (issue 34): measured footprints into the ledger ---------------------------
 
 
-
 def close_loop(store: Store, node: str, fx: Effects, held: dict[tuple[str, int, str, int], int]) -> bool:
     """The node's latest inventory, per replica: footprints seen stable start their replica and
     teach a learned record; started replicas' bookings become max(prediction, observed + margin)
