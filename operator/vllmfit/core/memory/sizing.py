@@ -136,7 +136,8 @@ def _inside_r(fp: Footprint, version: VllmVersion) -> int:
 
 def kv_request_bytes(model: ModelArch, r: Resolved, length: int) -> int:
     """The KV cache the request asks for, in bytes per GPU (`vllm` policy), for a context of
-    `length`: memory as given; tokens as whole blocks in every group; concurrency as that many
+    `length`: memory as given; tokens as whole blocks in every group (one request of `length` at
+    least, once they reach what its pool holds); concurrency as that many
     requests of the typical length (maxModelLen when unset); nothing given:
     DEFAULT_KV_FULL_REQUESTS requests of the full context. Plus the null block."""
     s, lay = r.settings, r.layout
@@ -147,7 +148,12 @@ def kv_request_bytes(model: ModelArch, r: Resolved, length: int) -> int:
     if s.kv_bytes is not None:
         return s.kv_bytes
     if s.kv_tokens is not None:
-        return lay.bytes_for_tokens(s.kv_tokens)
+        # Tokens in every group; and one request of the context at least, once they are as many as
+        # one request's pool holds in every group: a window-bounded group needs fewer blocks than
+        # a full one, so the tokens that pool shows, spread evenly, can be a few blocks short of it
+        tokens = lay.bytes_for_tokens(s.kv_tokens)
+        one = lay.bytes_for(length, 1, r.batched_tokens, s.pp)
+        return max(tokens, one) if s.kv_tokens >= lay.pool_tokens(one) else tokens
     if s.kv_concurrency is not None:
         return lay.bytes_for(s.typical_len or length, s.kv_concurrency, r.batched_tokens, s.pp)
     return lay.bytes_for(length, defaults.DEFAULT_KV_FULL_REQUESTS, r.batched_tokens, s.pp)
