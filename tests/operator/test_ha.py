@@ -32,15 +32,18 @@ async def test_a_new_leader_catches_up_and_sweeps_before_it_admits(cluster: Clus
     await cluster.phase("a", "Admitted")
     a0 = await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0"), what="a-0 written")
     store = cluster.store
+    orphan = dict(a0)  # the old leader died after writing this Deployment, before its status
+    orphan["metadata"] = {**a0["metadata"], "name": "old-0", "uid": "orphan",
+                          "labels": {**a0["metadata"]["labels"], builders.LABEL_DEPLOYMENT: "old"}}
+    # written before the standby stops leading: any event in between (an echo of a's writes)
+    # takes the lead and sweeps, and a sweep before the orphan exists finds nothing to sweep
+    # (the test's own race, seen twice in CI: "timed out waiting for old-0 swept")
+    await client.AppsV1Api(cluster.api).create_namespaced_deployment("default", orphan)
     async with store.books.lock:  # a standby: not leading, and it never saw the old leader admit a
         store.leading = False
         store.cache.records.pop("default/a")
         store.books.ledger.release("default/a")
     assert not store.books.ledger.bookings_of("default/a")
-    orphan = dict(a0)  # the old leader died after writing this Deployment, before its status
-    orphan["metadata"] = {**a0["metadata"], "name": "old-0", "uid": "orphan",
-                          "labels": {**a0["metadata"]["labels"], builders.LABEL_DEPLOYMENT: "old"}}
-    await client.AppsV1Api(cluster.api).create_namespaced_deployment("default", orphan)
     n = len(cluster.km.journal)
     await cluster.create(vd("b", QWEN7, **BIG))  # the first event the new leader handles
     await cluster.phase("b", "Unschedulable")  # caught up: a holds the only GPU
