@@ -1,18 +1,24 @@
 """Reconciles decide on the committed snapshot without the writer's lock and commit optimistically
 (issue 29): a commit whose snapshot is no longer the ledger is Stale and decides again.
 
-The race is replayed on a fixed schedule (asyncio events, no sleeps, no clock): two reconciles
-decide on the same snapshot, each wanting the last room on one GPU; A commits first; only then
-B commits, finds the ledger moved (Stale), decides again on the new snapshot and is refused. The
-second test runs the same schedule with the version check removed: B then commits what it decided
-on the old snapshot (only the ledger's last guard, Ledger.book's OverBudget, keeps the GPU within
-budget, and the reconcile fails), so the first test can fail. On the code before (decisions taken
-holding the lock) this schedule cannot happen: B's decision waited for A's commit.
+The race is replayed on a fixed schedule (asyncio events, no sleeps, no clock): A decides on a
+snapshot, wanting the last room on one GPU, and is held before its commit; B, a second reconcile
+that comes meanwhile, decides holding the writer's lock (another reconcile is deciding: issue 32)
+and takes that room; only then A commits, finds the ledger moved (Stale), decides again on the
+new snapshot and is refused. The second test runs the same schedule with the version check
+removed: A then commits what it decided on the old snapshot (only the ledger's last guard,
+Ledger.book's OverBudget, keeps the GPU within budget, and the reconcile fails), so the first test
+can fail. On the code before issue 29 (decisions taken holding the lock) this schedule cannot
+happen: B's decision waited for A's commit.
+
+A burst of creates (issue 32) decides each deployment once: before, every optimistic decision but
+the first was Stale, and each deployment was decided up to OPTIMISTIC_DECISIONS + 1 times.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 from typing import Any
 
 import pytest
@@ -34,23 +40,27 @@ BIG = {"maxModelLen": 32768, "kvCache": {"concurrency": 16}}  # more than half o
 
 
 class Schedule:
-    """bounded.decide, held at fixed points: the first decision of each deployment waits, after
-    deciding, until the test lets it commit; `both` is set once both have decided."""
+    """bounded.decide, held at fixed points: the first decision of each deployment named in
+    `held` waits, after deciding, until the test lets it commit (`turn`); `decided` is set then.
+    Every decision is recorded with the ledger it was taken on and whether the writer's lock
+    was held."""
 
-    def __init__(self, keys: list[str]) -> None:
+    def __init__(self, held: list[str], lock: Any) -> None:
         self.real = bounded.decide
-        self.turn = {k: asyncio.Event() for k in keys}
-        self.both = asyncio.Event()
-        self.snapshots: dict[str, list[Any]] = {k: [] for k in keys}  # the ledgers each decided on
-        self.decisions: dict[str, list[Any]] = {k: [] for k in keys}
+        self.lock = lock
+        self.turn = {k: asyncio.Event() for k in held}
+        self.decided = {k: asyncio.Event() for k in held}
+        self.snapshots: dict[str, list[Any]] = collections.defaultdict(list)  # the ledgers each decided on
+        self.decisions: dict[str, list[Any]] = collections.defaultdict(list)
+        self.locked: dict[str, list[bool]] = collections.defaultdict(list)
 
     async def decide(self, workers: Any, ledger: Any, req: Any, **kwargs: Any) -> Any:
         self.snapshots[req.key].append(ledger)
+        self.locked[req.key].append(self.lock.locked())
         d = await self.real(workers, ledger, req, **kwargs)
         self.decisions[req.key].append(d)
-        if len(self.decisions[req.key]) == 1:
-            if all(self.decisions.values()):
-                self.both.set()
+        if req.key in self.turn and len(self.decisions[req.key]) == 1:
+            self.decided[req.key].set()
             await self.turn[req.key].wait()
         return d
 
@@ -64,18 +74,17 @@ async def race(km: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Store, Schedul
     store.api = client.ApiClient(client.Configuration(host=km_url(km)))
     store.rebuild([node("gpu-a", gpus=1)], [])  # one H100: room for one of them
     store.leading = True  # this test is the only handler: no lead to take
-    schedule = Schedule(["default/a", "default/b"])
+    schedule = Schedule(["default/a"], store.books.lock)
     monkeypatch.setattr(bounded, "decide", schedule.decide)
     ta = asyncio.create_task(reconcile(store, a, force=False))
-    tb = asyncio.create_task(reconcile(store, b, force=False))
-    await schedule.both.wait()  # both decided, neither committed
-    assert schedule.snapshots["default/a"][0] is schedule.snapshots["default/b"][0]  # the same snapshot
-    assert all(d[0].admitted for d in schedule.decisions.values())  # each saw the room free
-    assert not store.books.lock.locked()  # and decided without the writer's lock
+    await schedule.decided["default/a"].wait()  # A decided on a snapshot, not committed
+    assert schedule.decisions["default/a"][0].admitted  # it saw the room free
+    assert schedule.locked["default/a"] == [False]  # and decided without the writer's lock
+    await reconcile(store, b, force=False)  # B, while A is in flight: decides holding the lock, commits
+    assert schedule.locked["default/b"] == [True]
+    assert store.books.ledger.deployments() == ["default/b"]
     schedule.turn["default/a"].set()
-    await ta  # A commits
-    schedule.turn["default/b"].set()
-    await tb  # B commits on a ledger that moved
+    await ta  # A commits on a ledger that moved
     return store, schedule, cluster
 
 
@@ -83,16 +92,16 @@ async def test_two_reconciles_decided_on_one_snapshot_never_both_take_the_last_r
         km: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     store, schedule, cluster = await race(km, monkeypatch)
     try:
-        assert store.books.stale == 1  # B's commit found the ledger moved
-        assert len(schedule.decisions["default/b"]) == 2  # and B decided again, on the new snapshot
-        assert schedule.snapshots["default/b"][1] is not schedule.snapshots["default/b"][0]
-        assert schedule.decisions["default/b"][1].phase == "Unschedulable"
-        assert store.books.ledger.deployments() == ["default/a"]
+        assert store.books.stale == 1  # A's commit found the ledger moved
+        assert len(schedule.decisions["default/a"]) == 2  # and A decided again, on the new snapshot
+        assert schedule.snapshots["default/a"][1] is not schedule.snapshots["default/a"][0]
+        assert schedule.decisions["default/a"][1].phase == "Unschedulable"
+        assert store.books.ledger.deployments() == ["default/b"]
         assert store.books.ledger.over_budget() == []
-        assert store.cache.records["default/b"].outcome == "Unschedulable"
-        assert cluster.status("b").get("phase") == "Unschedulable" and not cluster.status("b").get("memory")
-        assert cluster.get("apps/v1/deployments", "a-0") is not None
-        assert cluster.get("apps/v1/deployments", "b-0") is None
+        assert store.cache.records["default/a"].outcome == "Unschedulable"
+        assert cluster.status("a").get("phase") == "Unschedulable" and not cluster.status("a").get("memory")
+        assert cluster.get("apps/v1/deployments", "b-0") is not None
+        assert cluster.get("apps/v1/deployments", "a-0") is None
     finally:
         await store.api.close()
         await cluster.api.close()
@@ -100,12 +109,12 @@ async def test_two_reconciles_decided_on_one_snapshot_never_both_take_the_last_r
 
 async def test_without_the_version_check_b_commits_a_decision_taken_on_the_old_snapshot(
         km: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The check is what the first test rests on: with Books.check made a no-op, B commits the
+    """The check is what the first test rests on: with Books.check made a no-op, A commits the
     decision it took on the old snapshot. Only the ledger's last guard (Ledger.book refuses a
-    booking past a GPU's headroom) keeps the GPU within its budget, and B's reconcile fails with
+    booking past a GPU's headroom) keeps the GPU within its budget, and A's reconcile fails with
     it instead of deciding again."""
     monkeypatch.setattr(Books, "check", lambda self, based_on: None)
-    with pytest.raises(OverBudget, match="default/b no longer fits on gpu-a GPU 0"):
+    with pytest.raises(OverBudget, match="default/a no longer fits on gpu-a GPU 0"):
         await race(km, monkeypatch)
 
 
@@ -144,3 +153,31 @@ async def test_past_the_bound_a_reconcile_decides_under_the_lock_and_ends(
         await store.api.close()
         await cluster.api.close()
 
+
+
+async def test_a_burst_of_creates_decides_each_deployment_once(km: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight reconciles at once (a burst of creates: issue 32), each fitting: the first decides on
+    a snapshot; the others, another reconcile deciding, decide holding the lock, in the lock's
+    order. Each deployment is decided once (the first at most twice: its snapshot may have moved
+    under it) and at most one commit is Stale. Before, every optimistic decision but one went
+    Stale: 8 reconciles made 26 decisions on this schedule, 18 commits Stale."""
+    cluster = Cluster(km)
+    small = [vd(f"s{i}", "Qwen/Qwen2.5-0.5B-Instruct", maxModelLen=4096, maxNumSeqs=16) for i in range(8)]
+    for obj in small:
+        await cluster.create(obj)
+    store = Store()
+    store.api = client.ApiClient(client.Configuration(host=km_url(km)))
+    store.rebuild([node("gpu-a", gpus=2)], [])
+    store.leading = True
+    schedule = Schedule([], store.books.lock)
+    monkeypatch.setattr(bounded, "decide", schedule.decide)
+    try:
+        await asyncio.gather(*(reconcile(store, obj, force=False) for obj in small))
+        calls = {k: len(v) for k, v in schedule.decisions.items()}
+        assert sum(calls.values()) <= len(small) + 1, calls
+        assert store.books.stale <= 1
+        assert sorted(store.books.ledger.deployments()) == sorted(f"default/s{i}" for i in range(8))
+        assert store.books.ledger.over_budget() == []
+    finally:
+        await store.api.close()
+        await cluster.api.close()

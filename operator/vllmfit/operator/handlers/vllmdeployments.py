@@ -47,7 +47,9 @@ async def reconcile(store: Store, body: Mapping[str, Any], *, force: bool) -> No
     lock only if the ledger is still the snapshot it was decided on (`Books.check`); otherwise
     (Stale) it is decided again on the new snapshot. After defaults.OPTIMISTIC_DECISIONS stale
     tries it is decided holding the lock, which nothing can make stale: every reconcile ends, and
-    no two reconciles can both book the last room on a GPU."""
+    no two reconciles can both book the last room on a GPU. While another reconcile is deciding
+    too (`Books.alone`: a burst of creates), one of them would make the other's snapshot stale,
+    so it decides holding the lock at once: each decided once, in the lock's order (issue 32)."""
     await store.books.ready.wait()
     await lead(store)  # a new leader sweeps before it admits
     t0 = time.monotonic()
@@ -64,21 +66,25 @@ async def reconcile(store: Store, body: Mapping[str, Any], *, force: bool) -> No
         transient = str(e) if e.transient else None
     key = key_of(body)
     generation = (body.get("metadata") or {}).get("generation")
-    for attempt in range(defaults.OPTIMISTIC_DECISIONS + 1):
-        optimistic = attempt < defaults.OPTIMISTIC_DECISIONS
-        decided: Decided | None = None
-        if req is not None and optimistic:
-            snapshot, based_on = store.books.snapshot(), store.books.version  # read together: no await between
-            seen = store.cache.records.get(key)
-            if not decided_already(store, seen, generation, force, snapshot):
-                keep = scale_keep(snapshot, seen, req) if seen is not None else []
-                decided = Decided(based_on, keep, await bounded.decide(store.workers, snapshot, req, keep=keep))
-        try:
-            async with store.books.lock:
-                if await commit(store, body, req, problem, force, fx, decided, under_lock=not optimistic):
-                    break
-        except Stale as e:
-            logger.info("%s: %s; deciding again on the new snapshot", key, e)
+    store.books.deciding += 1
+    try:
+        for attempt in range(defaults.OPTIMISTIC_DECISIONS + 1):
+            optimistic = attempt < defaults.OPTIMISTIC_DECISIONS and store.books.alone()
+            decided: Decided | None = None
+            if req is not None and optimistic:
+                snapshot, based_on = store.books.snapshot(), store.books.version  # read together: no await between
+                seen = store.cache.records.get(key)
+                if not decided_already(store, seen, generation, force, snapshot):
+                    keep = scale_keep(snapshot, seen, req) if seen is not None else []
+                    decided = Decided(based_on, keep, await bounded.decide(store.workers, snapshot, req, keep=keep))
+            try:
+                async with store.books.lock:
+                    if await commit(store, body, req, problem, force, fx, decided, under_lock=not optimistic):
+                        break
+            except Stale as e:
+                logger.info("%s: %s; deciding again on the new snapshot", key, e)
+    finally:
+        store.books.deciding -= 1
     await finish(store, fx)
     metrics.RECONCILE.observe(time.monotonic() - t0)
     if transient:
