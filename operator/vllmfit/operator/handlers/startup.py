@@ -46,12 +46,34 @@ the operator's CPU while 1,500 deployments settle (issue 32: 3.4 s of 18.7; 1.1 
 The operator sets it at start-up, for its own process."""
 
 
+class DiffBase(kopf.AnnotationsDiffBaseStorage):
+    """Kopf's last-handled-configuration storage, with the same essence built for less. Kopf
+    builds an object's essence (what its change detection compares: the object less its status
+    and its metadata, then its labels and annotations) on every event by deep-copying the whole
+    object, status and metadata included, and deleting both from the copy. Here the copy is
+    made from the object without its status and with only the metadata the essence or its key
+    reads (KEPT_METADATA): the same essence (tests/operator/test_diffbase.py checks it against
+    Kopf's), without copying a status Kopf then throws away (issue 32: 7 % of the operator's CPU
+    while 2,000 deployments settle). Fields a handler asks for besides (`extra_fields`, none in
+    vllmfit) take Kopf's own path."""
+
+    KEPT_METADATA = ("labels", "annotations", "ownerReferences")  # essence: labels, annotations; key: owners
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
+        extra = list(extra_fields or ())
+        if extra:
+            return super().build(body=body, extra_fields=extra)
+        meta = body.get("metadata") or {}
+        light = {k: v for k, v in body.items() if k not in ("status", "metadata")}
+        light["metadata"] = {k: meta[k] for k in self.KEPT_METADATA if k in meta}
+        return super().build(body=kopf.Body(light), extra_fields=extra)
+
+
 def configure(settings: kopf.OperatorSettings) -> None:
     """Kopf settings the operator relies on: handler progress in annotations (not in status,
     which belongs to vllmfit and is pruned by the CRD schema), our own finalizer name."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=api.GROUP, key="last-handled-configuration")
+    settings.persistence.diffbase_storage = DiffBase(prefix=api.GROUP, key="last-handled-configuration")
     settings.persistence.finalizer = f"{api.GROUP}/finalizer"
     # Identity: Events say "vllmfit" (source.component, reportingComponent; `kubectl describe`
     # shows "From vllmfit") and name the pod that posted them; every write carries the User-Agent
