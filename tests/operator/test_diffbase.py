@@ -52,10 +52,12 @@ def test_the_essence_is_kopfs(raw: dict[str, Any]) -> None:
     assert raw == before  # neither changes the object
 
 
-@settings(max_examples=100, deadline=None)
-@given(objects)
-def test_extra_fields_take_kopfs_path(raw: dict[str, Any]) -> None:
-    extra = [("status",), ("metadata", "name")]
+@settings(max_examples=200, deadline=None)
+@given(objects, st.sampled_from([[("spec",)], [("spec", "model")], [("data",)], [("status",)],
+                                 [("metadata", "name")], [("spec",), ("status", "phase")]]))
+def test_with_the_fields_a_handler_watches(raw: dict[str, Any], extra: list[tuple[str, ...]]) -> None:
+    """`field="spec"` (the update handler) makes Kopf pass ("spec",) on every event: the light
+    path; a field in the status or the metadata takes Kopf's own."""
     assert ours().build(body=kopf.Body(raw), extra_fields=extra) == kopfs().build(body=kopf.Body(raw), extra_fields=extra)
 
 
@@ -68,6 +70,7 @@ def test_the_status_is_not_copied() -> None:
     raw = {"apiVersion": "vllmfit.dev/v1alpha1", "kind": "VLLMDeployment", "metadata": {"name": "a"},
            "spec": {"model": "m"}, "status": Uncopyable(phase="Admitted")}
     assert ours().build(body=kopf.Body(raw)) == {"spec": {"model": "m"}}
+    assert ours().build(body=kopf.Body(raw), extra_fields={("spec",)}) == {"spec": {"model": "m"}}
     try:
         kopfs().build(body=kopf.Body(raw))
     except AssertionError as e:  # Kopf's own copies it: what the test would catch
