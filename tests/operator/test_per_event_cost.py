@@ -4,6 +4,9 @@
   (writes.rebook_reported) are those on the nodes where something changed, not every record.
 - The reservation sync (a pass over the whole ledger) is coalesced: callers that come while a
   pass waits to start join it, so a burst of events runs a pass or two, not one each.
+- A reconcile that finds nothing to decide (the create handler after the event handler decided
+  the object) runs no reservation pass and looks at no record's children: it only has its
+  status looked at again.
 """
 
 from __future__ import annotations
@@ -12,11 +15,14 @@ import asyncio
 from typing import Any
 
 import pytest
+from kubernetes_asyncio import client
+from opkit import Cluster, km_url, vd
 from test_state import admitted_status, node
 
 from vllmfit.operator.binding import reservations
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers import writes
+from vllmfit.operator.handlers.vllmdeployments import reconcile
 
 
 def two_nodes() -> Store:
@@ -103,3 +109,46 @@ async def test_a_burst_gets_one_pass_paced_by_the_last_passs_cost(monkeypatch: A
     assert len(starts) == 2, starts  # the burst joined one pass
     ended, took = ends[0]
     assert took == 1.0 and starts[1] >= ended + took * (1 / reservations.PASS_SHARE - 1)
+
+
+@pytest.mark.looptime
+async def test_a_reconcile_with_nothing_to_decide_runs_no_pass(km: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = Cluster(km)
+    objs = [vd(name, "Qwen/Qwen2.5-0.5B-Instruct", maxModelLen=4096, maxNumSeqs=16) for name in ("a", "b")]
+    for obj in objs:
+        await cluster.create(obj)
+    store = Store()
+    store.api = client.ApiClient(client.Configuration(host=km_url(km)))
+    store.rebuild([node("gpu-a", 1)], [])
+    store.leading = True
+    store.cache.runtime_classes = {"nvidia"}  # the GPU Operator's, as the watch would have listed it
+    passes: list[int] = []
+    looked: list[str] = []
+    real_sync, real_state = reservations.sync, writes.children_state
+
+    async def counted_sync(s: Store) -> None:
+        passes.append(1)
+        await real_sync(s)
+
+    def counted_state(s: Store, rec: Any, *args: Any) -> Any:
+        looked.append(rec.key)
+        return real_state(s, rec, *args)
+
+    monkeypatch.setattr(reservations, "sync", counted_sync)
+    monkeypatch.setattr(writes, "children_state", counted_state)
+    try:
+        for obj in objs:  # the event handler decides each: both admitted on the one GPU
+            await reconcile(store, obj, force=False)
+        assert sorted(store.books.ledger.deployments()) == ["default/a", "default/b"]
+        assert cluster.get("apps/v1/deployments", "a-0") and cluster.get("apps/v1/deployments", "b-0")
+        assert passes  # a decision makes Kubernetes hold what it booked
+        passes.clear()
+        looked.clear()
+        requests = len(km.journal)
+        await reconcile(store, objs[0], force=False)  # the create handler: decided already
+        assert passes == [] and looked == []  # no reservation pass, no neighbour's children
+        assert len(km.journal) == requests  # and no write
+        assert "default/a" in store.writer._dirty  # its status is looked at again
+    finally:
+        await store.api.close()
+        await cluster.api.close()

@@ -66,6 +66,7 @@ async def reconcile(store: Store, body: Mapping[str, Any], *, force: bool) -> No
         transient = str(e) if e.transient else None
     key = key_of(body)
     generation = (body.get("metadata") or {}).get("generation")
+    done: str | None = None
     store.books.deciding += 1
     try:
         for attempt in range(defaults.OPTIMISTIC_DECISIONS + 1):
@@ -79,13 +80,17 @@ async def reconcile(store: Store, body: Mapping[str, Any], *, force: bool) -> No
                     decided = Decided(based_on, keep, await bounded.decide(store.workers, snapshot, req, keep=keep))
             try:
                 async with store.books.lock:
-                    if await commit(store, body, req, problem, force, fx, decided, under_lock=not optimistic):
+                    if (done := await commit(store, body, req, problem, force, fx, decided,
+                                             under_lock=not optimistic)) is not None:
                         break
             except Stale as e:
                 logger.info("%s: %s; deciding again on the new snapshot", key, e)
     finally:
         store.books.deciding -= 1
-    await finish(store, fx)
+    # Kept as it was (the create handler after the event handler decided it, a resume): nothing
+    # was booked or released, so Kubernetes holds what it held; the reservation pass and the
+    # re-booking look at the whole ledger and wait for a step that changes it (issue 32).
+    await finish(store, fx, hold=not (done == KEPT and not fx.sync))
     metrics.RECONCILE.observe(time.monotonic() - t0)
     if transient:
         raise kopf.TemporaryError(transient, delay=30)
@@ -112,12 +117,17 @@ def decided_already(store: Store, rec: Record | None, generation: Any, force: bo
     return rec.request is not None and rec.outcome != "Pending"
 
 
+KEPT, APPLIED = "kept", "applied"  # what commit() did: nothing to decide for this event, or applied
+
+
 async def commit(store: Store, body: Mapping[str, Any], req: Request | None, problem: tuple[str, str, str] | None,
-                 force: bool, fx: Effects, decided: Decided | None, *, under_lock: bool) -> bool:
+                 force: bool, fx: Effects, decided: Decided | None, *, under_lock: bool) -> str | None:
     """Under the writer's lock: apply what reconcile found to the record and the ledger. Raises
-    Stale when `decided` was taken on a ledger that is no longer the writer's; returns False when
-    a decision is needed that was not taken (decide again), True when done. `under_lock`: past
-    the optimistic tries, decide here, holding the lock."""
+    Stale when `decided` was taken on a ledger that is no longer the writer's; returns None when
+    a decision is needed that was not taken (decide again), KEPT when there was nothing to decide
+    (decided for this generation already: only its children and status are looked at again),
+    APPLIED when a decision or a refusal was applied. `under_lock`: past the optimistic tries,
+    decide here, holding the lock."""
     rec = store.cache.upsert(body)  # under the lock: a resync may have replaced the record
     if req is None:
         assert problem is not None
@@ -126,7 +136,7 @@ async def commit(store: Store, body: Mapping[str, Any], req: Request | None, pro
         not_admitted(rec, *problem, fx, t=now())
         refresh_ready(rec, now())
         fx.mark.add(rec.key)
-        return True
+        return APPLIED
     if decided_already(store, rec, rec.generation, force):
         if rec.admitted:
             rec.request = req
@@ -136,13 +146,16 @@ async def commit(store: Store, body: Mapping[str, Any], req: Request | None, pro
                 fx.sync.add(rec.key)
         else:
             rec.request = req  # decided for this generation already; waiting specs are retried when room frees up
-        fx.mark.add(rec.key)
-        return True
+        if rec.key in fx.sync:
+            fx.mark.add(rec.key)
+        else:  # nothing of it changed: its status is looked at again, no other record's children
+            store.writer.mark([rec.key])
+        return KEPT
     keep = scale_keep(store.books.ledger, rec, req)
     if under_lock:
         d = await bounded.decide(store.workers, store.books.ledger, req, keep=keep)
     elif decided is None:
-        return False  # it looked decided already when the snapshot was taken
+        return None  # it looked decided already when the snapshot was taken
     else:
         store.books.check(decided.based_on)  # raises Stale: the ledger moved since the snapshot
         if decided.keep != keep:  # its record changed meanwhile (what a scale keeps)
@@ -158,7 +171,7 @@ async def commit(store: Store, body: Mapping[str, Any], req: Request | None, pro
     apply_decision(store, rec, req, d, fx, cause="its GPUs are gone or over budget" if lost else "")
     if sum(b.footprint.total for b in store.books.ledger.bookings_of(rec.key)) < held:
         await retry_waiting(store, fx)  # it books less (scale-down, smaller spec): room may be free
-    return True
+    return APPLIED
 
 
 async def on_create(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
