@@ -54,8 +54,11 @@ def test_the_essence_is_kopfs(raw: dict[str, Any]) -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(objects, st.sampled_from([[("spec",)], [("spec", "model")], [("data",)], [("status",)],
-                                 [("metadata", "name")], [("spec",), ("status", "phase")]]))
-def test_with_the_fields_a_handler_watches(raw: dict[str, Any], extra: list[tuple[str, ...]]) -> None:
+                                 [("metadata", "name")], [("spec",), ("status", "phase")], ["status.phase"],
+                                 ["spec.model"]]))
+@example({"metadata": {"name": "a"}, "spec": {"model": "m"}, "status": {"phase": "Admitted"}}, ["status.phase"])
+@example({"metadata": {"name": "a"}, "spec": {"model": "m"}, "status": {"phase": "Admitted"}}, [("status", "phase")])
+def test_with_the_fields_a_handler_watches(raw: dict[str, Any], extra: list[Any]) -> None:
     """`field="spec"` (the update handler) makes Kopf pass ("spec",) on every event: the light
     path; a field in the status or the metadata takes Kopf's own."""
     assert ours().build(body=kopf.Body(raw), extra_fields=extra) == kopfs().build(body=kopf.Body(raw), extra_fields=extra)

@@ -61,7 +61,7 @@ class DiffBase(kopf.AnnotationsDiffBaseStorage):
     KEPT_METADATA = ("labels", "annotations", "ownerReferences")  # essence: labels, annotations; key: owners
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
-        extra = [tuple(f) for f in extra_fields or ()]
+        extra = [tuple(f.split(".")) if isinstance(f, str) else tuple(f) for f in extra_fields or ()]  # Kopf's FieldSpec
         if any(f[0] in ("status", "metadata") for f in extra if f):
             return super().build(body=body, extra_fields=extra)
         meta = body.get("metadata") or {}
