@@ -4,17 +4,11 @@ have started, what their processes hold, and the start gate of a replica's pod
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from vllmfit.core.observe import attribution
 from vllmfit.core.placement import observed
 from vllmfit.operator.booking.state import Store
-
-
-def replica_pods(store: Store) -> Mapping[str, str]:
-    """UIDs of vllmfit's pods whose replica is known -> "namespace/name#replica"."""
-    return store.cache.managed_pods(replica=True)
 
 
 def forget(store: Store, node: str | None = None) -> None:

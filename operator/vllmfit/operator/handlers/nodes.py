@@ -19,7 +19,7 @@ from vllmfit.operator import metrics
 from vllmfit.operator.admission import bounded
 from vllmfit.operator.binding import reservations
 from vllmfit.operator.booking import learning, report
-from vllmfit.operator.booking.measured import forget, in_use, replica_pods, started
+from vllmfit.operator.booking.measured import forget, in_use, started
 from vllmfit.operator.booking.record import OVER_BUDGET
 from vllmfit.operator.booking.report import now
 from vllmfit.operator.booking.state import Store
@@ -60,7 +60,7 @@ def attribute(store: Store, node: str, body: Mapping[str, Any], t: str) -> None:
         return
     att = attribution.attribute(inv, store.cache.managed_pods(written=False))
     store.cache.attributions[node] = att
-    store.cache.replica_usage[node] = attribution.attribute(inv, replica_pods(store))  # the closed loop's view
+    store.cache.replica_usage[node] = attribution.attribute(inv, store.cache.managed_pods(replica=True))  # the closed loop's view
     for key in store.books.ledger.deployments_on(node):  # the node's, not every deployment's (issue 32)
         rec = store.cache.records.get(key)
         mine = [b for b in store.books.ledger.bookings_of(key) if b.node == node]
