@@ -12,6 +12,9 @@ POSTed at once (32 in flight); measured, per run:
   5,000 cost both processes more than a real cluster's watchers would);
 - children_s: until every admitted replica also has its Deployment;
 - peak RSS of this (the operator's) process, resource.getrusage;
+- the garbage collector's time and its longest pause (a gc callback) from the first POST until
+  the emulator is quiet: the operator serves the admission webhook in this same process, so its
+  longest pause is how long a review can wait behind a collection;
 - the requests the emulator answered until it had none for 5 s after the children were written
   (the operator's backlog of echoes included), by kind ("update vllmdeployments/status") and per
   VLLMDeployment, and the operator's CPU until then (settle_cpu_s);
@@ -36,6 +39,11 @@ same emulator with the same Kopf settings; its create handler writes what the be
 (one Deployment per replica, a final phase). Its figures are Kopf's and the emulator's share of a
 run: the floor vllmfit is held against when the emulator is the bottleneck (issue 32: within 2x).
 
+--churn: once settled, every VLLMDeployment is deleted at once; measured: the seconds until the
+API shows none (each delete handler done, its finalizer removed), with the requests made meanwhile
+by kind, then the garbage a full collection finds only after gc.unfreeze() (what the start-up's
+gc.freeze() froze and later became unreachable).
+
 A run that does not settle within --timeout seconds is reported as a timeout (JSON: null and
 `timed_out_runs_count`), never as a number. --quick: 5 nodes, 20 deployments, 60 s (the test
 suite runs it so that it cannot rot).
@@ -44,7 +52,7 @@ Pinned to two CPU cores, like CI. Prints a table, then as its LAST line one JSON
 end in their units.
 
     .venv/bin/python benchmarks/operator_scale.py [--nodes 100] [--deployments 500] [--runs 3]
-        [--timeout 600] [--without-runtimeclass [--idle 30]] [--noop-kopf] [--quick]
+        [--timeout 600] [--without-runtimeclass [--idle 30]] [--noop-kopf] [--churn] [--quick]
     .venv/bin/python benchmarks/operator_scale.py --nodes 1000 --deployments 5000 --timeout 450   # fleet size
     .venv/bin/python benchmarks/operator_scale.py --nodes 1000 --deployments 5000 --timeout 450 --noop-kopf
 """
@@ -54,6 +62,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import multiprocessing as mp
@@ -264,7 +273,8 @@ def noop_registry(url: str, started: asyncio.Event) -> Any:
 
 
 async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 600.0,
-                  runtime_class: bool = True, idle: float = RESYNC_SECONDS, noop: bool = False) -> dict[str, Any]:
+                  runtime_class: bool = True, idle: float = RESYNC_SECONDS, noop: bool = False,
+                  churn: bool = False) -> dict[str, Any]:
     import kopf
     from kubernetes_asyncio import client
 
@@ -314,6 +324,7 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
             await custom.create_namespaced_custom_object(GROUP, VERSION, o["metadata"]["namespace"], PLURAL, o)
 
     t0, cpu0 = time.monotonic(), time.process_time()
+    pauses = Pauses()  # until the emulator is quiet (or the timeout)
     await asyncio.gather(*(post(o) for o in objs))
     posted_s = time.monotonic() - t0
     all_final_s = children_s = unblocked_s = quiet_s = None
@@ -344,13 +355,24 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
     if children_s is not None:
         await quiet(served, time.monotonic() + 120)  # the operator's backlog (status echoes) ends first
         settle_cpu_s = time.process_time() - cpu0  # the settle's whole CPU, its backlog included
+        pauses.stop()
         await asyncio.sleep(0.6)  # the emulator's next count of requests by kind
         with contextlib.suppress(OSError, ValueError):
             settle_kinds = json.loads(Path(kinds_path).read_text())
         if not noop:  # bounded: at 5,000 the operator's backlog after every status is final runs for minutes
             with contextlib.suppress(TimeoutError):
                 resync_cpu_ms = await asyncio.wait_for(resync_cpu(store), RESYNC_WAIT_S)
+    pauses.stop()  # (already, unless the run timed out)
     items = (await custom.list_cluster_custom_object(GROUP, VERSION, PLURAL))["items"]  # once, for the invariant
+    deleted_s = hidden = None
+    churn_kinds: dict[str, int] = {}
+    if churn and children_s is not None:
+        before = dict(settle_kinds)
+        deleted_s, hidden = await delete_all(custom, items, progress, served, timeout)
+        await asyncio.sleep(0.6)  # the emulator's next count of requests by kind
+        with contextlib.suppress(OSError, ValueError):
+            churn_kinds = {k: v - before.get(k, 0) for k, v in json.loads(Path(kinds_path).read_text()).items()
+                           if v > before.get(k, 0)}
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
@@ -383,7 +405,64 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
             "unschedulable": counts.get("Unschedulable", 0), "rejected": counts.get("Rejected", 0),
             "gpus_used": len(used), "overbooked": over, "operator_cpu_s": operator_cpu_s,
             "settle_cpu_s": settle_cpu_s if children_s is not None else None, "settle_kinds": settle_kinds,
-            "emulator_cpu_total_s": emulator_cpu_s}
+            "emulator_cpu_total_s": emulator_cpu_s, "gc_s": pauses.total_s,
+            "gc_longest_ms": 1000 * pauses.longest_s, "gc_longest_generation": pauses.longest_generation,
+            "deleted_s": deleted_s, "hidden_garbage": hidden, "churn_kinds": churn_kinds}
+
+
+async def delete_all(custom: Any, items: list[dict[str, Any]], progress: Any, served: Any,
+                     timeout: float) -> tuple[float | None, int]:
+    """--churn: every VLLMDeployment deleted at once (32 in flight). Returns the seconds until the
+    API shows none (the operator's delete handler has released each, and its finalizer with it;
+    None: not within `timeout`), and, once the emulator is quiet, how many objects a full
+    collection finds only after gc.unfreeze(): garbage hidden in the frozen set (the operator
+    freezes its rebuilt ledger at start-up, Store.rebuild)."""
+    from kubernetes_asyncio.client import ApiException
+
+    sem = asyncio.Semaphore(32)
+
+    async def delete(o: dict[str, Any]) -> None:
+        async with sem:
+            with contextlib.suppress(ApiException):  # 404: gone already
+                await custom.delete_namespaced_custom_object(GROUP, VERSION, o["metadata"]["namespace"], PLURAL,
+                                                             o["metadata"]["name"])
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(delete(o) for o in items))
+    gone_s = None
+    while time.monotonic() - t0 < timeout:
+        await asyncio.sleep(0.05)
+        if progress[0] == 0:
+            gone_s = time.monotonic() - t0
+            break
+    await quiet(served, time.monotonic() + 120)
+    gc.collect()  # the garbage outside the frozen set
+    gc.unfreeze()
+    return gone_s, gc.collect()  # what only the frozen set held
+
+
+class Pauses:
+    """The garbage collector's pauses of this process while it is installed (a gc callback): its
+    time in all, and its longest pause with that pause's generation. The operator serves the
+    admission webhook in the same process, so a pause is how long a review can wait for it."""
+
+    def __init__(self) -> None:
+        self.total_s, self.longest_s, self.longest_generation = 0.0, 0.0, -1
+        self._start = 0.0
+        gc.callbacks.append(self._seen)
+
+    def _seen(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        took = time.perf_counter() - self._start
+        self.total_s += took
+        if took > self.longest_s:
+            self.longest_s, self.longest_generation = took, info["generation"]
+
+    def stop(self) -> None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._seen)
 
 
 RESYNC_WAIT_S = 60.0
@@ -435,11 +514,16 @@ def main() -> None:
     p.add_argument("--idle", type=float, default=RESYNC_SECONDS,
                    help="seconds the waiting operator's CPU is measured (default: one resync period)")
     p.add_argument("--quick", action="store_true", help="5 nodes, 20 deployments, 60 s: a smoke run")
+    p.add_argument("--churn", action="store_true",
+                   help="then delete every VLLMDeployment at once: seconds until none is left, and the garbage "
+                        "hidden in the collector's frozen set")
     p.add_argument("--noop-kopf", action="store_true",
                    help="the baseline: a Kopf operator that decides nothing (noop_registry), on the same emulator")
     a = p.parse_args()
     if a.noop_kopf and a.without_runtimeclass:
         p.error("--noop-kopf needs no RuntimeClass; leave out --without-runtimeclass")
+    if a.churn and a.noop_kopf:
+        p.error("--churn measures vllmfit's delete handler; the no-op operator has none")
     if a.quick:
         a.nodes, a.deployments, a.timeout, a.idle = 5, 20, 60.0, 2.0
     try:
@@ -454,7 +538,7 @@ def main() -> None:
 
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     runs = [asyncio.run(one_run(a.nodes, a.deployments, a.seed, a.timeout, not a.without_runtimeclass, a.idle,
-                                a.noop_kopf)) for _ in range(a.runs)]
+                                a.noop_kopf, a.churn)) for _ in range(a.runs)]
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     r0 = runs[0]
     timed_out = sum(1 for r in runs if r["children_s"] is None)
@@ -499,15 +583,22 @@ def main() -> None:
         ("requests until quiet, per VLLMDeployment", show("settle_requests_per_deployment")),
         ("CPU of one idle resync, after they settled (ms)",
          "not quiet" if med("resync_cpu_ms") is None else show("resync_cpu_ms", ".0f")),
+        ("garbage collector: its time in all, until quiet (s)", show("gc_s")),
+        (f"  its longest pause (ms; generation {r0['gc_longest_generation']} in the first run)",
+         show("gc_longest_ms", ".0f")),
+        *((("--churn: all deleted at once, until none is left (s)", show("deleted_s")),
+           ("  then garbage hidden in the frozen set (objects)", show("hidden_garbage", ".0f"))) if a.churn else ()),
         ("CPU of the emulator process, per run (s)", f"{runs[-1]['emulator_cpu_total_s'] / len(runs):.2f}"),
         ("requests the emulator answered", show("requests", ".0f")),
         ("peak RSS of the operator process (MB)", f"{peak_rss:.0f}"),
         ("RSS after imports (MB)", f"{base_rss:.0f}"),
     ):
         print(f"{label:<54} {value:>14}")
-    kinds = r0["settle_kinds"]
-    for kind in sorted(kinds, key=lambda k: -kinds[k]):  # the first run's, until quiet: what each request is
-        print(f"  {kind:<52} {kinds[kind]:>8} {kinds[kind] / a.deployments:>5.2f}/deployment")
+    for title, kinds in (("", r0["settle_kinds"]), ("--churn, the deletions: ", r0["churn_kinds"])):
+        if title and kinds:
+            print(title)
+        for kind in sorted(kinds, key=lambda k: -kinds[k]):  # the first run's, until quiet: what each request is
+            print(f"  {kind:<52} {kinds[kind]:>8} {kinds[kind] / a.deployments:>5.2f}/deployment")
     print(json.dumps({
         "nodes": a.nodes, "deployments": a.deployments, "runs": a.runs, "timeout_s": a.timeout,
         "baseline": "noop-kopf" if a.noop_kopf else None,
@@ -522,6 +613,9 @@ def main() -> None:
         "operator_cpu_s": rounded("operator_cpu_s"), "settle_cpu_s": rounded("settle_cpu_s"),
         "settle_requests_per_deployment_count": rounded("settle_requests_per_deployment"),
         "resync_cpu_ms": rounded("resync_cpu_ms"),
+        "gc_s": rounded("gc_s"), "gc_longest_ms": rounded("gc_longest_ms"),
+        "deleted_s": rounded("deleted_s") if a.churn else None,
+        "hidden_garbage_count": med("hidden_garbage") if a.churn else None,
         "emulator_cpu_s": round(runs[-1]["emulator_cpu_total_s"] / len(runs), 2),
         "peak_rss_mb": round(peak_rss, 1), "import_rss_mb": round(base_rss, 1),
     }))

@@ -70,8 +70,8 @@ async def sweep(store: Store, namespace: str | None = None, only: str | None = N
         deps, pods_ = listed
     elif namespace is None:
         deps, pods_ = await list_ours(store)
-    else:
-        selector = builders.selector()
+    else:  # one deployment's (a deletion): only its own, not the namespace's (issue 32, --churn)
+        selector = builders.selector(only)
         deps = (await as_json(apps.list_namespaced_deployment, namespace, label_selector=selector)).get("items") or []
         pods_ = (await as_json(core.list_namespaced_pod, namespace, label_selector=selector)).get("items") or []
     gone: list[str] = []

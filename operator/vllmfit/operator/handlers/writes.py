@@ -77,11 +77,14 @@ async def _write(store: Store, fx: Effects, strict: bool) -> None:
                 else:
                     failed.append(key)
             for key in ordered:
+                # each write awaits: a deletion may have forgotten a later key meanwhile (forget),
+                # and nothing of a forgotten record starts (a mass delete: issue 32)
+                if (rec := store.cache.records.get(key)) is None:
+                    continue
                 if failed:  # something that should have stopped may still run: book nothing new
                     logger.warning("%s: not started while %s may still run; the resync retries", key, ", ".join(failed))
-                    store.cache.records[key].synced = None
+                    rec.synced = None
                     continue
-                rec = store.cache.records[key]
                 # replicas that stop (scale-down, move) stop before the status releases them
                 if (children.stopping(rec) or set(children.waiting_for_drains(store, rec)) & rec.children) \
                         and not await _step(store, key, STOP, strict):
@@ -184,7 +187,7 @@ def pinned_anew(store: Store) -> list[str]:
     the nodes of the drains), or all of them after a rebuild or a resync that changed something
     (cache.pins_all; an idle resync compares every record itself, handlers.startup.resync_once).
     Issue 32: looking at every record on every event was a quadratic cost at a few hundred
-    deployments."""
+    deployments. A record being deleted (`going`) is left to its own deletion."""
     cache, ledger = store.cache, store.books.ledger
     drained = {b.node for d in store.books.drains.values() for b in d.bookings}
     if cache.pins_all:
@@ -193,7 +196,10 @@ def pinned_anew(store: Store) -> list[str]:
         nodes = cache.pins_dirty | drained | cache.pins_drained
         keys = sorted({k for n in nodes for k in ledger.deployments_on(n) if k in cache.records})
     cache.pins_all, cache.pins_dirty, cache.pins_drained = False, set(), drained
-    return keys
+    # a record being deleted (`forget`) has its children deleted by its own deletion: pulled into
+    # every other step's writes, each then listed the pods of all the others' drains (a mass
+    # delete was quadratic: issue 32, --churn)
+    return [k for k in keys if not cache.records[k].going]
 
 
 def rebook_reported(store: Store, fx: Effects) -> list[str]:
