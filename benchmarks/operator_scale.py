@@ -356,9 +356,7 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
         await quiet(served, time.monotonic() + 120)  # the operator's backlog (status echoes) ends first
         settle_cpu_s = time.process_time() - cpu0  # the settle's whole CPU, its backlog included
         pauses.stop()
-        await asyncio.sleep(0.6)  # the emulator's next count of requests by kind
-        with contextlib.suppress(OSError, ValueError):
-            settle_kinds = json.loads(Path(kinds_path).read_text())
+        settle_kinds = await kinds_now(kinds_path)
         if not noop:  # bounded: at 5,000 the operator's backlog after every status is final runs for minutes
             with contextlib.suppress(TimeoutError):
                 resync_cpu_ms = await asyncio.wait_for(resync_cpu(store), RESYNC_WAIT_S)
@@ -367,12 +365,9 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
     deleted_s = hidden = None
     churn_kinds: dict[str, int] = {}
     if churn and children_s is not None:
-        before = dict(settle_kinds)
         deleted_s, hidden = await delete_all(custom, items, progress, served, timeout)
-        await asyncio.sleep(0.6)  # the emulator's next count of requests by kind
-        with contextlib.suppress(OSError, ValueError):
-            churn_kinds = {k: v - before.get(k, 0) for k, v in json.loads(Path(kinds_path).read_text()).items()
-                           if v > before.get(k, 0)}
+        churn_kinds = {k: v - settle_kinds.get(k, 0) for k, v in (await kinds_now(kinds_path)).items()
+                       if v > settle_kinds.get(k, 0)}
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
@@ -408,6 +403,15 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
             "emulator_cpu_total_s": emulator_cpu_s, "gc_s": pauses.total_s,
             "gc_longest_ms": 1000 * pauses.longest_s, "gc_longest_generation": pauses.longest_generation,
             "deleted_s": deleted_s, "hidden_garbage": hidden, "churn_kinds": churn_kinds}
+
+
+async def kinds_now(kinds_path: str) -> dict[str, int]:
+    """The requests the emulator has answered so far, by kind, from its next count (every 0.5 s;
+    {} when it wrote none)."""
+    await asyncio.sleep(0.6)
+    with contextlib.suppress(OSError, ValueError):
+        return dict(json.loads(Path(kinds_path).read_text()))
+    return {}
 
 
 async def delete_all(custom: Any, items: list[dict[str, Any]], progress: Any, served: Any,
