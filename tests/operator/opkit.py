@@ -73,6 +73,31 @@ _SERVING: contextvars.ContextVar[Any] = contextvars.ContextVar("vllmfit_kmock_se
 """The request whose reaction KMock is choosing (each request is served in a task of its own)."""
 
 
+def label_matcher(selector: str) -> Callable[[dict[str, str]], bool]:
+    """What a labelSelector of equality and existence terms selects ("a=b,c!=d,e,!f"), as the
+    API server reads it; a set-based term ("in", "notin") is refused, so no test relies on one
+    unread."""
+    terms: list[tuple[str, str, str]] = []
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if " in " in term or " notin " in term or "(" in term:
+            raise kmock.KubernetesError(status=400, reason="BadRequest", message=f"unsupported selector: {term}")
+        if "!=" in term:
+            key, _, value = term.partition("!=")
+            terms.append(("!=", key.strip(), value.strip()))
+        elif "=" in term:
+            key, _, value = term.replace("==", "=").partition("=")
+            terms.append(("=", key.strip(), value.strip()))
+        elif term.startswith("!"):
+            terms.append(("!", term[1:].strip(), ""))
+        else:
+            terms.append(("?", term, ""))
+
+    def selects(labels: dict[str, str]) -> bool:
+        return all(labels.get(k) == v if op == "=" else labels.get(k) != v if op == "!="
+                   else k not in labels if op == "!" else k in labels for op, k, v in terms)
+    return selects
+
+
 @attrs.define(kw_only=True)
 class Emulator(kmock.KubernetesEmulator):
     """KMock's emulator, fast for thousands of requests. KMock decides which reaction serves a
@@ -109,11 +134,24 @@ class Emulator(kmock.KubernetesEmulator):
             self.version += 1
             meta["resourceVersion"] = str(self.version)
 
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        object.__setattr__(self._objects, "_objects", _ByResource())
+
+    def _get_resources(self) -> list[Any]:
+        """The resources served: those declared and those of stored objects (KMock: a scan of
+        every object ever stored, Events and deleted ones included, on each listing)."""
+        store = self._objects._objects
+        return list(set(super(kmock.KubernetesEmulator, self)._get_resources()) | store.by_resource.keys())
+
     async def _serve_list(self, request: Any) -> Any:
         """KMock's list, with the resourceVersion it was taken at (KMock: "..."), as a watch
-        started from it wants (`_serve_watch`)."""
+        started from it wants (`_serve_watch`), and only the objects its labelSelector selects
+        (KMock ignores it and lists the whole namespace)."""
+        selects = label_matcher(str((request.params or {}).get("labelSelector") or ""))
         listed = await super()._serve_list(request)
         listed["metadata"]["resourceVersion"] = str(self.version)  # no await since the listing
+        listed["items"] = [o for o in listed["items"] if selects((o.get("metadata") or {}).get("labels") or {})]
         return listed
 
     def __iter__(self) -> Any:
@@ -149,14 +187,14 @@ class Emulator(kmock.KubernetesEmulator):
         (Events included) on each get, create, patch and delete, which made the emulator, not the
         operator, the bottleneck of benchmarks/operator_scale.py at a few thousand objects. A
         request that names the object (and its namespace, or asks strictly) is one dict lookup;
-        lists and watches still scan. Same answers as KMock's scan: the keys are
+        lists and watches scan their resource's objects only (`_ByResource`). Same answers as KMock's scan: the keys are
         (resource, namespace, name) and a resource hashes and compares by (group, version, plural)."""
         objects = self._objects._objects
         if request.name is not None and (strict or request.namespace is not None):
             obj = objects.get((request.resource, request.namespace, request.name))
             return [] if obj is None else [obj]
-        return [o for (r, ns, n), o in objects.items() if r == request.resource
-                and (request.namespace is None or ns == request.namespace) and (request.name is None or n == request.name)]
+        return [o for (_, ns, n), o in objects.by_resource.get(request.resource, {}).items()
+                if (request.namespace is None or ns == request.namespace) and (request.name is None or n == request.name)]
 
     async def _serve_watch(self, request: Any) -> Any:
         """KMock's watch, minus its race: it snapshots the objects and only then subscribes to
@@ -192,6 +230,31 @@ class Emulator(kmock.KubernetesEmulator):
         if method == "watch":
             return [r for r in self.journal if r.resource == res and r.action == kmock.action.WATCH]
         return [r for r in self.journal if r.resource == res and r.method == kmock.method[method.upper()]]
+
+
+class _ByResource(dict[Any, Any]):
+    """The emulator's store (KMock's dict of (resource, namespace, name) to object), also kept by
+    resource, so that a listing or a watch reads its resource's objects, not every object the
+    emulator has held (Events included). KMock writes it by key only (set, delete, clear)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_resource: dict[Any, dict[Any, Any]] = {}
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.by_resource.setdefault(key[0], {})[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        super().__delitem__(key)
+        same = self.by_resource[key[0]]
+        del same[key]
+        if not same:
+            del self.by_resource[key[0]]
+
+    def clear(self) -> None:
+        super().clear()
+        self.by_resource.clear()
 
 
 @attrs.mutable

@@ -12,10 +12,13 @@ of its drains: a mass delete made a quadratic number of listings (docs/operator.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from test_per_event_cost import two_nodes
 
+from vllmfit.core.memory import Footprint
+from vllmfit.operator.booking import draining
 from vllmfit.operator.handlers import writes
 from vllmfit.operator.handlers.common import Effects
 
@@ -95,3 +98,27 @@ async def test_a_deletion_lists_only_its_own_children(monkeypatch: Any) -> None:
     monkeypatch.setattr(sweeping, "as_json", listed)
     await sweeping.sweep(store, "ns", only="a")
     assert asked == [builders.selector("a")] * 2  # its Deployments, then its pods
+
+
+def test_the_records_beside_a_drain_are_looked_at_when_it_changes_not_while_it_lasts() -> None:
+    """writes.pinned_anew looks at the records on a node whose drains began, grew or ended since
+    the last look. Before, it looked at the records beside every drain on every call for as long
+    as the drain lasted: in a mass delete (hundreds of drains for seconds), each of the thousand
+    steps compared the children of most records (48,159 children_state calls, a third of the
+    operator's time, deleting 500 together on 100 nodes)."""
+    store = two_nodes()
+    on_a = sorted(k for k in store.cache.records if any(b.node == "gpu-a" for b in store.books.ledger.bookings_of(k)))
+    assert on_a and writes.pinned_anew(store)  # after the rebuild: every record
+    assert writes.pinned_anew(store) == []
+    held = [b for b in store.books.ledger.bookings_of(on_a[0]) if b.node == "gpu-a"]
+    d = draining.Drain("default/gone", 0, "gpu-a:0", [dataclasses.replace(b, footprint=Footprint(1 << 30, 0, 0, 0, 0, 0))
+                                                      for b in held], stopped=True)
+    store.books.drains[d.name] = d  # a drain began on gpu-a
+    assert writes.pinned_anew(store) == on_a
+    assert writes.pinned_anew(store) == []  # it lasts: nothing to look at again (before: on_a every time)
+    store.books.drains[d.name] = dataclasses.replace(d, bookings=held)  # the same placement stopped again, larger
+    assert writes.pinned_anew(store) == on_a
+    assert writes.pinned_anew(store) == []
+    del store.books.drains[d.name]  # its pods are gone
+    assert writes.pinned_anew(store) == on_a
+    assert writes.pinned_anew(store) == []

@@ -133,7 +133,7 @@ class Cache:
         # nodes whose replicas' pinning may have changed (handlers.writes.rebook_reported looks at
         # the records there, not at every record, on each event); pins_all: look at every one
         self.pins_dirty: set[str] = set()
-        self.pins_drained: set[str] = set()  # the nodes of the drains at the last look
+        self.pins_drained: set[tuple[str, str, int, int]] = set()  # the drains' bookings at the last look (drain, node, GPU, bytes)
         self.pins_all = True
         self.runtime_classes: set[str] | None = None  # RuntimeClass names (None: not listed yet)
         self.dra_capacity_ok = True  # False once the API server dropped capacity requests (feature gate off)

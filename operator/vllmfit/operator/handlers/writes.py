@@ -182,18 +182,20 @@ def touched(store: Store, keys: set[str]) -> None:
 
 def pinned_anew(store: Store) -> list[str]:
     """The records whose children may differ from what they were written from for a reason not
-    their own (pins learned from reports, a whole-node holder gone or back, a drain that ended):
-    those placed on a node where such a thing changed since the last look (cache.pins_dirty, and
-    the nodes of the drains), or all of them after a rebuild or a resync that changed something
-    (cache.pins_all; an idle resync compares every record itself, handlers.startup.resync_once).
-    Issue 32: looking at every record on every event was a quadratic cost at a few hundred
-    deployments. A record being deleted (`going`) is left to its own deletion."""
+    their own (pins learned from reports, a whole-node holder gone or back, a drain that began,
+    grew or ended): those placed on a node where such a thing changed since the last look
+    (cache.pins_dirty, and the nodes whose drains differ from cache.pins_drained), or all of them
+    after a rebuild or a resync that changed something (cache.pins_all; an idle resync compares
+    every record itself, handlers.startup.resync_once). Issue 32: looking at every record on every
+    event was a quadratic cost at a few hundred deployments, and so was looking again at the
+    records beside every drain still under way (a mass delete: hundreds of drains for seconds).
+    A record being deleted (`going`) is left to its own deletion."""
     cache, ledger = store.cache, store.books.ledger
-    drained = {b.node for d in store.books.drains.values() for b in d.bookings}
+    drained = {(name, b.node, b.index, b.footprint.total) for name, d in store.books.drains.items() for b in d.bookings}
     if cache.pins_all:
         keys = list(cache.records)
     else:
-        nodes = cache.pins_dirty | drained | cache.pins_drained
+        nodes = cache.pins_dirty | {node for _, node, _, _ in drained ^ cache.pins_drained}
         keys = sorted({k for n in nodes for k in ledger.deployments_on(n) if k in cache.records})
     cache.pins_all, cache.pins_dirty, cache.pins_drained = False, set(), drained
     # a record being deleted (`forget`) has its children deleted by its own deletion: pulled into
