@@ -122,3 +122,34 @@ def test_the_records_beside_a_drain_are_looked_at_when_it_changes_not_while_it_l
     del store.books.drains[d.name]  # its pods are gone
     assert writes.pinned_anew(store) == on_a
     assert writes.pinned_anew(store) == []
+
+
+async def test_a_step_leaves_a_record_being_deleted_to_its_own_deletion(monkeypatch: Any) -> None:
+    """Whatever put a record being deleted (`going`) into a step's writes (a node event's
+    decide.update_node, a rebooked reservation, pinned_anew), `finish` leaves it out: its own
+    deletion (`forget`) stops its children and ends its drains. Before, the step wrote its
+    children and status again and listed the pods of its drains, as in the quadratic mass delete."""
+    store = two_nodes()
+    keys = sorted(store.cache.records)
+    going = keys[0]
+    store.cache.records[going].going = True
+    held = store.books.ledger.bookings_of(going)
+    d = draining.Drain(going, 0, f"{held[0].node}:{held[0].index}", list(held), stopped=True)
+    store.books.drains[d.name] = d
+    written: list[str] = []
+    listed: list[set[str] | None] = []
+
+    async def step(s: Any, key: str, write: writes.Write, strict: bool) -> bool:
+        written.append(key)
+        return True
+
+    async def ended(s: Any, which: set[str] | None = None) -> None:
+        listed.append(which)
+
+    monkeypatch.setattr(writes, "_step", step)
+    monkeypatch.setattr(writes, "ended_drains", ended)
+    fx = Effects()
+    fx.sync.update(keys)
+    await writes.finish(store, fx, strict=False, hold=False)
+    assert going not in written and set(written) == set(keys[1:])
+    assert listed == []  # before: its drain's pods listed by this step

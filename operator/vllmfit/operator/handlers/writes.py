@@ -46,6 +46,10 @@ async def finish(store: Store, fx: Effects, *, strict: bool = True, hold: bool =
     rebooked = not hold
     while rounds:
         fx, strict = rounds.pop(0)
+        # a record being deleted is left to its own deletion (`forget` stops its children and
+        # ends its drains): rewritten by a neighbour's step too, each such step listed the pods
+        # of its drains (a mass delete: issue 32, --churn)
+        fx.sync -= {k for k in fx.sync if (r := store.cache.records.get(k)) is not None and r.going}
         touched(store, fx.sync | fx.mark)
         await _write(store, fx, strict)  # 1-3
         if any(d.stopped and d.key in fx.sync for d in store.books.drains.values()) \
