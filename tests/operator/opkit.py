@@ -142,7 +142,8 @@ class Emulator(kmock.KubernetesEmulator):
         """The resources served: those declared and those of stored objects (KMock: a scan of
         every object ever stored, Events and deleted ones included, on each listing)."""
         store = self._objects._objects
-        return list(set(super(kmock.KubernetesEmulator, self)._get_resources()) | store.by_resource.keys())
+        return list(set(super(kmock.KubernetesEmulator, self)._get_resources())
+                    | {g for g in store.groups if not isinstance(g, tuple)})
 
     async def _serve_list(self, request: Any) -> Any:
         """KMock's list, with the resourceVersion it was taken at (KMock: "..."), as a watch
@@ -187,14 +188,15 @@ class Emulator(kmock.KubernetesEmulator):
         (Events included) on each get, create, patch and delete, which made the emulator, not the
         operator, the bottleneck of benchmarks/operator_scale.py at a few thousand objects. A
         request that names the object (and its namespace, or asks strictly) is one dict lookup;
-        lists and watches scan their resource's objects only (`_ByResource`). Same answers as KMock's scan: the keys are
-        (resource, namespace, name) and a resource hashes and compares by (group, version, plural)."""
+        lists and watches read their resource's (in their namespace) only (`_ByResource`). Same
+        answers as KMock's scan: the keys are (resource, namespace, name) and a resource hashes
+        and compares by (group, version, plural)."""
         objects = self._objects._objects
         if request.name is not None and (strict or request.namespace is not None):
             obj = objects.get((request.resource, request.namespace, request.name))
             return [] if obj is None else [obj]
-        return [o for (_, ns, n), o in objects.by_resource.get(request.resource, {}).items()
-                if (request.namespace is None or ns == request.namespace) and (request.name is None or n == request.name)]
+        group = request.resource if request.namespace is None else (request.resource, request.namespace)
+        return [o for (_, _, n), o in objects.groups.get(group, {}).items() if request.name is None or n == request.name]
 
     async def _serve_watch(self, request: Any) -> Any:
         """KMock's watch, minus its race: it snapshots the objects and only then subscribes to
@@ -234,27 +236,30 @@ class Emulator(kmock.KubernetesEmulator):
 
 class _ByResource(dict[Any, Any]):
     """The emulator's store (KMock's dict of (resource, namespace, name) to object), also kept by
-    resource, so that a listing or a watch reads its resource's objects, not every object the
-    emulator has held (Events included). KMock writes it by key only (set, delete, clear)."""
+    resource and by (resource, namespace) in `groups`, so that a listing or a watch reads the
+    objects it asks for, not every object the emulator has held (Events included). KMock writes
+    it by key only (set, delete, clear)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.by_resource: dict[Any, dict[Any, Any]] = {}
+        self.groups: dict[Any, dict[Any, Any]] = {}  # resource, and (resource, namespace) -> {key: object}
 
     def __setitem__(self, key: Any, value: Any) -> None:
         super().__setitem__(key, value)
-        self.by_resource.setdefault(key[0], {})[key] = value
+        for group in (key[0], key[:2]):
+            self.groups.setdefault(group, {})[key] = value
 
     def __delitem__(self, key: Any) -> None:
         super().__delitem__(key)
-        same = self.by_resource[key[0]]
-        del same[key]
-        if not same:
-            del self.by_resource[key[0]]
+        for group in (key[0], key[:2]):
+            same = self.groups[group]
+            del same[key]
+            if not same:
+                del self.groups[group]
 
     def clear(self) -> None:
         super().clear()
-        self.by_resource.clear()
+        self.groups.clear()
 
 
 @attrs.mutable

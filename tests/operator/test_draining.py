@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from vllmfit.core.memory import Footprint
 from vllmfit.core.placement import Booking, GpuSlot, Ledger, NodeInfo
 from vllmfit.operator.booking import draining
@@ -35,14 +38,14 @@ def pod(booked: str | None, where: str = "n:0", phase: str = "Running") -> dict[
             "status": {"phase": phase}}
 
 
-def resize(ledger: Ledger, drains: dict[str, draining.Drain], old: list[Booking], new: list[Booking]) -> list[draining.Drain]:
+def resize(ledger: Ledger, drains: draining.Drains, old: list[Booking], new: list[Booking]) -> list[draining.Drain]:
     ledger.restore(KEY, new)
     draining.revive(ledger, drains, KEY)
     return draining.hold(ledger, drains, KEY, old)
 
 
 def test_a_smaller_footprint_in_place_drains_the_difference_for_the_old_pods() -> None:
-    lg, drains = ledger(), {}
+    lg, drains = ledger(), draining.Drains()
     lg.restore(KEY, [booking(40)])
     (d,) = resize(lg, drains, [booking(40)], [booking(25)])
     assert d.booked == f"0={40 * GiB}" and d.where == "n:0"
@@ -59,14 +62,14 @@ def test_a_smaller_footprint_in_place_drains_the_difference_for_the_old_pods() -
 
 def test_a_larger_or_equal_footprint_in_place_drains_nothing() -> None:
     for new in (40, 55):
-        lg, drains = ledger(), {}
+        lg, drains = ledger(), draining.Drains()
         lg.restore(KEY, [booking(40)])
         assert resize(lg, drains, [booking(40)], [booking(new)]) == [] and drains == {}
         assert lg.used_bytes("n", 0) == new * GiB
 
 
 def test_only_the_gpus_that_shrank_drain() -> None:
-    lg, drains = ledger(), {}
+    lg, drains = ledger(), draining.Drains()
     old = [booking(40, 0), booking(30, 1)]
     lg.restore(KEY, old)
     (d,) = resize(lg, drains, old, [booking(25, 0), booking(35, 1)])
@@ -75,7 +78,7 @@ def test_only_the_gpus_that_shrank_drain() -> None:
 
 
 def test_a_resize_back_revives_the_old_booking() -> None:
-    lg, drains = ledger(), {}
+    lg, drains = ledger(), draining.Drains()
     lg.restore(KEY, [booking(40)])
     resize(lg, drains, [booking(40)], [booking(25)])
     assert resize(lg, drains, [booking(25)], [booking(40)]) == [] and drains == {}
@@ -83,7 +86,7 @@ def test_a_resize_back_revives_the_old_booking() -> None:
 
 
 def test_two_resizes_down_keep_what_each_old_pod_may_hold() -> None:
-    lg, drains = ledger(), {}
+    lg, drains = ledger(), draining.Drains()
     lg.restore(KEY, [booking(40)])
     resize(lg, drains, [booking(40)], [booking(30)])
     resize(lg, drains, [booking(30)], [booking(20)])
@@ -110,3 +113,35 @@ def test_at_start_up_an_old_pod_at_a_booked_place_is_a_drain_of_its_booking() ->
     assert d.booked == f"0={40 * GiB}" and d.stopped
     # charged with what the GPU has room for (the pod says where it runs, not how much it uses)
     assert lg.used_bytes("n", 0) == lg.slot("n", 0).budget_bytes
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["set", "del", "pop", "clear"]), st.sampled_from(["default/a", "default/b"]),
+                          st.integers(0, 2), st.sets(st.sampled_from([("n", 0), ("n", 1), ("m", 0)]), min_size=1)),
+                max_size=30))
+def test_the_drains_indexes_answer_as_a_scan_would(ops: list[tuple[str, str, int, set[tuple[str, int]]]]) -> None:
+    """draining.Drains keeps its drains by deployment (`of`) and by GPU (`on`), and the nodes whose
+    drains changed since the last look (`take_changed`), through any sequence of writes: the same
+    answers as a scan of every drain (what each step did before, issue 32)."""
+    drains, before = draining.Drains(), {}
+    for op, key, replica, gpus in ops:
+        d = draining.Drain(key, replica, f"r{replica}", [Booking(key, replica, n, i, Footprint(GiB, 0, 0, 0, 0, 0))
+                                                         for n, i in sorted(gpus)])
+        if op == "set":
+            drains[d.name] = d
+        elif op == "del" and d.name in drains:
+            del drains[d.name]
+        elif op == "pop":
+            drains.pop(d.name, None)
+        elif op == "clear":
+            drains.clear()
+        now = {name: {(b.node, b.index) for b in x.bookings} for name, x in drains.items()}
+        assert drains.take_changed() == {n for name in now.keys() | before.keys()
+                                         if now.get(name) != before.get(name) or op == "set" and name == d.name
+                                         for n, _ in now.get(name, set()) | before.get(name, set())}
+        before = now
+        for k in ("default/a", "default/b"):
+            assert {x.name for x in drains.of(k)} == {x.name for x in drains.values() if x.key == k}
+        for gpu in (("n", 0), ("n", 1), ("m", 0)):
+            assert {x.name for x in drains.on(*gpu)} == {x.name for x in drains.values()
+                                                         if any((b.node, b.index) == gpu for b in x.bookings)}

@@ -42,8 +42,8 @@ def test_a_set_based_selector_is_refused_rather_than_ignored() -> None:
 
 
 async def test_the_store_is_kept_by_resource_too(cluster: Cluster) -> None:
-    """The index a listing reads (`_ByResource.by_resource`) holds exactly the stored objects of
-    each resource, after creates, deletes and a removal from the store."""
+    """The index a listing reads (`_ByResource.groups`) holds exactly the stored objects of each
+    resource and of each resource in each namespace, after creates, deletes and a removal."""
     for name in ("a", "b"):
         await cluster.core.create_namespaced_pod("default", pod(name))
     await cluster.core.create_namespaced_config_map("default", {"metadata": {"name": "m"}})
@@ -51,13 +51,19 @@ async def test_the_store_is_kept_by_resource_too(cluster: Cluster) -> None:
     store = cluster.km.objects._objects
     del cluster.km.objects["v1/configmaps", "default", "m"]  # removed from the store
 
+    await cluster.core.create_namespaced_pod("other", {**pod("c"), "metadata": {"name": "c", "namespace": "other"}})
+
     def grouped() -> dict[Any, set[Any]]:
         out: dict[Any, set[Any]] = {}
         for key in store:
             out.setdefault(key[0], set()).add(key)
+            out.setdefault(key[:2], set()).add(key)
         return out
 
-    assert {r: set(keys) for r, keys in store.by_resource.items()} == grouped()
-    assert kmock.resource("v1/configmaps") not in store.by_resource
+    assert {g: set(keys) for g, keys in store.groups.items()} == grouped()
+    assert kmock.resource("v1/configmaps") not in store.groups
+    assert (kmock.resource("v1/pods"), "other") in store.groups
     listed = await cluster.core.list_namespaced_pod("default")
     assert [p.metadata.name for p in listed.items] == ["b"]
+    everywhere = await cluster.core.list_pod_for_all_namespaces()
+    assert sorted(p.metadata.name for p in everywhere.items) == ["b", "c"]

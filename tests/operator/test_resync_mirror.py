@@ -91,8 +91,8 @@ def state(led: Ledger, groups: set[Any]) -> tuple[Any, ...]:
             dict(led.census.refusing), led.beyond_caps(), led.over_budget())
 
 
-def drains_of(spec: list[tuple[str, str, int, int]]) -> dict[str, draining.Drain]:
-    out = {}
+def drains_of(spec: list[tuple[str, str, int, int]]) -> draining.Drains:
+    out = draining.Drains()
     for key, n, i, gib in spec:
         d = draining.Drain(f"ns/{key}", 9, f"{n}:{i}", [Booking(f"ns/{key}", 9, n, i, Footprint(gib * GIB, 0, 0, 0, 0, 0))],
                            stopped=True)

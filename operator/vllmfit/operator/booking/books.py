@@ -51,7 +51,7 @@ class Books:
         self.lock: asyncio.Lock = _PublishingLock(self.publish)
         self.ready = asyncio.Event()  # set once the start-up rebuild restored the ledger
         self.changes = 0  # critical sections entered through changing() (resync skips if it moved)
-        self.drains: dict[str, draining.Drain] = {}  # stopped replicas whose pods may still hold memory
+        self.drains = draining.Drains()  # stopped replicas whose pods may still hold memory
         self.refused: set[str] = set()  # nodes whose data was refused at start-up, not read well since
         self.stale = 0  # optimistic commits refused because the ledger moved (metrics, tests)
         self.deciding = 0  # reconciles between their first decision and their commit (`alone`)

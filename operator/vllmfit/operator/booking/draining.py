@@ -68,6 +68,84 @@ class Drain:
         return self.key.split("/", 1)[1]
 
 
+class Drains(dict[str, Drain]):
+    """The drains by name, also kept by deployment (`of`) and by GPU (`on`), and the nodes whose
+    drains began, grew or ended since the last `take_changed` (issue 32: every step scanned every
+    drain, a quadratic cost when hundreds are deleted together). Written by name only (set, del,
+    pop, clear); a Drain's bookings and key are never changed in place (`stopped` may be)."""
+
+    def __init__(self, drains: Mapping[str, Drain] | None = None) -> None:
+        super().__init__()
+        self._of: dict[str, dict[str, None]] = {}  # deployment key -> its drains' names (insertion order)
+        self._on: dict[tuple[str, int], dict[str, None]] = {}  # (node, GPU) -> the names of the drains there
+        self._changed: set[str] = set()
+        for name, d in (drains or {}).items():
+            self[name] = d
+
+    def of(self, key: str) -> list[Drain]:
+        """The drains of deployment `key`."""
+        return [self[n] for n in self._of.get(key, ())]
+
+    def on(self, node: str, index: int) -> list[Drain]:
+        """The drains holding memory on this GPU."""
+        return [self[n] for n in self._on.get((node, index), ())]
+
+    def take_changed(self) -> set[str]:
+        """The nodes whose drains changed since the last call."""
+        changed, self._changed = self._changed, set()
+        return changed
+
+    def __setitem__(self, name: str, d: Drain) -> None:
+        if name in self:
+            self._unindex(name, self[name])
+        super().__setitem__(name, d)
+        self._of.setdefault(d.key, {})[name] = None
+        for b in d.bookings:
+            self._on.setdefault((b.node, b.index), {})[name] = None
+            self._changed.add(b.node)
+
+    def __delitem__(self, name: str) -> None:
+        self._unindex(name, self[name])
+        super().__delitem__(name)
+
+    def pop(self, name: str, *default: Any) -> Any:  # type: ignore[override]
+        if name not in self:
+            if default:
+                return default[0]
+            raise KeyError(name)
+        d = self[name]
+        del self[name]
+        return d
+
+    def clear(self) -> None:
+        for name, d in list(self.items()):
+            self._unindex(name, d)
+        super().clear()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for name, d in dict(*args, **kwargs).items():
+            self[name] = d
+
+    def setdefault(self, *args: Any) -> Any:
+        raise NotImplementedError("Drains are written by name: drains[name] = drain")
+
+    def popitem(self) -> Any:
+        raise NotImplementedError("Drains are removed by name: drains.pop(name)")
+
+    def _unindex(self, name: str, d: Drain) -> None:
+        _drop(self._of, d.key, name)
+        for b in d.bookings:
+            _drop(self._on, (b.node, b.index), name)
+            self._changed.add(b.node)
+
+
+def _drop(index: dict[Any, dict[str, None]], at: Any, name: str) -> None:
+    names = index[at]
+    del names[name]
+    if not names:
+        del index[at]
+
+
 def drain_key(key: str, replica: int, where: str, booked: str = "") -> str:
     return f"{DRAIN}{key}/{replica}/{where}" + (f"@{booked}" if booked else "")
 
@@ -101,7 +179,7 @@ def charge(ledger: Ledger, drain: Drain) -> None:
     ledger.restore(drain.name, out)
 
 
-def hold(ledger: Ledger, drains: dict[str, Drain], key: str, old: Iterable[Booking]) -> list[Drain]:
+def hold(ledger: Ledger, drains: Drains, key: str, old: Iterable[Booking]) -> list[Drain]:
     """After the bookings of `key` changed (from `old` to what the ledger holds now): every old
     replica whose placement is no longer booked becomes a drain, and so does what a replica booked
     at the same placement shrank by (a resize in place, `_shrunk`). Returns the new drains."""
@@ -135,7 +213,7 @@ def _shrunk(key: str, replica: int, where: str, old: list[Booking], new: list[Bo
     return Drain(key, replica, where, more, booked=booked_text(old)) if more else None
 
 
-def revive(ledger: Ledger, drains: dict[str, Drain], key: str) -> None:
+def revive(ledger: Ledger, drains: Drains, key: str) -> None:
     """`key` is booked again where one of its drains is (a move back, a scale up again before the
     pods were gone, a resize back to the old footprint): that placement is a booking again, not
     a drain."""
@@ -152,15 +230,15 @@ def carry(ledger: Ledger, drains: Mapping[str, Drain]) -> None:
         charge(ledger, d)
 
 
-def blocked(ledger: Ledger, drains: Mapping[str, Drain], key: str, replica: int) -> list[Drain]:
+def blocked(ledger: Ledger, drains: Drains, key: str, replica: int) -> list[Drain]:
     """The drains that keep a new replica of `key` from starting: on one of its GPUs, the
     bookings plus the drains' full memory are over the budget (break-then-make)."""
-    out = []
+    out: list[Drain] = []
     for b in ledger.bookings_of(key, replica):
         slot = ledger.slot(b.node, b.index)
         if slot is None:
             continue
-        here = [d for d in drains.values() for x in d.bookings if (x.node, x.index) == (b.node, b.index)]
+        here = drains.on(b.node, b.index)
         if not here:
             continue
         charged = sum(x.footprint.total for d in here for x in ledger.bookings_of(d.name)
@@ -194,25 +272,24 @@ def set_holds(rs: Mapping[str, Any], drain: Drain) -> bool:
     return spec.get("replicas", 1) != 0 and _is_for((spec.get("template") or {}).get("metadata") or {}, drain)
 
 
-def ended(drains: Mapping[str, Drain], namespace: str, deployment: str, pods: Iterable[Mapping[str, Any]],
+def ended(drains: Drains, namespace: str, deployment: str, pods: Iterable[Mapping[str, Any]],
           sets: Iterable[Mapping[str, Any]] = ()) -> list[str]:
     """The stopped drains of one deployment that no listed pod holds any more, and for which no
     listed ReplicaSet may create one."""
     pods, sets = list(pods), list(sets)
-    return sorted(d.name for d in drains.values()
-                  if d.stopped and d.namespace == namespace and d.deployment == deployment
-                  and not any(pod_holds(p, d) for p in pods) and not any(set_holds(r, d) for r in sets))
+    return sorted(d.name for d in drains.of(f"{namespace}/{deployment}")
+                  if d.stopped and not any(pod_holds(p, d) for p in pods) and not any(set_holds(r, d) for r in sets))
 
 
 def from_pods(ledger: Ledger, pods: Iterable[Mapping[str, Any]],
-              covered: Mapping[tuple[str, int], tuple[str, str]]) -> dict[str, Drain]:
+              covered: Mapping[tuple[str, int], tuple[str, str]]) -> Drains:
     """At start-up: every pod of vllmfit that is not finished and not covered by a booking
     (`covered`: (key, replica) -> (placement, booked_text) booked) holds memory that nothing
     books: a drain for it, charged with its GPUs' whole room (the pod says where it runs, not
     how much it uses). Its Deployment is gone or elsewhere by then (the sweep deletes what is not
     covered). A pod at the booked placement written for another booking (a resize in place
     whose old pod is still there) is a drain of that booking."""
-    out: dict[str, Drain] = {}
+    out = Drains()
     for pod in pods:
         meta = pod.get("metadata") or {}
         ours = replica_of(meta)

@@ -133,7 +133,6 @@ class Cache:
         # nodes whose replicas' pinning may have changed (handlers.writes.rebook_reported looks at
         # the records there, not at every record, on each event); pins_all: look at every one
         self.pins_dirty: set[str] = set()
-        self.pins_drained: set[tuple[str, str, int, int]] = set()  # the drains' bookings at the last look (drain, node, GPU, bytes)
         self.pins_all = True
         self.runtime_classes: set[str] | None = None  # RuntimeClass names (None: not listed yet)
         self.dra_capacity_ok = True  # False once the API server dropped capacity requests (feature gate off)
@@ -304,7 +303,7 @@ class Store:
         is decided again); and a drain for every pod of vllmfit that runs where nothing books
         it (`vllm_pods`). Returns warnings."""
         self.books.ledger = Ledger(kv_grant=self.options.kv_grant)
-        self.books.drains, self.books.refused = {}, set()
+        self.books.drains, self.books.refused = draining.Drains(), set()
         self.cache.records = {}
         self.cache.pins_all = True
         problems: list[str] = []

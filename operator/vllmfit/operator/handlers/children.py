@@ -156,8 +156,8 @@ async def delete_child(store: Store, rec: Record, apps: client.AppsV1Api, r: int
     if (held := store.cache.whole.pop((key, r), None)) is not None:
         store.cache.pins_dirty.add(held)  # a whole-node holder gone: its neighbours' pins may change
     store.cache.written.discard((key, r))
-    for d in store.books.drains.values():  # no pod of it can start any more: its drains can end
-        if d.key == key and d.replica == r:
+    for d in store.books.drains.of(key):  # no pod of it can start any more: its drains can end
+        if d.replica == r:
             d.stopped = True
     old = store.cache.templates.pop((key, r), None)
     if old:
@@ -219,8 +219,8 @@ async def sync_children(store: Store, key: str) -> None:
                     await claims.delete(store, rec.namespace, old)
                 rec.children.add(p.replica)
                 rec.child_where[p.replica] = where = builders.placement_text(p)
-                for d in store.books.drains.values():  # moved or resized: the Deployment's old pods are being stopped
-                    if d.key == key and d.replica == p.replica and (d.where != where or d.booked not in ("", booked)):
+                for d in store.books.drains.of(key):  # moved or resized: the Deployment's old pods are being stopped
+                    if d.replica == p.replica and (d.where != where or d.booked not in ("", booked)):
                         d.stopped = True
             await apply_service(core, builders.service(obj), rec.body)
         for r in sorted(rec.children - want):

@@ -45,7 +45,7 @@ async def on_pod(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -
     key = f"{meta.get('namespace') or 'default'}/{labels.get(builders.LABEL_DEPLOYMENT)}"
     name = meta.get("name") or ""
     if (type == "DELETED" or (body.get("status") or {}).get("phase") in draining.FINISHED) \
-            and any(d.key == key and d.stopped for d in store.books.drains.values()):
+            and any(d.stopped for d in store.books.drains.of(key)):
         await settle_drains(store, {key})  # a stopped replica's pod is gone: its memory may be free
     if key not in store.cache.records:
         return

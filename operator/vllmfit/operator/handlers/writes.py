@@ -52,7 +52,7 @@ async def finish(store: Store, fx: Effects, *, strict: bool = True, hold: bool =
         fx.sync -= {k for k in fx.sync if (r := store.cache.records.get(k)) is not None and r.going}
         touched(store, fx.sync | fx.mark)
         await _write(store, fx, strict)  # 1-3
-        if any(d.stopped and d.key in fx.sync for d in store.books.drains.values()) \
+        if any(d.stopped for k in fx.sync for d in store.books.drains.of(k)) \
                 and (freed := await ended_drains(store, set(fx.sync))) is not None:  # 4
             rounds.append((freed, False))
         if not rounds and not rebooked:  # 5
@@ -113,8 +113,9 @@ async def ended_drains(store: Store, keys: set[str] | None = None) -> Effects | 
     deployments; a stopped replica none of whose pods is listed (or each one listed has
     terminated) frees its memory: the neighbours' headroom grows, blocked replicas start,
     waiting specs get another chance. Returns what must be written then (None: nothing ended)."""
-    targets = sorted({(d.namespace, d.deployment) for d in store.books.drains.values()
-                      if d.stopped and (keys is None or d.key in keys)})
+    drains = store.books.drains
+    chosen = drains.values() if keys is None else [d for k in keys for d in drains.of(k)]
+    targets = sorted({(d.namespace, d.deployment) for d in chosen if d.stopped})
     if not targets:
         return None
     core, apps = client.CoreV1Api(store.api), client.AppsV1Api(store.api)
@@ -188,20 +189,20 @@ def pinned_anew(store: Store) -> list[str]:
     """The records whose children may differ from what they were written from for a reason not
     their own (pins learned from reports, a whole-node holder gone or back, a drain that began,
     grew or ended): those placed on a node where such a thing changed since the last look
-    (cache.pins_dirty, and the nodes whose drains differ from cache.pins_drained), or all of them
+    (cache.pins_dirty, and the nodes whose drains changed: Drains.take_changed), or all of them
     after a rebuild or a resync that changed something (cache.pins_all; an idle resync compares
     every record itself, handlers.startup.resync_once). Issue 32: looking at every record on every
     event was a quadratic cost at a few hundred deployments, and so was looking again at the
     records beside every drain still under way (a mass delete: hundreds of drains for seconds).
     A record being deleted (`going`) is left to its own deletion."""
     cache, ledger = store.cache, store.books.ledger
-    drained = {(name, b.node, b.index, b.footprint.total) for name, d in store.books.drains.items() for b in d.bookings}
+    drained = store.books.drains.take_changed()
     if cache.pins_all:
         keys = list(cache.records)
     else:
-        nodes = cache.pins_dirty | {node for _, node, _, _ in drained ^ cache.pins_drained}
+        nodes = cache.pins_dirty | drained
         keys = sorted({k for n in nodes for k in ledger.deployments_on(n) if k in cache.records})
-    cache.pins_all, cache.pins_dirty, cache.pins_drained = False, set(), drained
+    cache.pins_all, cache.pins_dirty = False, set()
     # a record being deleted (`forget`) has its children deleted by its own deletion: pulled into
     # every other step's writes, each then listed the pods of all the others' drains (a mass
     # delete was quadratic: issue 32, --churn)
