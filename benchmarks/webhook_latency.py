@@ -51,6 +51,7 @@ from webhook_harness import FakeStore, Harness, admission_review, gfd_node, vllm
 from vllmfit.core import limits, placement
 from vllmfit.core.spec import read
 from vllmfit.operator.admission import webhook
+from vllmfit.operator.handlers.startup import GC_YOUNG
 from vllmfit.sources import catalog
 
 MIX = [
@@ -157,6 +158,7 @@ def main() -> None:
     store, build_s, booked = build_store(a.nodes, a.deployments)
     gc.collect()
     gc.freeze()  # as the operator does after its rebuild (booking/state.py): a fleet's ledger is not walked again
+    gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])  # and as its start-up sets it (handlers.startup)
     gpus = len(store.books.ledger.slots())
     rounds: list[dict[str, dict]] = []
     with Harness(store) as h, tempfile.NamedTemporaryFile(suffix=".crt") as ca:
