@@ -69,6 +69,9 @@ def node(name: str, gpus: int = 2, product: str = H100, annotations: dict[str, s
     }
 
 
+WRITES = frozenset({kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE})
+"""The actions no discovery request (a GET) can be."""
+
 _SERVING: contextvars.ContextVar[Any] = contextvars.ContextVar("vllmfit_kmock_serving", default=None)
 """The request whose reaction KMock is choosing (each request is served in a task of its own)."""
 
@@ -137,6 +140,10 @@ class Emulator(kmock.KubernetesEmulator):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         object.__setattr__(self._objects, "_objects", _ByResource())
+        # KMock tries its reactions in order until one's filters match, each try a few regular
+        # expressions: the writes (nine requests in ten of an operator's) are tried before the
+        # discovery paths (GET /api, /apis/<group>, ...), which no POST, PATCH or DELETE matches
+        self._payloads.sort(key=lambda p: getattr(getattr(p._source, "criteria", None), "action", None) not in WRITES)
 
     def _get_resources(self) -> list[Any]:
         """The resources served: those declared and those of stored objects (KMock: a scan of
