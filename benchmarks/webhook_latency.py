@@ -25,32 +25,44 @@ line one JSON object whose keys end in their units.
 
 The ledger is frozen out of the garbage collector after it is built, as the operator does after its
 rebuild (booking/state.py), so a review never pays for a full collection walking the fleet's ledger.
+
+--noop-kopf: the floor. A Kopf operator whose validating handler decides nothing, served by Kopf's
+own WebhookServer over TLS (a certificate from certs.py) on KMock, in the same process, with the
+same collector settings and the same client: what Kopf, aiohttp, TLS and this client cost a review
+on this machine (issue 32's anchor, "a no-op Kopf webhook answers in 1.3 to 2.7 ms p99"). Its
+"fits nowhere" and worst-case rows are the same no-op reviews of those specs, allowed.
+
+    .venv/bin/python benchmarks/webhook_latency.py --noop-kopf   # the floor, in the same sitting
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import logging
 import os
 import resource
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any, Self
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "webhook"))
 
-from webhook_harness import FakeStore, Harness, admission_review, gfd_node, vllmd
+from webhook_harness import RESOURCE, FakeStore, Harness, admission_review, free_port, gfd_node, vllmd
 
 from vllmfit.core import limits, placement
-from vllmfit.core.spec import read
-from vllmfit.operator.admission import webhook
+from vllmfit.core.spec import api, read
+from vllmfit.operator.admission import certs, webhook
 from vllmfit.operator.handlers.startup import GC_YOUNG
 from vllmfit.sources import catalog
 
@@ -88,6 +100,68 @@ def bodies(kind: str, n: int) -> list[bytes]:
         return [json.dumps(admission_review(vllmd(f"big-{i}", **spec))).encode() for i in range(n)]
     return [json.dumps(admission_review(vllmd(f"new-{i:05d}", f"team-{i % 7}", **MIX[i % len(MIX)]))).encode()
             for i in range(n)]
+
+
+class NoopKopf:
+    """The floor (--noop-kopf): a Kopf operator on KMock whose only handler is a validating
+    webhook that decides nothing, served by kopf.WebhookServer over TLS, in a background thread
+    with its own event loop (as the Harness serves vllmfit's)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.dir = tempfile.TemporaryDirectory()
+        self.cafile, self.certfile, self.keyfile = certs.write(certs.generate("noop", "default"), self.dir.name)
+        self.stop: asyncio.Event | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    def ca_pem(self) -> bytes:
+        return Path(self.cafile).read_bytes()
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 1):
+                return self
+            time.sleep(0.05)
+        raise SystemExit("the no-op Kopf webhook did not listen")
+
+    def __exit__(self, *_: object) -> None:
+        if self.loop is not None and self.stop is not None:
+            self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(10)
+        self.dir.cleanup()
+
+    async def _main(self) -> None:
+        import kmock
+        import kopf
+
+        self.loop, self.stop = asyncio.get_running_loop(), asyncio.Event()
+        async with kmock.KubernetesEmulator() as k, kmock.Server(k):
+            k.resources.load_bundled()
+            k.resources[RESOURCE] = kmock.ResourceInfo(kind=api.KIND, namespaced=True, subresources={"status"},
+                                                       verbs={"get", "list", "watch", "create", "patch", "update"})
+            registry = kopf.OperatorRegistry()
+
+            @kopf.on.login(registry=registry)
+            def login(**_: Any) -> kopf.ConnectionInfo:
+                return kopf.ConnectionInfo(server=str(k.url), insecure=True)
+
+            @kopf.on.validate(api.GROUP, api.VERSION, api.PLURAL, id=webhook.VALIDATE_ID, registry=registry)
+            def allow(**_: Any) -> None:
+                pass
+
+            settings = kopf.OperatorSettings()
+            settings.posting.enabled = False
+            settings.admission.server = kopf.WebhookServer(addr="127.0.0.1", port=self.port,
+                                                           certfile=str(self.certfile), pkeyfile=str(self.keyfile))
+            task = asyncio.create_task(kopf.operator(registry=registry, settings=settings, clusterwide=True,
+                                                     standalone=True))
+            await self.stop.wait()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 # --- the client process -------------------------------------------------------------------------
@@ -148,6 +222,7 @@ def main() -> None:
     ap.add_argument("--reviews", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="5 nodes, 10 deployments, 20 reviews, 1 round: does it run")
+    ap.add_argument("--noop-kopf", action="store_true", help="the floor: a Kopf webhook that decides nothing")
     a = ap.parse_args()
     if a.quick:
         a.nodes, a.deployments, a.reviews, a.rounds = 5, 10, 20, 1
@@ -155,13 +230,13 @@ def main() -> None:
     os.sched_setaffinity(0, cores)  # the client process inherits it
     logging.basicConfig(level=logging.WARNING, stream=open(os.devnull, "w"))  # noqa: SIM115 - as an operator logs
 
-    store, build_s, booked = build_store(a.nodes, a.deployments)
+    store, build_s, booked = build_store(0 if a.noop_kopf else a.nodes, 0 if a.noop_kopf else a.deployments)
     gc.collect()
     gc.freeze()  # as the operator does after its rebuild (booking/state.py): a fleet's ledger is not walked again
     gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])  # and as its start-up sets it (handlers.startup)
     gpus = len(store.books.ledger.slots())
     rounds: list[dict[str, dict]] = []
-    with Harness(store) as h, tempfile.NamedTemporaryFile(suffix=".crt") as ca:
+    with NoopKopf() if a.noop_kopf else Harness(store) as h, tempfile.NamedTemporaryFile(suffix=".crt") as ca:
         ca.write(h.ca_pem())
         ca.flush()
         url = f"{h.url}/{webhook.VALIDATE_ID}"
@@ -172,13 +247,17 @@ def main() -> None:
                 "deny": measure(url, ca.name, "deny", 200, 1),
                 "worst": measure(url, ca.name, "worst", 5, 1),
             })
-        assert store.books.ledger.deployments() and len(store.books.ledger.deployments()) == booked  # nothing booked
+        assert len(store.books.ledger.deployments()) == booked  # nothing booked
 
     def med(case: str, key: str) -> float:
         return statistics.median(r[case][key] for r in rounds)
 
-    print(f"webhook latency: {a.nodes} nodes x 8 GPUs ({gpus} GPUs), {booked} deployments admitted "
-          f"(ledger built in {build_s:.1f} s); CPU cores {cores}; median of {a.rounds} rounds")
+    if a.noop_kopf:
+        print(f"webhook latency, the floor: a no-op Kopf webhook (kopf.WebhookServer); CPU cores {cores}; "
+              f"median of {a.rounds} rounds")
+    else:
+        print(f"webhook latency: {a.nodes} nodes x 8 GPUs ({gpus} GPUs), {booked} deployments admitted "
+              f"(ledger built in {build_s:.1f} s); CPU cores {cores}; median of {a.rounds} rounds")
     print(f"{'case':<40} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'reviews/s':>10} {'denied':>7} {'CPU ms':>7} {'client':>7}")
     for case, label in (("seq", "sequential, 1 keep-alive connection"), ("conc", f"{CLIENTS} concurrent clients"),
                         ("deny", "fits nowhere: grouped reasons + fixes"),
@@ -187,7 +266,7 @@ def main() -> None:
               f"{med(case, 'max'):>8.2f} {med(case, 'rate'):>10.0f} {med(case, 'denied'):>7.0f} {med(case, 'cpu'):>7.3f} "
               f"{med(case, 'client_cpu'):>7.3f}")
     result = {
-        "nodes": a.nodes, "gpus": gpus, "deployments": booked, "ledger_build_s": round(build_s, 2),
+        "baseline": "noop-kopf" if a.noop_kopf else None, "nodes": a.nodes, "gpus": gpus, "deployments": booked, "ledger_build_s": round(build_s, 2),
         "seq_p50_ms": round(med("seq", "p50"), 3), "seq_p99_ms": round(med("seq", "p99"), 3),
         "seq_max_ms": round(med("seq", "max"), 3), "seq_reviews_per_s": round(med("seq", "rate"), 1),
         "conc_p50_ms": round(med("conc", "p50"), 3), "conc_p99_ms": round(med("conc", "p99"), 3),
@@ -195,6 +274,7 @@ def main() -> None:
         "deny_p50_ms": round(med("deny", "p50"), 3), "deny_p99_ms": round(med("deny", "p99"), 3),
         "deny_max_ms": round(med("deny", "max"), 3),
         "worst_p50_ms": round(med("worst", "p50"), 3), "worst_max_ms": round(med("worst", "max"), 3),
+        **{f"{case}_denied_count": int(med(case, "denied")) for case in ("seq", "conc", "deny", "worst")},
         # the server process's CPU time per review (all its threads): what a review costs whatever else
         # shares the CPUs; with one Python interpreter, 1000 / it is about the most reviews/s
         **{f"{case}_server_cpu_ms": round(med(case, "cpu"), 3) for case in ("seq", "conc", "deny", "worst")},

@@ -48,6 +48,19 @@ def test_the_benchmark_runs_from_a_clone(name: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     assert isinstance(last, dict) and last
+    if name == "webhook_latency.py":  # the fitting specs allowed, the one that fits nowhere denied
+        assert last["seq_denied_count"] == 0 and last["deny_denied_count"] == 200 and last["baseline"] is None
     if name == "accuracy.py":  # the figures the README quotes, from the logs in the repository
         assert last["cases"] == 52 and last["kv_overpredicted_over_0_5_gib_count"] == 0
         assert last["logged_context_above_budget_context_count"] == 0
+
+
+def test_the_webhook_benchmark_measures_its_floor(tmp_path: Path) -> None:
+    """--noop-kopf: the same reviews to a Kopf webhook that decides nothing (kopf.WebhookServer
+    over TLS): every one answered and allowed, the spec that fits nowhere included."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "webhook_latency.py"), "--quick", "--noop-kopf"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert last["baseline"] == "noop-kopf" and last["deny_denied_count"] == 0 and last["seq_p50_ms"] > 0
