@@ -26,8 +26,9 @@ from kubernetes_asyncio import client
 
 from vllmfit.core import placement
 from vllmfit.core.spec import api
-from vllmfit.operator import handlers, metrics  # registers the handlers in Kopf's default registry
+from vllmfit.operator import handlers  # registers the handlers in Kopf's default registry
 from vllmfit.operator.booking.state import Options, Store
+from vllmfit.operator.handlers import startup
 
 VD = f"{api.GROUP}/{api.VERSION}/{api.PLURAL}"
 DEPLOYMENTS = "apps/v1/deployments"
@@ -461,13 +462,7 @@ class Operator:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
             self.task = None
-        store = self.store
-        await store.stop()
-        metrics.unregister(store.collector)
-        store.collector = None
-        if store.api is not None:
-            await store.api.close()
-            store.api = None
+        await startup.cleanup(memo=kopf.Memo(store=self.store))  # what Kopf's cleanup runs on a stop
 
 
 def used_from_statuses(statuses: list[dict[str, Any]]) -> dict[tuple[str, int], int]:
