@@ -11,7 +11,9 @@ POSTed at once (32 in flight); measured, per run:
   publishes each write, read every 0.05 s: no listing through the API, whose megabytes of JSON at
   5,000 cost both processes more than a real cluster's watchers would);
 - children_s: until every admitted replica also has its Deployment;
-- peak RSS of this (the operator's) process, resource.getrusage;
+- peak RSS of this (the operator's) process, resource.getrusage, over all runs: each operator
+  gives back what its start-up froze as it stops (handlers.startup.cleanup) and the runs are
+  separated by a full collection, so the peak is one operator's, not the sum of the runs';
 - the garbage collector's time and its longest pause (a gc callback) from the first POST until
   the emulator is quiet: the operator serves the admission webhook in this same process, so its
   longest pause is how long a review can wait behind a collection;
@@ -541,8 +543,11 @@ def main() -> None:
     import vllmfit.operator.handlers  # noqa: F401  (registers the handlers)
 
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    runs = [asyncio.run(one_run(a.nodes, a.deployments, a.seed, a.timeout, not a.without_runtimeclass, a.idle,
-                                a.noop_kopf, a.churn)) for _ in range(a.runs)]
+    runs = []
+    for _ in range(a.runs):
+        runs.append(asyncio.run(one_run(a.nodes, a.deployments, a.seed, a.timeout, not a.without_runtimeclass,
+                                        a.idle, a.noop_kopf, a.churn)))
+        gc.collect()  # the next run starts, as a new operator process would, without this one's garbage
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     r0 = runs[0]
     timed_out = sum(1 for r in runs if r["children_s"] is None)
