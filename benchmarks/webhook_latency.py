@@ -266,7 +266,8 @@ def main() -> None:
               f"{med(case, 'max'):>8.2f} {med(case, 'rate'):>10.0f} {med(case, 'denied'):>7.0f} {med(case, 'cpu'):>7.3f} "
               f"{med(case, 'client_cpu'):>7.3f}")
     result = {
-        "baseline": "noop-kopf" if a.noop_kopf else None, "nodes": a.nodes, "gpus": gpus, "deployments": booked, "ledger_build_s": round(build_s, 2),
+        "baseline": "noop-kopf" if a.noop_kopf else None,
+        "nodes": a.nodes, "gpus": gpus, "deployments": booked, "ledger_build_s": round(build_s, 2),
         "seq_p50_ms": round(med("seq", "p50"), 3), "seq_p99_ms": round(med("seq", "p99"), 3),
         "seq_max_ms": round(med("seq", "max"), 3), "seq_reviews_per_s": round(med("seq", "rate"), 1),
         "conc_p50_ms": round(med("conc", "p50"), 3), "conc_p99_ms": round(med("conc", "p99"), 3),

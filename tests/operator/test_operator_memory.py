@@ -4,7 +4,7 @@ The start-up freezes what its rebuild made (`gc.freeze()` in `Store.rebuild`: fu
 skip the fleet's ledger from then on). Frozen objects are never collected, and what they reference
 stays alive with them: a Store that stopped frozen kept every record it held until the process
 ended. A process runs one operator, but the tests and `benchmarks/operator_scale.py --runs N` run
-many, one after another; each kept the last (21 MB at 500 deployments on 100 nodes, and the
+many, one after another, and kept every one of them (21 MB at 500 deployments on 100 nodes, and the
 benchmark's peak RSS read 1.2 GB at 5,000 with three runs)."""
 
 from __future__ import annotations
