@@ -109,13 +109,9 @@ class Drains(dict[str, Drain]):
         super().__delitem__(name)
 
     def pop(self, name: str, *default: Any) -> Any:  # type: ignore[override]
-        if name not in self:
-            if default:
-                return default[0]
-            raise KeyError(name)
-        d = self[name]
-        del self[name]
-        return d
+        if name in self:
+            self._unindex(name, self[name])
+        return super().pop(name, *default)
 
     def clear(self) -> None:
         for name, d in list(self.items()):

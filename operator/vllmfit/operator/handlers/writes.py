@@ -203,9 +203,8 @@ def pinned_anew(store: Store) -> list[str]:
         nodes = cache.pins_dirty | drained
         keys = sorted({k for n in nodes for k in ledger.deployments_on(n) if k in cache.records})
     cache.pins_all, cache.pins_dirty = False, set()
-    # a record being deleted (`forget`) has its children deleted by its own deletion: pulled into
-    # every other step's writes, each then listed the pods of all the others' drains (a mass
-    # delete was quadratic: issue 32, --churn)
+    # a record being deleted (`forget`) has its children deleted by its own deletion; `finish`
+    # drops it from any step's writes, and here its children are not even compared
     return [k for k in keys if not cache.records[k].going]
 
 
