@@ -39,26 +39,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import json
 import logging
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "webhook"))
 
-from webhook_harness import RESOURCE, FakeStore, Harness, admission_review, free_port, gfd_node, vllmd
+from webhook_harness import RESOURCE, FakeStore, Harness, admission_review, gfd_node, vllmd
 
 from vllmfit.core import limits, placement
 from vllmfit.core.spec import api, read
@@ -102,43 +99,28 @@ def bodies(kind: str, n: int) -> list[bytes]:
             for i in range(n)]
 
 
-class NoopKopf:
-    """The floor (--noop-kopf): a Kopf operator on KMock whose only handler is a validating
-    webhook that decides nothing, served by kopf.WebhookServer over TLS, in a background thread
-    with its own event loop (as the Harness serves vllmfit's)."""
+class NoopKopf(Harness):
+    """The floor (--noop-kopf): the Harness's KMock, thread and start/stop, with a Kopf operator
+    whose only handler is a validating webhook that decides nothing, served by kopf.WebhookServer
+    over TLS (a certificate from certs.py)."""
 
     def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"https://127.0.0.1:{self.port}"
+        super().__init__(FakeStore())
         self.dir = tempfile.TemporaryDirectory()
         self.cafile, self.certfile, self.keyfile = certs.write(certs.generate("noop", "default"), self.dir.name)
-        self.stop: asyncio.Event | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
     def ca_pem(self) -> bytes:
         return Path(self.cafile).read_bytes()
 
-    def __enter__(self) -> Self:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 1):
-                return self
-            time.sleep(0.05)
-        raise SystemExit("the no-op Kopf webhook did not listen")
-
-    def __exit__(self, *_: object) -> None:
-        if self.loop is not None and self.stop is not None:
-            self.loop.call_soon_threadsafe(self.stop.set)
-        self.thread.join(10)
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
         self.dir.cleanup()
 
     async def _main(self) -> None:
         import kmock
         import kopf
 
-        self.loop, self.stop = asyncio.get_running_loop(), asyncio.Event()
+        self.loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         async with kmock.KubernetesEmulator() as k, kmock.Server(k):
             k.resources.load_bundled()
             k.resources[RESOURCE] = kmock.ResourceInfo(kind=api.KIND, namespaced=True, subresources={"status"},
@@ -159,9 +141,13 @@ class NoopKopf:
                                                            certfile=str(self.certfile), pkeyfile=str(self.keyfile))
             task = asyncio.create_task(kopf.operator(registry=registry, settings=settings, clusterwide=True,
                                                      standalone=True))
-            await self.stop.wait()
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            try:
+                await self._wait_serving()
+                self._started.set()
+                await self._stop.wait()
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
 
 # --- the client process -------------------------------------------------------------------------
