@@ -139,15 +139,7 @@ class NoopKopf(Harness):
             settings.posting.enabled = False
             settings.admission.server = kopf.WebhookServer(addr="127.0.0.1", port=self.port,
                                                            certfile=str(self.certfile), pkeyfile=str(self.keyfile))
-            task = asyncio.create_task(kopf.operator(registry=registry, settings=settings, clusterwide=True,
-                                                     standalone=True))
-            try:
-                await self._wait_serving()
-                self._started.set()
-                await self._stop.wait()
-            finally:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            await self._operate(registry, settings)
 
 
 # --- the client process -------------------------------------------------------------------------

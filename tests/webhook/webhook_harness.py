@@ -195,16 +195,23 @@ class Harness:
             self.server = settings.admission.server
             if self.file_check_interval is not None:
                 settings.admission.server.file_check_interval = self.file_check_interval
-            task = asyncio.create_task(kopf.operator(registry=registry, settings=settings,
-                                                     clusterwide=True, standalone=True))
             try:
-                await self._wait_serving()
-                self._started.set()
-                await self._stop.wait()
+                await self._operate(registry, settings)
             finally:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
                 await self.kube.close()
+
+    async def _operate(self, registry: kopf.OperatorRegistry, settings: kopf.OperatorSettings) -> None:
+        """Run the Kopf operator until the harness stops; it has started once it serves."""
+        assert self._stop is not None  # made in this loop by _main
+        task = asyncio.create_task(kopf.operator(registry=registry, settings=settings,
+                                                 clusterwide=True, standalone=True))
+        try:
+            await self._wait_serving()
+            self._started.set()
+            await self._stop.wait()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _wait_serving(self) -> None:
         deadline = time.monotonic() + 20
