@@ -41,6 +41,11 @@ same emulator with the same Kopf settings; its create handler writes what the be
 (one Deployment per replica, a final phase). Its figures are Kopf's and the emulator's share of a
 run: the floor vllmfit is held against when the emulator is the bottleneck (issue 32: within 2x).
 
+--reviews: the operator's own admission webhook is served (webhook.setup, as the operator starts
+it) and a client in another process sends it one validating review every 20 ms, from the first
+POST until the emulator is quiet (review_probe.py): how long a review waits while the operator is
+busy (its count, p50 / p99 / max, denials and reviews that got no answer).
+
 --churn: once settled, every VLLMDeployment is deleted at once; measured: the seconds until the
 API shows none (each delete handler done, its finalizer removed), with the requests made meanwhile
 by kind, then the garbage a full collection finds only after gc.unfreeze() (what the start-up's
@@ -54,7 +59,7 @@ Pinned to two CPU cores, like CI. Prints a table, then as its LAST line one JSON
 end in their units.
 
     .venv/bin/python benchmarks/operator_scale.py [--nodes 100] [--deployments 500] [--runs 3]
-        [--timeout 600] [--without-runtimeclass [--idle 30]] [--noop-kopf] [--churn] [--quick]
+        [--timeout 600] [--without-runtimeclass [--idle 30]] [--noop-kopf] [--churn] [--reviews] [--quick]
     .venv/bin/python benchmarks/operator_scale.py --nodes 1000 --deployments 5000 --timeout 450   # fleet size
     .venv/bin/python benchmarks/operator_scale.py --nodes 1000 --deployments 5000 --timeout 450 --noop-kopf
 """
@@ -276,7 +281,7 @@ def noop_registry(url: str, started: asyncio.Event) -> Any:
 
 async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 600.0,
                   runtime_class: bool = True, idle: float = RESYNC_SECONDS, noop: bool = False,
-                  churn: bool = False) -> dict[str, Any]:
+                  churn: bool = False, reviews: bool = False) -> dict[str, Any]:
     import kopf
     from kubernetes_asyncio import client
 
@@ -307,12 +312,18 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
     settings = kopf.OperatorSettings()
     handlers.configure(settings)
     settings.batching.exit_timeout = 0.1
+    probe: Any = None
     if noop:
         started = asyncio.Event()
         task = asyncio.create_task(kopf.operator(registry=noop_registry(url, started), settings=settings,
                                                  clusterwide=True, standalone=True))
         await started.wait()
     else:
+        if reviews:  # the operator's own webhook, served by this operator (review_probe)
+            from review_probe import Probe
+
+            probe = Probe(free_port())
+            probe.serve(settings, store)
         task = asyncio.create_task(kopf.operator(settings=settings, clusterwide=True, standalone=True,
                                                  memo=kopf.Memo(store=store)))
         while not (store.books.ready.is_set() and len(store.books.ledger.nodes) == n_nodes):
@@ -325,6 +336,8 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
         async with sem:
             await custom.create_namespaced_custom_object(GROUP, VERSION, o["metadata"]["namespace"], PLURAL, o)
 
+    if probe is not None:
+        await asyncio.to_thread(probe.start)  # its client connects first (the server starts with Kopf)
     t0, cpu0 = time.monotonic(), time.process_time()
     pauses = Pauses()  # until the emulator is quiet (or the timeout)
     await asyncio.gather(*(post(o) for o in objs))
@@ -354,15 +367,20 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
     operator_cpu_s = time.process_time() - cpu0
     resync_cpu_ms = None
     settle_kinds: dict[str, int] = {}
+    review: dict[str, Any] = {}
     if children_s is not None:
         await quiet(served, time.monotonic() + 120)  # the operator's backlog (status echoes) ends first
         settle_cpu_s = time.process_time() - cpu0  # the settle's whole CPU, its backlog included
+        if probe is not None:  # the reviews until quiet, the backlog included
+            review = await asyncio.to_thread(probe.stop)
         pauses.stop()
         settle_kinds = await kinds_now(kinds_path)
         if not noop:  # bounded: at 5,000 the operator's backlog after every status is final runs for minutes
             with contextlib.suppress(TimeoutError):
                 resync_cpu_ms = await asyncio.wait_for(resync_cpu(store), RESYNC_WAIT_S)
     pauses.stop()  # (already, unless the run timed out)
+    if probe is not None and not review:
+        review = await asyncio.to_thread(probe.stop)
     items = (await custom.list_cluster_custom_object(GROUP, VERSION, PLURAL))["items"]  # once, for the invariant
     deleted_s = hidden = None
     churn_kinds: dict[str, int] = {}
@@ -404,7 +422,8 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
             "settle_cpu_s": settle_cpu_s if children_s is not None else None, "settle_kinds": settle_kinds,
             "emulator_cpu_total_s": emulator_cpu_s, "gc_s": pauses.total_s,
             "gc_longest_ms": 1000 * pauses.longest_s, "gc_longest_generation": pauses.longest_generation,
-            "deleted_s": deleted_s, "hidden_garbage": hidden, "churn_kinds": churn_kinds}
+            "deleted_s": deleted_s, "hidden_garbage": hidden, "churn_kinds": churn_kinds,
+            **{f"review_{k}": v for k, v in review.items()}}
 
 
 async def kinds_now(kinds_path: str) -> dict[str, int]:
@@ -523,11 +542,16 @@ def main() -> None:
     p.add_argument("--churn", action="store_true",
                    help="then delete every VLLMDeployment at once: seconds until none is left, and the garbage "
                         "hidden in the collector's frozen set")
+    p.add_argument("--reviews", action="store_true",
+                   help="serve the operator's admission webhook and send it a review every 20 ms while the "
+                        "deployments settle (review_probe.py): its latency while the operator is busy")
     p.add_argument("--noop-kopf", action="store_true",
                    help="the baseline: a Kopf operator that decides nothing (noop_registry), on the same emulator")
     a = p.parse_args()
     if a.noop_kopf and a.without_runtimeclass:
         p.error("--noop-kopf needs no RuntimeClass; leave out --without-runtimeclass")
+    if a.reviews and a.noop_kopf:
+        p.error("--reviews measures vllmfit's webhook; the no-op operator serves none")
     if a.churn and a.noop_kopf:
         p.error("--churn measures vllmfit's delete handler; the no-op operator has none")
     if a.quick:
@@ -546,7 +570,7 @@ def main() -> None:
     runs = []
     for _ in range(a.runs):
         runs.append(asyncio.run(one_run(a.nodes, a.deployments, a.seed, a.timeout, not a.without_runtimeclass,
-                                        a.idle, a.noop_kopf, a.churn)))
+                                        a.idle, a.noop_kopf, a.churn, a.reviews)))
         gc.collect()  # the next run starts, as a new operator process would, without this one's garbage
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     r0 = runs[0]
@@ -597,6 +621,11 @@ def main() -> None:
          show("gc_longest_ms", ".0f")),
         *((("--churn: all deleted at once, until none is left (s)", show("deleted_s")),
            ("  then garbage hidden in the frozen set (objects)", show("hidden_garbage", ".0f"))) if a.churn else ()),
+        *((("--reviews: reviews answered while they settled", show("review_count", ".0f")),
+           ("  review latency p50 / p99 / max (ms)",
+            f"{show('review_p50_ms')} / {show('review_p99_ms')} / {show('review_max_ms')}"),
+           ("  denied / no answer", f"{show('review_denied_count', '.0f')} / {show('review_failed_count', '.0f')}"))
+          if a.reviews else ()),
         ("CPU of the emulator process, per run (s)", f"{runs[-1]['emulator_cpu_total_s'] / len(runs):.2f}"),
         ("requests the emulator answered", show("requests", ".0f")),
         ("peak RSS of the operator process (MB)", f"{peak_rss:.0f}"),
@@ -624,6 +653,8 @@ def main() -> None:
         "resync_cpu_ms": rounded("resync_cpu_ms"),
         "gc_s": rounded("gc_s"), "gc_longest_ms": rounded("gc_longest_ms"),
         "deleted_s": rounded("deleted_s") if a.churn else None,
+        **({k: rounded(k) for k in ("review_count", "review_p50_ms", "review_p99_ms", "review_max_ms",
+                                     "review_denied_count", "review_failed_count")} if a.reviews else {}),
         "hidden_garbage_count": med("hidden_garbage") if a.churn else None,
         "emulator_cpu_s": round(runs[-1]["emulator_cpu_total_s"] / len(runs), 2),
         "peak_rss_mb": round(peak_rss, 1), "import_rss_mb": round(base_rss, 1),

@@ -23,7 +23,8 @@ QUICK = {  # benchmark -> the arguments of its quick mode
     "snapshot_cost.py": ["--nodes", "20", "--deployments", "40"],
     "node_report.py": ["--quick"],
 }
-ELSEWHERE = {"operator_scale.py": "tests/test_operator_scale_bench.py"}
+ELSEWHERE = {"operator_scale.py": "tests/test_operator_scale_bench.py",
+             "review_probe.py": "tests/test_operator_scale_bench.py"}  # operator_scale.py --reviews
 """Benchmarks whose quick mode another test runs and checks more closely (not run twice)."""
 UNITS = ("_s", "_ms", "_mb", "_gib", "_pct", "_count", "_bytes")
 """How a key of a benchmark's JSON line ends (its unit); a few name what was counted or set."""

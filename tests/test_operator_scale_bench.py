@@ -18,8 +18,8 @@ def _run(*args: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def test_operator_scale_quick_settles_within_budget_and_deletes() -> None:
-    r = _run("--churn")
+def test_operator_scale_quick_settles_within_budget_reviews_and_deletes() -> None:
+    r = _run("--churn", "--reviews")
     assert r["timed_out_runs_count"] == 0 and r["all_final_s"] is not None and r["children_s"] is not None
     assert r["admitted_count"] + r["unschedulable_count"] + r["rejected_count"] == r["deployments"] == 20
     assert r["admitted_count"] > 0
@@ -27,6 +27,9 @@ def test_operator_scale_quick_settles_within_budget_and_deletes() -> None:
     # every VLLMDeployment's POST, status, Deployment and Service at least, counted by kind
     assert r["settle_requests_per_deployment_count"] >= 4 and r["settle_cpu_s"] >= r["operator_cpu_s"]
     assert r["gc_longest_ms"] is not None and r["gc_s"] is not None
+    # --reviews: the operator's own webhook answered every review sent while they settled
+    assert r["review_count"] > 0 and r["review_failed_count"] == 0
+    assert r["review_p99_ms"] is not None and r["review_denied_count"] >= 0
     # --churn: every one deleted at once is gone (each delete handler done, its finalizer removed)
     assert r["deleted_s"] is not None and isinstance(r["hidden_garbage_count"], int)
 
