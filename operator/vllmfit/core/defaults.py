@@ -254,6 +254,11 @@ WEBHOOK_IDLE_TIMEOUT_S = 120.0
 than the API server's own 90 s idle timeout (Go's http.DefaultTransport, kept by
 k8s.io/apimachinery/pkg/util/net SetOldTransportDefaults), so the client closes first and never
 sends a review on a connection the server is closing."""
+WEBHOOK_LOOP_PROBE_S = 2.0
+"""The liveness probe asks the webhook's own event loop (it runs in a thread of its own) to answer
+within this long; a loop that does not (a review's quick decision that spins: a bug) fails the
+probe, and the kubelet restarts the operator after failureThreshold misses. Under the chart's
+probe timeoutSeconds (3)."""
 WEBHOOK_MAX_HEADERS = 32
 """Header fields per request (aiohttp's default 128, each up to 8,190 bytes): bounds what a
 half-sent request head can buffer. kube-apiserver sends under ten."""

@@ -45,7 +45,7 @@ async def run(workers: Any, fn: Callable[..., T], *args: Any, timeout: float, **
         async with asyncio.timeout(timeout):
             return await asyncio.shield(fut)
     except TimeoutError:
-        workers.abandoned += 1
+        workers.give_up()
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody waits for it: no warning
         raise TooCostly(too_costly_message(timeout)) from None
 

@@ -41,10 +41,12 @@ from vllmfit.core.errors import UserError
 from vllmfit.core.spec import api, read, validate
 from vllmfit.operator.admission import bounded, certs
 from vllmfit.operator.admission.fairness import Admission
+from vllmfit.operator.admission.ownloop import at_home
 from vllmfit.operator.admission.verdict import Verdict, check, defaults_patch, json_patch
 from vllmfit.operator.admission.webhookserver import MUTATE_ID, VALIDATE_ID, Server, clip
 from vllmfit.operator.booking import models
 from vllmfit.operator.booking.changes import memory_changes
+from vllmfit.sources import resolve
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +98,7 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
     # API server makes a DNS label, so the name is not checked)
     policy = getattr(getattr(store, "options", None), "tenancy", validate.DEFAULT_POLICY)
     named = bool((body.get("metadata") or {}).get("name"))
-    obj = await models.checked(getattr(store, "api", None), body, policy, named=named)
+    obj = await models.checked(getattr(store, "api", None), body, policy, named=named, io=at_home)
     old = None
     if operation == "UPDATE" and old_body is not None:
         try:
@@ -109,7 +111,9 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
         return late(adm, "the operator is starting") if adm.fail_open else Verdict(False, NOT_READY, code=429)
     try:
         async with asyncio.timeout_at(deadline):
-            req = await store.request_for(obj)
+            # a modelConfigRef is read through the operator's API client, on its loop
+            req = await (at_home(lambda: store.request_for(obj)) if resolve.config_map_wanted(obj.spec) is not None
+                         else store.request_for(obj))
     except TimeoutError:
         return late(adm, f"resolving model {obj.spec.model!r}")
     except Exception as e:  # noqa: BLE001 - resolve.ModelResolutionError, or anything the resolver raises
@@ -145,7 +149,7 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
         async with asyncio.timeout(limit):
             return await asyncio.shield(fut)
     except TimeoutError:
-        store.workers.abandoned += 1
+        store.workers.give_up()
         if limit >= defaults.REVIEW_DECIDE_TIMEOUT_S:  # it had its own whole time: the spec is too costly
             return Verdict(False, bounded.too_costly_message(limit), code=422)
         return late(adm, "deciding where it fits")
@@ -383,5 +387,9 @@ def setup(settings: kopf.OperatorSettings, args: argparse.Namespace, store: Stor
         # the operator's own client configuration when it has one (tests point it at KMock)
         return prepare_tls(args, kube or certs.KubeApi(getattr(store, "kube_config", None)))
 
-    settings.admission.server = Server(addr=args.webhook_host, port=args.webhook_port, tls=tls,
-                                       answer=reviewer.answer, **auth)
+    server = settings.admission.server = Server(addr=args.webhook_host, port=args.webhook_port, tls=tls,
+                                                answer=reviewer.answer, **auth)
+
+    @kopf.on.probe(id="webhook", registry=registry)
+    async def webhook_loop(**_: Any) -> str:
+        return await server.own.answering()  # the reviews' loop is not Kopf's: liveness asks it too

@@ -1,21 +1,23 @@
 """The admission webhooks' HTTPS server: Kopf's aiohttp server with limits, client
 authentication and a guard that answers every request with an AdmissionReview or a plain 4xx
-(never a 500). What a review decides is `vllmfit.operator.admission.webhook`; this is the transport.
-docs/webhook.md ("Who can reach the webhook", "Client authentication") says why each limit is
-there and what was measured.
+(never a 500), served from its own thread and event loop so that a review never queues behind the
+operator's work. What a review decides is `vllmfit.operator.admission.webhook`; this is the
+transport. docs/webhook.md ("Who can reach the webhook", "Client authentication", "A review while
+the operator is busy") says why each limit is there and what was measured.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
 import hashlib
 import json
 import logging
 import os
 import ssl
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ import aiohttp.web
 import kopf
 
 from vllmfit.core import defaults
+from vllmfit.operator.admission.ownloop import HOME, OwnLoop, at_home
 
 logger = logging.getLogger(__name__)
 
@@ -259,12 +262,18 @@ class Server(kopf.WebhookServer):
         self.max_body, self.read_timeout, self.max_concurrent = max_body, read_timeout, max_concurrent
         self.max_connections, self.handshake_timeout = max_connections, handshake_timeout
         self.header_timeout, self.idle_timeout = header_timeout, idle_timeout
-        # only touched from the event loop:
+        self.home: asyncio.AbstractEventLoop | None = None  # the operator's loop (__call__; ownloop.at_home)
+        self.own = OwnLoop("vllmfit-webhook")  # the listener and the reviews run on its loop
+        # only touched from the webhook's own loop:
         self.in_flight = 0
         self.connections: set[_Connection] = set()
         self.refused = self.header_timeouts = 0  # connections closed at accept / for slow headers
 
-    async def __call__(self, fn: Any) -> Any:
+    async def __call__(self, fn: Any) -> AsyncIterator[kopf.WebhookClientConfig]:
+        """Kopf's server protocol: yields the client config whenever the listener (re)starts.
+        The certificates are prepared here, on the operator's loop (they may need its API); the
+        listener and every review then run on a loop of their own (`_serve` on `self.own`,
+        vllmfit.operator.admission.ownloop says why)."""
         delay = 1.0
         while self.tls is not None:
             try:
@@ -274,6 +283,25 @@ class Server(kopf.WebhookServer):
                 logger.exception("webhook TLS setup failed; retrying in %.0f s", delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 60.0)
+        self.home = asyncio.get_running_loop()
+        configs: asyncio.Queue[Any] = asyncio.Queue()  # from the thread: a config, or the error that ended it
+
+        def told(item: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the operator's loop is closed: nobody to tell
+                self.home.call_soon_threadsafe(configs.put_nowait, item)
+
+        self.own.start(lambda: self._serve(fn, told), told)
+        try:
+            while True:
+                item = await configs.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.own.stop()  # the listener and its connections close on the thread's loop
+
+    async def _serve(self, fn: Any, told: Callable[[Any], None]) -> None:
+        """The listener, restarted when the TLS files change, on this thread's loop."""
 
         async def handle(request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
             return await self._handle(fn, request)
@@ -291,7 +319,7 @@ class Server(kopf.WebhookServer):
                 listener = await loop.create_server(functools.partial(_Connection, self, runner.server, context),
                                                     self.addr or None, port, reuse_address=True, reuse_port=True)
                 try:
-                    yield self._client_config(cadata, context is not None, port)
+                    told(self._client_config(cadata, context is not None, port))
                     cadata, context = await self._usable_ssl(wait_for_change=True)
                     logger.info("webhook TLS files changed; restarting the listener")
                 finally:
@@ -404,12 +432,13 @@ class Server(kopf.WebhookServer):
         for key in ("object", "oldObject"):  # CREATE objects may lack the namespace; the review has it
             if isinstance(req.get(key), dict) and isinstance(req.get("namespace"), str):
                 req[key].setdefault("metadata", {}).setdefault("namespace", req["namespace"])
+        HOME.set(self.home)  # this request's task: what needs the operator's loop goes there (at_home)
         try:
             if self.answer is not None:
                 response = await self.answer(hook, data)
-            else:
+            else:  # Kopf's dispatch belongs to the operator's loop
                 peer = request.transport.get_extra_info("peercert") if request.transport else None
-                response = await fn(data, webhook=hook, sslpeer=peer, headers=dict(request.headers))
+                response = await at_home(lambda: fn(data, webhook=hook, sslpeer=peer, headers=dict(request.headers)))
         except Exception as e:
             logger.exception("admission request failed")
             response = denial(data, f"vllmfit webhook error: {type(e).__name__}: {e}")

@@ -6,21 +6,29 @@ keys of the ConfigMaps its envFrom names (for the one validator)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 from vllmfit.core.model.facts import ModelArch
 from vllmfit.core.spec import api, read, validate
 from vllmfit.sources import catalog, resolve
 
+T = TypeVar("T")
+
+
+async def _here(make: Callable[[], Awaitable[T]]) -> T:
+    return await make()
+
 
 async def checked(api_client: Any, body: Mapping[str, Any], policy: validate.Policy, *,
-                  named: bool = True) -> api.VLLMDeployment:
+                  named: bool = True, io: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]] = _here
+                  ) -> api.VLLMDeployment:
     """The object by the one reader and validator (vllmfit.core.spec.read), with the envFrom
     ConfigMaps read from the cluster (`env_sources`): what the webhook and the operator call.
-    `named=False`: a CREATE with generateName. Raises read.SpecError."""
+    `named=False`: a CREATE with generateName. `io` runs the read where `api_client` lives (the
+    webhook's loop is not the operator's: vllmfit.operator.admission.ownloop.at_home). Raises read.SpecError."""
     obj = read.deployment(body)
-    sources = await env_sources(api_client, obj) if validate.sources_needed(obj.spec) else None
+    sources = await io(lambda: env_sources(api_client, obj)) if validate.sources_needed(obj.spec) else None
     return read.checked(obj, catalog_model=catalog.knows(obj.spec.model), policy=policy, sources=sources,
                         named=named)
 

@@ -29,6 +29,7 @@ import concurrent.futures
 import contextlib
 import gc
 import logging
+import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -85,12 +86,19 @@ class Workers:
     """The threads decisions run in, off the event loop (admission.bounded): one pool for the
     operator's decisions (defaults.DECIDE_WORKERS) and one for the webhook's reviews
     (defaults.REVIEW_WORKERS), so neither waits for the other; made on first use. `abandoned`
-    counts the decisions given up on past their time limit. One per operator process."""
+    counts the decisions given up on past their time limit (`give_up`: from the operator's loop
+    and the webhook's, two threads). One per operator process."""
 
     def __init__(self) -> None:
         self._decide: concurrent.futures.ThreadPoolExecutor | None = None
         self._review: concurrent.futures.ThreadPoolExecutor | None = None
         self.abandoned = 0
+        self._counting = threading.Lock()
+
+    def give_up(self) -> None:
+        """One more decision abandoned past its time limit."""
+        with self._counting:
+            self.abandoned += 1
 
     def decide(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._decide is None:

@@ -1,0 +1,122 @@
+"""The webhook answers on its own thread and event loop (webhookserver.Server), so a review never
+waits for the operator's loop: in a burst that loop runs thousands of Kopf workers at once, and a
+review queued behind them waited up to seconds (benchmarks/operator_scale.py --reviews, issue 32).
+What needs the operator's loop (its API client: the ConfigMaps a spec names) goes there
+(`at_home`), and nothing else does."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import httpx
+import kopf
+import pytest
+from webhook_harness import FakeStore, Harness, admission_review, gfd_node, vllmd
+
+from vllmfit.operator.admission import ownloop, webhook
+from vllmfit.operator.booking import models
+
+MODEL_8B = "meta-llama/Llama-3.1-8B-Instruct"
+NODES = [gfd_node("gpu-node-a", 1), gfd_node("gpu-node-b", 1)]
+
+
+def review(h: Harness, client: httpx.Client, obj: dict[str, Any]) -> dict[str, Any]:
+    r = client.post(f"/{webhook.VALIDATE_ID}", json=admission_review(obj))
+    assert r.status_code == 200, r.text
+    return r.json()["response"]
+
+
+def test_a_review_is_answered_while_the_operators_loop_is_held() -> None:
+    # The operator's loop is held by a callback that waits for the test (a thread wait: it gives
+    # the interpreter lock away, as the operator's Python code does every switch interval). On the
+    # code before, the review waited on that same loop and was never answered while it was held:
+    # the client gave up after its 20 s (this test's only timeout, which only a failure reaches).
+    held, release = threading.Event(), threading.Event()
+    with Harness(FakeStore(NODES)) as h, httpx.Client(base_url=h.url, verify=h.ssl_context(), timeout=20) as c:
+        assert review(h, c, vllmd("warm", model=MODEL_8B, maxModelLen=8192))["allowed"]
+        assert h.loop is not None
+        h.loop.call_soon_threadsafe(lambda: (held.set(), release.wait(60)))
+        try:
+            assert held.wait(10)
+            answered = [review(h, c, vllmd(f"busy-{i}", model=MODEL_8B, maxModelLen=8192)) for i in range(3)]
+            assert not release.is_set()  # all three answered while the operator's loop was still held
+        finally:
+            release.set()
+        assert all(a["allowed"] for a in answered)
+        assert h.server.own.alive()
+    assert not h.server.own.alive()  # the operator stopped: the webhook's thread ended with it
+
+
+class Recording(FakeStore):
+    """Records the loop each model resolution ran on (modelConfigRef or not)."""
+
+    def __init__(self, nodes: Any) -> None:
+        super().__init__(nodes)
+        self.loops: list[tuple[bool, asyncio.AbstractEventLoop]] = []
+
+    async def request_for(self, obj: Any) -> Any:
+        self.loops.append((obj.spec.model_config_ref is not None, asyncio.get_running_loop()))
+        return await super().request_for(obj)
+
+
+def test_only_what_needs_the_operators_api_client_runs_on_its_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The operator's API client (an aiohttp session) belongs to its loop: a modelConfigRef and the
+    # ConfigMaps an envFrom names are read there; a catalog model is resolved on the webhook's loop.
+    sources: list[asyncio.AbstractEventLoop] = []
+    env_sources = models.env_sources
+
+    async def recorded(api_client: Any, obj: Any) -> Any:
+        sources.append(asyncio.get_running_loop())
+        return await env_sources(api_client, obj)
+
+    monkeypatch.setattr(models, "env_sources", recorded)
+    store = Recording(NODES)
+    with Harness(store) as h, httpx.Client(base_url=h.url, verify=h.ssl_context(), timeout=20) as c:
+        plain = review(h, c, vllmd("plain", model=MODEL_8B, maxModelLen=8192))
+        ref = review(h, c, vllmd("ref", model="acme/custom-7b", maxModelLen=8192, modelConfigRef={"name": "cfg"}))
+        env = review(h, c, vllmd("env", model=MODEL_8B, maxModelLen=8192,
+                                 podTemplate={"spec": {"containers": [{"name": "vllm", "envFrom": [
+                                     {"configMapRef": {"name": "settings"}}]}]}}))
+    assert plain["allowed"]
+    assert ref["allowed"] and "ConfigMap default/cfg not found" in ref["warnings"][0]  # resolved later
+    assert not env["allowed"] and "ConfigMap settings: it could not be read" in env["status"]["message"]
+    home = h.loop
+    by_ref = dict(store.loops[-2:])  # (plain, ref); the env review is refused before resolution
+    assert by_ref[True] is home
+    assert by_ref[False] is not home
+    assert sources == [home]
+
+
+async def test_at_home_runs_in_place_outside_the_webhooks_loop() -> None:
+    # No HOME (the operator's handlers, the tests calling webhook.review): nothing hops.
+    loop = asyncio.get_running_loop()
+
+    async def where() -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    assert await ownloop.at_home(where) is loop
+    token = ownloop.HOME.set(loop)
+    try:
+        assert await ownloop.at_home(where) is loop
+    finally:
+        ownloop.HOME.reset(token)
+
+
+def test_the_liveness_probe_asks_the_webhooks_own_loop() -> None:
+    # A review's quick decision runs on the webhook's loop: were one to spin (a bug), Kopf's loop
+    # and its /healthz would go on answering. The probe (registered by webhook.setup) asks the
+    # webhook's loop too, and fails while that loop is held.
+    held, release = threading.Event(), threading.Event()
+    with Harness(FakeStore(NODES)) as h:
+        own = h.server.own
+        assert h.run(own.answering(20)) == "answering"
+        own.loop.call_soon_threadsafe(lambda: (held.set(), release.wait(60)))
+        try:
+            assert held.wait(10)
+            with pytest.raises(kopf.PermanentError, match="did not answer within 0.2 s"):
+                h.run(own.answering(0.2))  # held: no timeout is long enough
+        finally:
+            release.set()
+        assert h.run(own.answering(20)) == "answering"
