@@ -79,9 +79,10 @@ async def test_with_a_proxy_in_the_environment_the_client_still_trusts_it(monkey
         await api.close()
 
 
-async def test_the_operator_collects_its_youngest_objects_less_often(operator: Operator) -> None:
+async def test_the_operator_collects_its_youngest_and_oldest_objects_less_often(operator: Operator) -> None:
     import gc
 
-    from vllmfit.operator.handlers.startup import GC_YOUNG
+    from vllmfit.operator.handlers.startup import GC_OLD, GC_YOUNG
 
     assert gc.get_threshold()[0] == GC_YOUNG > 700  # Python's default: 700
+    assert gc.get_threshold()[2] == GC_OLD > 10  # Python's default: 10

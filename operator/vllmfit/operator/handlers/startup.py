@@ -44,6 +44,15 @@ allocates thousands of short-lived objects (Kopf's causes, the client's requests
 at 700 they were promoted and walked again by the older generations' collections, a fifth of
 the operator's CPU while 1,500 deployments settle (issue 32: 3.4 s of 18.7; 1.1 s at 20,000).
 The operator sets it at start-up, for its own process."""
+GC_OLD = 100
+"""Middle-generation collections between two full ones (Python: 10). A full collection walks
+every object the start-up did not freeze and stops every thread, the webhook's included: while
+5,000 VLLMDeployments settled, the heap doubled every few seconds and full collections of 1.0 to
+1.1 s came one after another, the longest wait of any review (issue 32, ninth round:
+benchmarks/operator_scale.py --reviews). At 100 the longest pause was 0.31 to 0.34 s (a middle
+collection), the collector's time 4.8 to 5.6 s instead of 6.2 to 6.6 s, peak RSS no higher (three runs
+each). Python's own rule still holds: no full collection until the objects promoted since the
+last one are a quarter of those it kept."""
 
 
 class DiffBase(kopf.AnnotationsDiffBaseStorage):
@@ -211,7 +220,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     await claims.load(store)  # the DRA nodes' GPUs and claims, before the ledger is rebuilt
     children, pods = await list_ours(store)  # a status books only what runs where it says; pods drain
     problems = store.rebuild(node_dicts, deployments, children, pods)
-    gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
+    gc.set_threshold(GC_YOUNG, gc.get_threshold()[1], GC_OLD)
     # shared by every object's memo (each a shallow copy of this one): see settle_startup_drains
     memo[STARTUP_DRAINS] = sorted(store.books.drains)
     await reservations.load(store)
