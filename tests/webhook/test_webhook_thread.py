@@ -122,36 +122,18 @@ def test_the_liveness_probe_asks_the_webhooks_own_loop() -> None:
         assert h.run(own.answering(20)) == "answering"
 
 
-class WithLiveness(Harness):
-    """The Harness's operator with Kopf's liveness endpoint on, as `vllmfit-operator --health-port`."""
-
-    def __init__(self, store: Any) -> None:
-        super().__init__(store)
-        self.health = f"http://127.0.0.1:{free_port()}/healthz"
-
-    async def _operate(self, registry: kopf.OperatorRegistry, settings: kopf.OperatorSettings) -> None:
-        assert self._stop is not None
-        task = asyncio.create_task(kopf.operator(registry=registry, settings=settings, clusterwide=True,
-                                                 standalone=True, liveness_endpoint=self.health))
-        try:
-            await self._wait_serving()
-            self._started.set()
-            await self._stop.wait()
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-
 def test_healthz_fails_while_the_webhooks_loop_is_held() -> None:
     # End to end through Kopf's liveness endpoint: webhook.setup registers the probe; Kopf answers
     # 500 when a probe fails (and caches a good answer for 10 s, so the held loop is asked first).
     held, release = threading.Event(), threading.Event()
-    with WithLiveness(FakeStore(NODES)) as h:
+    harness = Harness(FakeStore(NODES))
+    harness.liveness_endpoint = f"http://127.0.0.1:{free_port()}/healthz"  # as vllmfit-operator --health-port
+    with harness as h:
         h.server.own.loop.call_soon_threadsafe(lambda: (held.set(), release.wait(60)))
         try:
             assert held.wait(10)
-            assert httpx.get(h.health, timeout=20).status_code == 500
+            assert httpx.get(h.liveness_endpoint, timeout=20).status_code == 500
         finally:
             release.set()
-        r = httpx.get(h.health, timeout=20)
+        r = httpx.get(h.liveness_endpoint, timeout=20)
         assert r.status_code == 200 and r.json()["webhook"] == "answering"

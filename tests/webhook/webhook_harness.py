@@ -136,6 +136,7 @@ class Harness:
                                          "--mutating-webhook", NAMES["mutating"], *extra_args])
         self.configs = configs
         self.url = f"https://127.0.0.1:{self.port}"
+        self.liveness_endpoint: str | None = None  # Kopf's /healthz, when a test sets it before starting
         self.loop: asyncio.AbstractEventLoop | None = None
         self.kmock: Any = None
         self.error: BaseException | None = None
@@ -203,8 +204,8 @@ class Harness:
     async def _operate(self, registry: kopf.OperatorRegistry, settings: kopf.OperatorSettings) -> None:
         """Run the Kopf operator until the harness stops; it has started once it serves."""
         assert self._stop is not None  # made in this loop by _main
-        task = asyncio.create_task(kopf.operator(registry=registry, settings=settings,
-                                                 clusterwide=True, standalone=True))
+        task = asyncio.create_task(kopf.operator(registry=registry, settings=settings, clusterwide=True,
+                                                 standalone=True, liveness_endpoint=self.liveness_endpoint))
         try:
             await self._wait_serving()
             self._started.set()
