@@ -137,3 +137,23 @@ def test_healthz_fails_while_the_webhooks_loop_is_held() -> None:
             release.set()
         r = httpx.get(h.liveness_endpoint, timeout=20)
         assert r.status_code == 200 and r.json()["webhook"] == "answering"
+
+
+def test_a_review_that_needs_the_held_operators_loop_is_refused_within_its_budget() -> None:
+    # The envFrom ConfigMaps are read on the operator's loop: while it is held, the review waits
+    # within its budget (0.6 s of a 1 s webhook timeout) and is refused saying why, never allowed
+    # unchecked and never left hanging (the client's 20 s would fail this test).
+    held, release = threading.Event(), threading.Event()
+    with Harness(FakeStore(NODES), ["--webhook-timeout-seconds", "1"]) as h, \
+            httpx.Client(base_url=h.url, verify=h.ssl_context(), timeout=20) as c:
+        assert h.loop is not None
+        h.loop.call_soon_threadsafe(lambda: (held.set(), release.wait(60)))
+        try:
+            assert held.wait(10)
+            answer = review(h, c, vllmd("env", model=MODEL_8B, maxModelLen=8192, podTemplate={"spec": {
+                "containers": [{"name": "vllm", "envFrom": [{"configMapRef": {"name": "settings"}}]}]}}))
+            assert not release.is_set()
+        finally:
+            release.set()
+    assert not answer["allowed"] and answer["status"]["code"] == 429
+    assert "reading the ConfigMaps its envFrom names" in answer["status"]["message"]

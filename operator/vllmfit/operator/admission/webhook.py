@@ -98,7 +98,11 @@ async def review(store: Store, body: Mapping[str, Any], old_body: Mapping[str, A
     # API server makes a DNS label, so the name is not checked)
     policy = getattr(getattr(store, "options", None), "tenancy", validate.DEFAULT_POLICY)
     named = bool((body.get("metadata") or {}).get("name"))
-    obj = await models.checked(getattr(store, "api", None), body, policy, named=named, io=at_home)
+    try:  # the envFrom ConfigMaps are read on the operator's loop (at_home): within the budget too
+        async with asyncio.timeout_at(deadline):
+            obj = await models.checked(getattr(store, "api", None), body, policy, named=named, io=at_home)
+    except TimeoutError:
+        return late(adm, "reading the ConfigMaps its envFrom names")
     old = None
     if operation == "UPDATE" and old_body is not None:
         try:
