@@ -60,7 +60,7 @@ from webhook_harness import RESOURCE, FakeStore, Harness, admission_review, gfd_
 from vllmfit.core import limits, placement
 from vllmfit.core.spec import api, read
 from vllmfit.operator.admission import certs, webhook
-from vllmfit.operator.handlers.startup import GC_OLD, GC_YOUNG
+from vllmfit.operator.handlers.startup import tune_collector
 from vllmfit.sources import catalog
 
 MIX = [
@@ -211,7 +211,7 @@ def main() -> None:
     store, build_s, booked = build_store(0 if a.noop_kopf else a.nodes, 0 if a.noop_kopf else a.deployments)
     gc.collect()
     gc.freeze()  # as the operator does after its rebuild (booking/state.py): a fleet's ledger is not walked again
-    gc.set_threshold(GC_YOUNG, gc.get_threshold()[1], GC_OLD)  # and as its start-up sets it (handlers.startup)
+    tune_collector()  # and its collector's thresholds, as its start-up sets them (handlers.startup)
     gpus = len(store.books.ledger.slots())
     rounds: list[dict[str, dict]] = []
     with NoopKopf() if a.noop_kopf else Harness(store) as h, tempfile.NamedTemporaryFile(suffix=".crt") as ca:

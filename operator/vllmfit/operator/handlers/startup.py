@@ -55,6 +55,12 @@ each). Python's own rule still holds: no full collection until the objects promo
 last one are a quarter of those it kept."""
 
 
+def tune_collector() -> None:
+    """The collector's thresholds of an operator's process (GC_YOUNG, GC_OLD; the middle one is
+    Python's), set at start-up; benchmarks/webhook_latency.py sets the same."""
+    gc.set_threshold(GC_YOUNG, gc.get_threshold()[1], GC_OLD)
+
+
 class DiffBase(kopf.AnnotationsDiffBaseStorage):
     """Kopf's last-handled-configuration storage, with the same essence built for less. Kopf
     builds an object's essence (what its change detection compares: the object less its status
@@ -220,7 +226,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     await claims.load(store)  # the DRA nodes' GPUs and claims, before the ledger is rebuilt
     children, pods = await list_ours(store)  # a status books only what runs where it says; pods drain
     problems = store.rebuild(node_dicts, deployments, children, pods)
-    gc.set_threshold(GC_YOUNG, gc.get_threshold()[1], GC_OLD)
+    tune_collector()
     # shared by every object's memo (each a shallow copy of this one): see settle_startup_drains
     memo[STARTUP_DRAINS] = sorted(store.books.drains)
     await reservations.load(store)
