@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import kopf
 import pytest
-from webhook_harness import FakeStore, Harness, admission_review, free_port, gfd_node, vllmd
+from webhook_harness import FakeStore, Harness, admission_review, free_port, gfd_node, response_of, vllmd
 
 from vllmfit.operator.admission import ownloop, webhook
 from vllmfit.operator.booking import models
@@ -22,10 +22,10 @@ MODEL_8B = "meta-llama/Llama-3.1-8B-Instruct"
 NODES = [gfd_node("gpu-node-a", 1), gfd_node("gpu-node-b", 1)]
 
 
-def review(h: Harness, client: httpx.Client, obj: dict[str, Any]) -> dict[str, Any]:
+def review(client: httpx.Client, obj: dict[str, Any]) -> dict[str, Any]:
     r = client.post(f"/{webhook.VALIDATE_ID}", json=admission_review(obj))
     assert r.status_code == 200, r.text
-    return r.json()["response"]
+    return response_of(r)
 
 
 def test_a_review_is_answered_while_the_operators_loop_is_held() -> None:
@@ -35,12 +35,12 @@ def test_a_review_is_answered_while_the_operators_loop_is_held() -> None:
     # the client gave up after its 20 s (this test's only timeout, which only a failure reaches).
     held, release = threading.Event(), threading.Event()
     with Harness(FakeStore(NODES)) as h, httpx.Client(base_url=h.url, verify=h.ssl_context(), timeout=20) as c:
-        assert review(h, c, vllmd("warm", model=MODEL_8B, maxModelLen=8192))["allowed"]
+        assert review(c, vllmd("warm", model=MODEL_8B, maxModelLen=8192))["allowed"]
         assert h.loop is not None
         h.loop.call_soon_threadsafe(lambda: (held.set(), release.wait(60)))
         try:
             assert held.wait(10)
-            answered = [review(h, c, vllmd(f"busy-{i}", model=MODEL_8B, maxModelLen=8192)) for i in range(3)]
+            answered = [review(c, vllmd(f"busy-{i}", model=MODEL_8B, maxModelLen=8192)) for i in range(3)]
             assert not release.is_set()  # all three answered while the operator's loop was still held
         finally:
             release.set()
@@ -74,9 +74,9 @@ def test_only_what_needs_the_operators_api_client_runs_on_its_loop(monkeypatch: 
     monkeypatch.setattr(models, "env_sources", recorded)
     store = Recording(NODES)
     with Harness(store) as h, httpx.Client(base_url=h.url, verify=h.ssl_context(), timeout=20) as c:
-        plain = review(h, c, vllmd("plain", model=MODEL_8B, maxModelLen=8192))
-        ref = review(h, c, vllmd("ref", model="acme/custom-7b", maxModelLen=8192, modelConfigRef={"name": "cfg"}))
-        env = review(h, c, vllmd("env", model=MODEL_8B, maxModelLen=8192,
+        plain = review(c, vllmd("plain", model=MODEL_8B, maxModelLen=8192))
+        ref = review(c, vllmd("ref", model="acme/custom-7b", maxModelLen=8192, modelConfigRef={"name": "cfg"}))
+        env = review(c, vllmd("env", model=MODEL_8B, maxModelLen=8192,
                                  podTemplate={"spec": {"containers": [{"name": "vllm", "envFrom": [
                                      {"configMapRef": {"name": "settings"}}]}]}}))
     assert plain["allowed"]
@@ -150,7 +150,7 @@ def test_a_review_that_needs_the_held_operators_loop_is_refused_within_its_budge
         h.loop.call_soon_threadsafe(lambda: (held.set(), release.wait(60)))
         try:
             assert held.wait(10)
-            answer = review(h, c, vllmd("env", model=MODEL_8B, maxModelLen=8192, podTemplate={"spec": {
+            answer = review(c, vllmd("env", model=MODEL_8B, maxModelLen=8192, podTemplate={"spec": {
                 "containers": [{"name": "vllm", "envFrom": [{"configMapRef": {"name": "settings"}}]}]}}))
             assert not release.is_set()
         finally:
