@@ -34,7 +34,7 @@ def dep(name: str, spec: str, kind: str = "VLLMDeployment") -> str:
 
 BAD = {  # case -> (document, what its error line says)
     "misspelt field": (dep("typo", "{model: meta-llama/Llama-3.1-8B-Instruct, maxModelLenn: 8192}"),
-                       "spec.maxModelLenn: Extra inputs are not permitted"),
+                       "spec.maxModelLenn: unknown field; did you mean maxModelLen?"),
     "unknown model": (dep("unknown", "{model: no-such-model}"), "unknown model 'no-such-model'"),
     "negative maxModelLen": (dep("neg", "{model: meta-llama/Llama-3.1-8B-Instruct, maxModelLen: -5}"),
                              "spec.maxModelLen: Input should be greater than or equal to"),
@@ -46,33 +46,50 @@ BAD = {  # case -> (document, what its error line says)
 
 
 def plan(capsys: pytest.CaptureFixture[str], tmp_path: Path, *docs: str, output: str = "table") -> tuple[int, str]:
+    code, out, _ = plan_err(capsys, tmp_path, *docs, output=output)
+    return code, out
+
+
+def plan_err(capsys: pytest.CaptureFixture[str], tmp_path: Path, *docs: str,
+             output: str = "table") -> tuple[int, str, str]:
     f = tmp_path / "in.yaml"
     f.write_text("---\n".join(docs))
     code = cli.main(["plan", "-f", str(f), "-o", output])
-    return code, capsys.readouterr().out
+    got = capsys.readouterr()
+    return code, got.out, got.err
+
+
+ERROR = "vllmfit plan: error: "
 
 
 @pytest.mark.parametrize("case", BAD)
 def test_each_bad_input_exits_2_with_one_error_line_and_the_rest_planned(
         case: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     doc, says = BAD[case]
-    code, out = plan(capsys, tmp_path, NODE, doc, GOOD)
+    code, out, err = plan_err(capsys, tmp_path, NODE, doc, GOOD)
     assert code == 2
-    errors = [ln for ln in out.splitlines() if ln.startswith("error: ")]
-    assert len(errors) == 1 and says in errors[0], out
-    assert "1 admitted; 1 input errors" in out.splitlines()[0]  # the good one is still planned
+    errors = err.splitlines()  # on stderr only, one line each: `> plan.txt` does not hide them
+    assert len(errors) == 1 and errors[0].startswith(ERROR) and says in errors[0], err
+    assert "error:" not in out
+    assert "1 admitted; 1 input error (on stderr)" in out.splitlines()[0]  # the good one is still planned
     assert "Admitted      " in out and "default/good" in out
 
 
 def test_all_bad_inputs_at_once_are_listed_one_line_each(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code, out = plan(capsys, tmp_path, NODE, *(doc for doc, _ in BAD.values()), GOOD)
+    code, out, err = plan_err(capsys, tmp_path, NODE, *(doc for doc, _ in BAD.values()), GOOD)
     assert code == 2
-    errors = [ln for ln in out.splitlines() if ln.startswith("error: ")]
-    assert len(errors) == len(BAD)
+    errors = err.splitlines()
+    assert len(errors) == len(BAD) and all(ln.startswith(ERROR) for ln in errors)
     for _, says in BAD.values():
         assert sum(says in ln for ln in errors) == 1, says
-    code, out = plan(capsys, tmp_path, NODE, *(doc for doc, _ in BAD.values()), GOOD, output="json")
-    assert code == 2 and len(json.loads(out)["errors"]) == len(BAD)
+    code, out, err = plan_err(capsys, tmp_path, NODE, *(doc for doc, _ in BAD.values()), GOOD, output="json")
+    assert code == 2 and len(json.loads(out)["errors"]) == len(BAD) == len(err.splitlines())
+
+
+def test_errors_only_read_well(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, err = plan_err(capsys, tmp_path, NODE, BAD["misspelt field"][0])
+    assert code == 2 and len(err.splitlines()) == 1
+    assert out.splitlines()[0] == "1 node, 1 GPU (0 in use), 0 deployments; 1 input error (on stderr)"
 
 
 def test_0_when_all_fit_1_when_one_does_not(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -112,7 +129,7 @@ def test_a_reader_that_leaves_early_is_a_normal_end(output: str, tmp_path: Path)
     p.stdout.readline()
     p.stdout.close()
     err = p.stderr.read().decode()
-    assert p.wait(timeout=120) == 2 and err == ""
+    assert p.wait(timeout=120) == 2 and err and all(ln.startswith(ERROR) for ln in err.splitlines())
 
 
 def test_output_to_a_file_or_pipe_is_never_wrapped(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from vllmfit.cli import calibration
-from vllmfit.cli.inputs import read_input
+from vllmfit.cli.inputs import hub_argument, read_input
 from vllmfit.cli.output import console, hub_words, write_then
 from vllmfit.cli.policy import add_budget_args, budget_from_args
 from vllmfit.core import choices, defaults, limits, memory
@@ -74,6 +74,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", default="vllm", choices=["vllm", "adr"], help="memory model (default: %(default)s)")
     p.add_argument("--output", "-o", default="table", choices=["table", "json"])
     calibration.add_argument(p)
+    hub_argument(p)
     p.set_defaults(func=run_estimate)
 
     ls = sub.add_parser("models", help="List the catalog's models")
@@ -169,12 +170,12 @@ def load_model_config(path: str, params: int | None = None) -> ModelArch:
         raise UserError(f"{cfg_path}: {e}") from None
 
 
-def resolve_model(name: str) -> ModelArch:
+def resolve_model(name: str, hub: bool = False) -> ModelArch:
     """--model NAME by the one resolver's name step (vllmfit.sources.resolve.by_name): the catalog
-    first; a Hugging Face repo id ("org/name") not in it is fetched from the Hub. Its errors in
-    `estimate`'s words (its flags, not the spec's fields)."""
+    first; a Hugging Face repo id ("org/name") not in it is fetched from the Hub with --hub only.
+    Its errors in `estimate`'s words (its flags, not the spec's fields)."""
     try:
-        return resolve.by_name(name)
+        return resolve.by_name(name, hub=hub)
     except resolve.ModelResolutionError as e:
         raise UserError(hub_words(str(e), "flags")) from None
 
@@ -261,7 +262,7 @@ def run_estimate(args: argparse.Namespace) -> int:
 
 
 def _run_estimate(args: argparse.Namespace) -> int:
-    model = load_model_config(args.model_config, args.params) if args.model_config else resolve_model(args.model)
+    model = load_model_config(args.model_config, args.params) if args.model_config else resolve_model(args.model, args.hub)
     gpu = resolve_gpu(args)
     s = settings_from_args(args)
     if args.calibration:

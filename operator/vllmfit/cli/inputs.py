@@ -7,6 +7,7 @@ as /dev/zero) is read in chunks and refused as soon as it passes the bound. Ever
 
 from __future__ import annotations
 
+import argparse
 import os
 import stat
 import sys
@@ -63,3 +64,12 @@ def read_input(path: str | os.PathLike[str], limit: int | None = None) -> str:
         raise UserError(f"cannot read {name}: not UTF-8 text (byte {e.start} is {data[e.start]:#04x}); "
                         "pass a YAML or JSON file") from None
     return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as read_text() gives
+
+
+
+def hub_argument(p: argparse.ArgumentParser) -> None:
+    """--hub (plan and estimate): the only way either reaches the network."""
+    p.add_argument("--hub", action="store_true",
+                   help="fetch the config.json of a model the catalog does not know (org/name) from the Hugging "
+                        "Face Hub (HF_TOKEN for gated models); without it nothing is read from the network")
+

@@ -1,4 +1,5 @@
-"""`vllmfit plan` (offline, from exported or hand-written YAML; the documents are read by `documents`).
+"""`vllmfit plan` (offline, from exported or hand-written YAML; the documents are read by `documents`;
+the Hugging Face Hub only with --hub).
 
 plan: every document is read on its own; a bad one (malformed YAML, an object without a kind, a
 node without GPU information, a deployment naming a missing model) becomes one line in
@@ -24,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
-from vllmfit.cli import render
+from vllmfit.cli import inputs, output, render
 from vllmfit.cli.documents import Objects, read_files, read_objects
 from vllmfit.cli.output import console, hub_words, write_then
 from vllmfit.core import choices, memory, placement
@@ -44,10 +45,11 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
                budget: memory.BudgetPolicy = memory.DEFAULT_POLICY,
                kv_grant: memory.KvGrant = memory.DEFAULT_KV_GRANT,
                learned: Sequence[memory.learned.Record] = (),
-               tenancy: validate.Policy = validate.DEFAULT_POLICY) -> placement.Plan:
+               tenancy: validate.Policy = validate.DEFAULT_POLICY, hub: bool = False) -> placement.Plan:
     """Nodes and deployments -> a Plan. decide=False (status): only what the statuses say.
     `learned`: the records of --calibration (a configuration that over-ran books what it used);
-    `tenancy`: what a podTemplate may reach, as the operator's --pod-security-level etc. set it."""
+    `tenancy`: what a podTemplate may reach, as the operator's --pod-security-level etc. set it;
+    `hub`: whether a model outside the catalog may be fetched from the Hugging Face Hub (--hub)."""
     errors = list(objs.errors)
     deployments: dict[str, VLLMDeployment] = {}
     places: dict[str, str] = {}  # key -> "VLLMDeployment ns/name (file document N)"
@@ -107,7 +109,7 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
                 message=phase,
             )
         try:
-            model = resolve_model(dep, objs.configmaps)
+            model = resolve_model(dep, objs.configmaps, hub=hub)
         except resolve.ModelResolutionError as e:
             if key not in admitted:
                 errors.append(f"{places[key]}: {hub_words(str(e), 'spec')}")
@@ -131,14 +133,15 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
     return plan
 
 
-def resolve_model(dep: VLLMDeployment, configmaps: Mapping[tuple[str, str], Mapping[str, Any]]) -> ModelArch:
+def resolve_model(dep: VLLMDeployment, configmaps: Mapping[tuple[str, str], Mapping[str, Any]], *,
+                  hub: bool = False) -> ModelArch:
     """The one resolver (vllmfit.sources.resolve), with a modelConfigRef ConfigMap found among the
     input's ConfigMaps (as the operator reads it from the API). Raises ModelResolutionError."""
     ref = resolve.config_map_wanted(dep.spec)
     cm = configmaps.get((dep.metadata.namespace, ref.name)) if ref is not None else None
     data = cm.get("data") if isinstance(cm, Mapping) else None
     return resolve.resolve(dep.spec, dep.metadata.namespace,
-                           None if cm is None else data if isinstance(data, Mapping) else {})
+                           None if cm is None else data if isinstance(data, Mapping) else {}, hub=hub)
 
 
 def env_sources(objs: Objects, dep: VLLMDeployment) -> validate.Sources:
@@ -278,8 +281,7 @@ def _run_plan(args: argparse.Namespace) -> int:
 
     learned = calibration.read(args.calibration) if args.calibration else []
     plan = build_plan(objs, policy=args.policy, budget=budget_from_args(args), kv_grant=choices.kv_grant_from_args(args),
-                      tenancy=choices.tenancy_from_args(args),
-                      learned=learned)
+                      tenancy=choices.tenancy_from_args(args), learned=learned, hub=args.hub)
     if not plan.ledger.nodes and not plan.decisions:
         detail = f": {plan.errors[0]}" if plan.errors else ""
         raise UserError(f"nothing to plan: no usable Node or {KIND} in the input{detail}")
@@ -288,7 +290,11 @@ def _run_plan(args: argparse.Namespace) -> int:
         raise UserError(f"no GPU node in the input to place {len(plan.decisions)} {KIND}(s) on{detail}; add the "
                         "cluster's nodes: -f nodes.yaml (kubectl get nodes -o yaml), e.g. -f examples/cluster.yaml")
     title = "vllmfit plan: " + ", ".join(args.filename)
-    return write_then(exit_code(plan), lambda: emit(plan, args.output, args.out_file, title))
+    verdict = write_then(exit_code(plan), lambda: emit(plan, args.output, args.out_file, title))
+    output.errors(plan.errors, "vllmfit plan")
+    if args.out_file:
+        output.wrote(args.out_file, verdict)
+    return verdict
 
 
 # --- argparse ------------------------------------------------------------------------------------
@@ -329,6 +335,7 @@ def add_parser(subparsers: Any) -> None:
     choices.add_kv_grant_arguments(p)  # the cluster's default KV grant (the operator's --default-kv-grant)
     choices.add_tenancy_arguments(p)  # what a podTemplate may reach (the operator's --pod-security-level, ...)
     calibration.add_argument(p)
+    inputs.hub_argument(p)
     p.set_defaults(func=run_plan)
 
 

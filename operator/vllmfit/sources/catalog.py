@@ -95,6 +95,11 @@ def _cc(text: object) -> tuple[int, int] | None:
     return int(major), int(minor or 0)
 
 
+CLOSE = 0.6
+"""How alike a name must be to a catalog name to be offered in its place (difflib's ratio):
+'mistral-7b-instruct-v0.4' -> v0.3 and v0.1 (0.96); nothing for 'acme/NotARealModel-7B'."""
+
+
 def _lookup(table: dict[str, Any], key: str, what: str, aliases: dict[str, str]) -> Any:
     if key in table:
         return table[key]
@@ -117,7 +122,7 @@ def _closest(table: dict[str, Any], n: str, aliases: dict[str, str], most: int =
             return (-getattr(item, "memory_bytes", 0), name)
 
         return sorted(started, key=key)[:most]
-    close = difflib.get_close_matches(n, list(aliases), n=most, cutoff=0.4)
+    close = difflib.get_close_matches(n, list(aliases), n=most, cutoff=CLOSE)
     return sorted({aliases[c] for c in close})
 
 

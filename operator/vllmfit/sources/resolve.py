@@ -62,15 +62,23 @@ def _facts(config: Mapping[str, Any], spec: VLLMDeploymentSpec, where: str) -> M
         raise ModelResolutionError(f"{where}: {e}") from None
 
 
-def by_name(name: str) -> ModelArch:
-    """A model by name: the catalog (names and aliases), then the Hugging Face Hub for an "org/name"
-    it does not know. Blocking when it asks the Hub. Raises ModelResolutionError: the catalog's line
-    (the closest names), and for an "org/name" what the Hub said after it."""
+OFFLINE = "; the Hugging Face Hub was not asked (offline): pass --hub to ask it, or set spec.modelConfig"
+"""What an "org/name" outside the catalog is told when the shell keeps off the network (`hub=False`:
+`vllmfit plan` and `estimate` without --hub)."""
+
+
+def by_name(name: str, *, hub: bool = True) -> ModelArch:
+    """A model by name: the catalog (names and aliases), then, with `hub`, the Hugging Face Hub for
+    an "org/name" it does not know. Blocking when it asks the Hub. Raises ModelResolutionError: the
+    catalog's line (the closest names), and for an "org/name" what the Hub said after it (or, without
+    `hub`, that it was not asked)."""
     try:
         return catalog.model(name)
     except catalog.CatalogError as e:
         if "/" not in name:
             raise ModelResolutionError(str(e)) from None
+        if not hub:
+            raise ModelResolutionError(f"{e}{OFFLINE}") from None
         unknown = str(e)
     try:
         from vllmfit.sources import hub  # huggingface_hub is slow to import: only when it is needed
@@ -83,10 +91,11 @@ def by_name(name: str) -> ModelArch:
 
 
 def resolve(spec: VLLMDeploymentSpec, namespace: str = "default",
-            config_map: Mapping[str, Any] | None = None) -> ModelArch:
+            config_map: Mapping[str, Any] | None = None, *, hub: bool = True) -> ModelArch:
     """The model facts of `spec` (module docstring). `config_map`: the data of the ConfigMap
-    `config_map_wanted` names, as the shell read it; None when there is no such ConfigMap.
-    Raises ModelResolutionError."""
+    `config_map_wanted` names, as the shell read it; None when there is no such ConfigMap. `hub`:
+    whether an "org/name" outside the catalog may be fetched from the Hugging Face Hub (the operator
+    does; `vllmfit plan` only with --hub). Raises ModelResolutionError."""
     if spec.model_config_inline is not None:
         return _facts(spec.model_config_inline, spec, "spec.modelConfig")
     ref = spec.model_config_ref
@@ -105,7 +114,7 @@ def resolve(spec: VLLMDeploymentSpec, namespace: str = "default",
             raise ModelResolutionError(f"{where} key {ref.key!r} is not a JSON object")
         return _facts(config, spec, f"{where} key {ref.key!r}")
     try:
-        return by_name(spec.model)
+        return by_name(spec.model, hub=hub)
     except ModelResolutionError as e:
         if "/" in spec.model:
             raise

@@ -8,6 +8,7 @@ from vllmfit.cli.render.layout import (
     COMPONENTS,
     FOREIGN,
     FREE,
+    LEGEND_INK,
     Look,
     gib,
     looks,
@@ -31,10 +32,8 @@ def swatch(look: Look) -> str:
 
 
 def legend_html(palette: dict[str, Look]) -> str:
-    sample = next(iter(palette.values()), None)
-    base = sample.color if sample else "#4e79a7"
     items = [
-        f'<span class="item"><span class="sw" style="background:{base};opacity:{op}"></span>{html.escape(label)}</span>'
+        f'<span class="item"><span class="sw" style="background:{LEGEND_INK};opacity:{op}"></span>{html.escape(label)}</span>'
         for _, label, _, op in COMPONENTS
     ]
     items += [

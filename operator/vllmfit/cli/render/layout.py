@@ -39,6 +39,9 @@ COMPONENTS = (  # (key, label, terminal character, SVG opacity)
     ("kv_cache", "KV cache", "▓", 0.65),
     ("runtime", "activation + overhead", "▒", 0.35),
 )
+LEGEND_INK = "#2b2b2b"
+"""The legend's swatches of weights, KV cache and runtime: a neutral ink at each component's
+opacity, no deployment's colour (each deployment's own swatch is in its key entry)."""
 OVERHEAD_CHAR = "▚"
 """`estimate`'s overhead, apart from its activation (▒): told apart without colour too."""
 LEARNED_CHAR = "▞"
@@ -52,6 +55,11 @@ the reserve is hatched light grey in SVG and HTML; no deployment colour is grey 
 
 def gib(n: float) -> str:
     return f"{n / GIB:.1f}"
+
+
+def count(n: int, word: str) -> str:
+    """'1 node', '2 nodes': a number and its noun, plural but for one."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 @dataclass(frozen=True)
@@ -121,27 +129,27 @@ def palette_colors(keys: Sequence[str]) -> dict[str, str]:
     return out
 
 
-MARKS = string.ascii_uppercase + string.ascii_lowercase + string.digits
-"""The one-character marks of deployments (a bar gives every deployment at least one character)."""
+MARKS = string.ascii_uppercase
+"""The marks of deployments: capital letters only (never a digit, never two that differ only by
+case); past 26 deployments, two letters."""
 
 
 def letters(keys: Sequence[str]) -> dict[str, str]:
-    """Keys -> a one-character mark from the name itself, not its position, so a deployment keeps
-    its mark when others come and go: the first letter of its name (without the namespace), upper
-    case ('default/llama-8b' -> 'L'); where that is taken, the same in lower case ('l'), then the
-    name's other letters and digits, then any free mark from where its hash points. Names claim in
-    hash order. Past len(MARKS) deployments, two characters."""
+    """Keys -> a mark from the name itself, not its position, so a deployment keeps its mark when
+    others come and go: the first letter of its name (without the namespace), upper case
+    ('default/llama-8b' -> 'L'); where that is taken, the name's other letters, then any free letter
+    from where its hash points. Names claim in hash order. Past 26 deployments, two letters."""
     out: dict[str, str] = {}
     taken: set[str] = set()
     for key in _in_hash_order(keys):
-        tail = [c for c in key.rsplit("/", 1)[-1] if c.isascii() and c.isalnum()]
+        own = [c.upper() for c in key.rsplit("/", 1)[-1] if c.isascii() and c.isalpha()]
         start = name_hash(key) % len(MARKS)
-        wanted = [*(c.upper() for c in tail[:1]), *(c.lower() for c in tail[:1]), *(c.upper() for c in tail[1:]),
-                  *(MARKS[(start + k) % len(MARKS)] for k in range(len(MARKS)))]
+        wanted = [*own, *(MARKS[(start + k) % len(MARKS)] for k in range(len(MARKS)))]
         mark = next((c for c in wanted if c not in taken), None)
         n = 0
         while mark is None or mark in taken:
-            mark = MARKS[n // len(MARKS)] + MARKS[n % len(MARKS)]
+            pair = (start + n) % (len(MARKS) ** 2)
+            mark = MARKS[pair // len(MARKS)] + MARKS[pair % len(MARKS)]
             n += 1
         taken.add(mark)
         out[key] = mark
@@ -281,7 +289,7 @@ class Summary:
 
     def text(self) -> str:
         return (
-            f"{self.nodes} nodes, {self.gpus} GPUs ({self.gpus_in_use} in use): used {gib(self.used_bytes)} GiB, "
+            f"{count(self.nodes, 'node')}, {count(self.gpus, 'GPU')} ({self.gpus_in_use} in use): used {gib(self.used_bytes)} GiB, "
             f"budget left {gib(self.free_bytes)} GiB of {gib(self.budget_bytes)} GiB; "
             f"{self.admitted} admitted, {self.refused} refused" + (f", {self.pending} pending" if self.pending else "")
         )

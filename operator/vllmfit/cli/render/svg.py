@@ -10,6 +10,7 @@ from vllmfit.cli.render.layout import (
     COMPONENTS,
     FOREIGN,
     FREE,
+    LEGEND_INK,
     RESERVE,
     Look,
     Segment,
@@ -162,11 +163,10 @@ def plan_svg(p: Plan, title: str = "vllmfit plan") -> str:
     line(title, 16, bold=True, cls="title")
     line(summary(p).text(), cls="summary")
     y += 4
-    # legend: the components (in the first deployment's colour: each deployment is one colour, lighter
-    # to the right), foreign use, free and reserve; then the key: one swatch, letter and name per deployment
+    # legend: the components (a neutral ink: each deployment is one colour, lighter to the right),
+    # foreign use, free and reserve; then the key: one swatch, letter and name per deployment
     x = 0
-    sample = next(iter(palette.values()), None)
-    items = [(label, sample.color if sample else "#4e79a7", op) for _, label, _, op in COMPONENTS]
+    items = [(label, LEGEND_INK, op) for _, label, _, op in COMPONENTS]
     items += [("foreign use", FOREIGN[1], 1.0), ("budget left", FREE[1], 1.0), ("held back", "", 1.0)]
     out.append('<g class="legend">')
     for label, color, opacity in items:

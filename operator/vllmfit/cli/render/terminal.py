@@ -21,6 +21,7 @@ from vllmfit.cli.render.layout import (
     Look,
     Segment,
     as_flags,
+    count,
     estimate_segments,
     gib,
     gpu_row_label,
@@ -32,7 +33,7 @@ from vllmfit.cli.render.layout import (
     spans,
 )
 from vllmfit.core.memory import Estimate, Sizing
-from vllmfit.core.placement import Plan
+from vllmfit.core.placement import GpuSlot, Plan
 
 PHASE_STYLE = {
     "Admitted": "green",
@@ -71,57 +72,113 @@ def bar(segments: Sequence[Segment], width: int = BAR_WIDTH, palette: dict[str, 
 
 
 def print_plan(console: Console, p: Plan, width: int | None = None) -> None:
+    """The plan as text. On a terminal, tables that the terminal folds; anywhere else (a pipe, a
+    file) plain lines laid out for the console's width that are never continued on the next line:
+    a legend entry or a GPU row is one line, a flag list is printed whole however long it is.
+    Input errors are not printed here: the command writes them on stderr."""
     palette = looks(p)
-    wide = console.width >= 120
     label_width = max((len(gpu_row_label(p, s)) for s in p.ledger.slots()), default=5)
-    room = console.width - label_width - 30 - (28 if wide else 0)  # used/free text, deployments
-    bar_width = width or max(16, min(60, room))
     console.print(summary_line(p))
-    console.print(legend(palette))
-    if palette:
-        console.print(key_columns(palette))
-    for node in sorted(p.ledger.nodes):
-        console.print(node_table(p, node, palette, bar_width, wide, label_width))
+    if console.is_terminal:
+        wide = console.width >= 120
+        room = console.width - label_width - 30 - (28 if wide else 0)  # used/free text, deployments
+        bar_width = width or max(16, min(60, room))
+        console.print(legend(palette))
+        if palette:
+            console.print(key_columns(palette))
+        for node in sorted(p.ledger.nodes):
+            console.print(node_table(p, node, palette, bar_width, wide, label_width))
+    else:
+        for line in plain_legend(palette, console.width):
+            console.print(line, soft_wrap=True)
+        marks = max((len(gpu_marks(p, sl, palette)) for sl in p.ledger.slots()), default=0)
+        bar_width = width or max(16, min(60, console.width - label_width - 30 - marks))
+        for node in sorted(p.ledger.nodes):
+            for line in node_lines(p, node, palette, bar_width, label_width):
+                console.print(line, soft_wrap=True)
     if p.decisions:
         console.print(Text("\nDeployments", style="bold"))
     for key in sorted(p.decisions):
         print_deployment(console, p, key, palette)
     for line in p.warnings:
-        console.print(Text(f"warning: {line}", style="yellow"))
-    for line in p.errors:
-        console.print(Text(f"error: {line}", style="red"))
+        console.print(Text(f"warning: {line}", style="yellow"), soft_wrap=True)
 
 
 def summary_line(p: Plan) -> Text:
     phases = [d.phase for d in p.decisions.values()]
     gpus = p.ledger.slots()
     used = sum(1 for s in gpus if p.ledger.bookings_on(s.node, s.index))
-    t = Text(
-        f"{len(p.ledger.nodes)} nodes, {len(gpus)} GPUs ({used} in use), {len(phases)} deployments: ",
-        style="bold",
-    )
+    t = Text(f"{count(len(p.ledger.nodes), 'node')}, {count(len(gpus), 'GPU')} ({used} in use), "
+             f"{count(len(phases), 'deployment')}", style="bold")
     parts = [(ph, phases.count(ph)) for ph in sorted(set(phases), key=lambda x: (x != "Admitted", x))]
     for i, (ph, n) in enumerate(parts):
-        t.append(f"{n} {ph.lower()}" + (", " if i < len(parts) - 1 else ""), style=PHASE_STYLE.get(ph, ""))
+        t.append(": " if i == 0 else ", ")
+        t.append(f"{n} {ph.lower()}", style=PHASE_STYLE.get(ph, ""))
     if p.errors:
-        t.append(f"; {len(p.errors)} input errors", style="red")
+        t.append(f"; {count(len(p.errors), 'input error')} (on stderr)", style="red")
     return t
+
+
+def legend_groups(palette: dict[str, Look]) -> list[tuple[str, list[Text]]]:
+    """What the characters mean: a deployment's own characters (drawn in each deployment's colour,
+    so shown here uncoloured), then foreign use, free and reserve."""
+    own = [Text(char * 2 + f" {label}") for _, label, char, _ in COMPONENTS]
+    other = [Text.assemble((char * 2, style), f" {label}")
+             for (style, _, char), label in ((FOREIGN, "foreign use"), (FREE, "budget left"),
+                                             (RESERVE, "held back (capacity - budget)"))]
+    return [("deployment: name or letter, ", own), ("else: ", other)]
 
 
 def legend(palette: dict[str, Look]) -> Text:
-    """What the characters mean, then the key: each deployment's letter, in its colour, and name."""
-    sample = next(iter(palette.values()), None)
-    t = Text("deployment: name or letter, ")
-    for _, label, char, _ in COMPONENTS:
-        t.append(char * 2, style=sample.color if sample else "")
-        t.append(f" {label}  ")
-    t.rstrip()
-    t.append("\nelse: ")
-    for (style, _, char), label in ((FOREIGN, "foreign use"), (FREE, "budget left"), (RESERVE, "held back (capacity - budget)")):
-        t.append(char * 2, style=style)
-        t.append(f" {label}  ")
-    t.rstrip()
-    return t
+    """What the characters mean, in two lines (the key of marks and names follows it)."""
+    return Text("\n").join(Text(head) + Text("  ").join(items) for head, items in legend_groups(palette))
+
+
+def plain_legend(palette: dict[str, Look], width: int) -> list[Text]:
+    """The legend and the key as lines of at most `width` characters where the entries allow: a
+    group on one line when it fits, else one entry per line; the key in columns when they fit,
+    else one deployment per line. No entry is ever split."""
+    out: list[Text] = []
+    for head, items in legend_groups(palette):
+        line = Text(head) + Text("  ").join(items)
+        out += [line] if line.cell_len <= width else [Text(head.rstrip(", :") + ":"), *(Text("  ") + i for i in items)]
+    entries = [key_item(look) for look in palette.values()]
+    if not entries:
+        return out
+    col = max(e.cell_len for e in entries) + 3
+    per_row = max(1, (width + 3) // col)
+    for at in range(0, len(entries), per_row):
+        row = entries[at:at + per_row]
+        line = Text()
+        for i, e in enumerate(row):
+            line.append_text(e)
+            if i < len(row) - 1:
+                line.append(" " * (col - e.cell_len))
+        out.append(line)
+    return out
+
+
+def gpu_marks(p: Plan, sl: GpuSlot, palette: dict[str, Look]) -> str:
+    """The marks of the deployments on one GPU, in name order ('A L Q')."""
+    deps = sorted({b.deployment for b in p.ledger.bookings_on(sl.node, sl.index)})
+    return " ".join(palette[d].letter if d in palette else d for d in deps)
+
+
+def node_lines(p: Plan, node: str, palette: dict[str, Look], width: int, label_width: int) -> list[Text]:
+    """A node as plain lines: its title, then one line per GPU (label, bar, used and left, the
+    marks of its deployments, whose names the key gives)."""
+    out = [Text(node_title(p, node), style="bold")]
+    for sl in sorted(p.ledger.nodes[node].gpus, key=lambda s: s.index):
+        head = p.ledger.headroom_bytes(sl.node, sl.index)
+        line = Text(gpu_row_label(p, sl).ljust(label_width) + "  ")
+        line.append_text(bar(gpu_segments(p, sl, palette), width, palette))
+        line.append(f"  {gib(p.ledger.used_bytes(sl.node, sl.index))}/{gib(sl.budget_bytes)} GiB, ")
+        line.append(f"{gib(head)} left", style="red" if head < 0 else "")
+        marks = gpu_marks(p, sl, palette)
+        if marks:
+            line.append(f"  {marks}")
+        out.append(line)
+    return out
 
 
 def key_columns(palette: dict[str, Look]) -> Columns:

@@ -13,11 +13,13 @@ catalog; they pass what they found."""
 
 from __future__ import annotations
 
+import difflib
 import json
+import typing
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from vllmfit.core.errors import UserError
 from vllmfit.core.spec import api, validate
@@ -36,13 +38,58 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The API type whose field `loc` names (('spec', 'kvCache', 'tokn') -> KvCache), or None."""
+    model: type[BaseModel] = api.VLLMDeployment
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
+        if field is None:
+            return None
+        inner = [t for t in (field.annotation, *_args(field.annotation))
+                 if isinstance(t, type) and issubclass(t, BaseModel)]
+        if not inner:
+            return None
+        model = inner[0]
+    return model
+
+
+def _args(t: Any) -> list[Any]:
+    """The types inside a type (`X | None`, `list[X]`, `dict[str, X]`), depth first."""
+    out: list[Any] = []
+    for a in typing.get_args(t):
+        out += [a, *_args(a)]
+    return out
+
+
+def near_field(loc: tuple[Any, ...]) -> str | None:
+    """The field of the API type at `loc` closest in spelling to its last part (difflib), if any:
+    ('spec', 'maxModelLength') -> 'maxModelLen'."""
+    model = _model_at(loc)
+    if model is None or not loc or not isinstance(loc[-1], str):
+        return None
+    names = [f.alias or n for n, f in model.model_fields.items()]
+    close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6)
+    if not close:
+        lowered = {n.lower(): n for n in names}
+        close = [lowered[c] for c in difflib.get_close_matches(loc[-1].lower(), list(lowered), n=1, cutoff=0.6)]
+    return close[0] if close else None
+
+
 def message(e: ValidationError) -> str:
-    """One line: the first error's field path, what is wrong, what was given, and how many more."""
+    """One line: the first error's field path, what is wrong, what was given, and how many more. A
+    field the type does not have is named as unknown, with the nearest field ("did you mean")."""
     errors = e.errors(include_url=False)
     first = errors[0]
     where = ".".join(str(p) for p in first["loc"]) or "object"
-    msg = f"{where}: {first['msg']}"
-    if first["type"] != "missing" and "input" in first and not isinstance(first["input"], dict | list):
+    if first["type"] == "extra_forbidden":
+        near = near_field(tuple(first["loc"]))
+        msg = f"{where}: unknown field" + (f"; did you mean {near}?" if near else "")
+    else:
+        msg = f"{where}: {first['msg']}"
+    if first["type"] not in ("missing", "extra_forbidden") and "input" in first \
+            and not isinstance(first["input"], dict | list):
         msg += f" (got {_short(first['input'])})"
     if len(errors) > 1:
         others = ", ".join(".".join(str(p) for p in err["loc"]) for err in errors[1:4])
