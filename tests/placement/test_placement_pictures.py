@@ -49,7 +49,7 @@ def test_svg_has_a_title_with_the_summary_a_legend_whole_labels_and_the_refused(
     legend = root.find(f".//{SVG}g[@class='legend']")
     names = texts(legend)
     assert names[:6] == ["weights", "KV cache", "activation + overhead", "foreign use", "budget left", "held back"]
-    assert names[6:] == ["C", "team-a/chat", "T", "team-a/tiny", "t", "team-b/tiny"]  # mark (from the name), name
+    assert names[6:] == ["C", "team-a/chat", "T", "team-a/tiny", "I", "team-b/tiny"]  # mark (from the name), name
     swatches = [g.find(f"{SVG}rect").get("fill") for g in legend.iter(f"{SVG}g") if g.get("class") == "key"]
     assert len(set(swatches)) == 3
     # labels: whole product names, MIG profiles included (no "NVIDIA-A100-SXM4-80GB-MI" cut)
