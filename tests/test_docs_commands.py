@@ -44,7 +44,7 @@ def _entry_point() -> str:
 
 def commands() -> list[tuple[str, str]]:
     """(where, command) for every vllmfit command line of a fenced shell block; backslash
-    continuations joined, a trailing `# comment` dropped."""
+    continuations joined, a trailing `# comment` dropped (and kept in COMMENTS)."""
     out = []
     for path in DOCS:
         text = path.read_text()
@@ -63,11 +63,37 @@ def commands() -> list[tuple[str, str]]:
                 cmd = cmd.strip().removeprefix("$ ")
                 words = shlex.split(cmd, comments=True) if cmd else []
                 if words and Path(words[0]).name == "vllmfit":
-                    out.append((f"{path.relative_to(ROOT)}:{line_no + start}", shlex.join(words)))
+                    where = f"{path.relative_to(ROOT)}:{line_no + start}"
+                    out.append((where, shlex.join(words)))
+                    COMMENTS[where] = cmd.split(" # ", 1)[1].strip() if " # " in cmd else ""
     return out
 
 
+COMMENTS: dict[str, str] = {}
+"""where -> the command's trailing comment ('' when it has none)."""
 COMMANDS = commands()
+VERDICTS = (("does not fit", 1), ("refused", 1), ("fits", 0), ("admitted", 0))
+"""How a comment states a command's verdict (its first words), and the exit code that verdict is."""
+
+
+def stated_verdict(comment: str) -> int | None:
+    """The exit code a comment's first words state ('refused: ...' -> 1), or None."""
+    return next((code for words, code in VERDICTS if comment.lower().startswith(words)), None)
+
+
+def test_every_plan_and_estimate_in_the_docs_states_its_verdict() -> None:
+    missing = [f"{w}: {c}" for w, c in COMMANDS if c.split()[1:2] in (["plan"], ["estimate"])
+               and stated_verdict(COMMENTS[w]) is None]
+    assert not missing, "say '# fits', '# admitted', '# refused' or '# does not fit' after:\n" + "\n".join(missing)
+
+
+def test_every_file_a_documented_command_writes_is_ignored_by_git() -> None:
+    names = sorted({ws[i + 1] for _, c in COMMANDS for ws in [shlex.split(c)] for i, w in enumerate(ws[:-1])
+                    if w == "--out-file"})
+    assert names
+    run = subprocess.run(["git", "check-ignore", "--no-index", *names], cwd=ROOT, capture_output=True, text=True,
+                         check=False)
+    assert sorted(run.stdout.split()) == names, "add to .gitignore: " + " ".join(set(names) - set(run.stdout.split()))
 
 
 def test_the_readme_has_commands_to_run() -> None:
@@ -89,6 +115,10 @@ def test_a_documented_command_runs_verbatim(where: str, command: str, tmp_path: 
                          timeout=120, check=False)
     assert run.returncode in (0, 1), f"{where}: {command}\n{run.stderr}"
     assert "Traceback" not in run.stderr and "error:" not in run.stderr, f"{where}: {command}\n{run.stderr}"
+    stated = stated_verdict(COMMENTS[where])
+    if stated is not None:  # the comment's verdict is the command's
+        assert run.returncode == stated, f"{where}: {command}: the comment says {COMMENTS[where]!r}, " \
+                                         f"the exit code is {run.returncode}"
     outputs = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--out-file"]
     for name in outputs:
         assert (tmp_path / name).stat().st_size > 0, f"{where}: {command} wrote no {name}"
