@@ -51,8 +51,8 @@ def test_a_misspelt_field_is_named_with_the_field_it_is_near(capsys: pytest.Capt
     f.write_text(NODE + "---\n" + dep("typo", "{model: llama-3.1-8b, maxModelLength: 8192}"))
     code, out, err = run(capsys, "plan", "-f", str(f))
     assert code == 2
-    assert err.splitlines() == [f"vllmfit plan: error: VLLMDeployment default/typo ({f} document 2): "
-                                "spec.maxModelLength: unknown field; did you mean maxModelLen?"]
+    assert err.splitlines() == [(f"vllmfit plan: error: VLLMDeployment default/typo ({f} document 2): "
+                                "spec.maxModelLength: unknown field; did you mean maxModelLen?")]
     assert "maxModelLength" not in out and "error:" not in out
 
 

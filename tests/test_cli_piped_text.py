@@ -51,7 +51,7 @@ def test_piped_plan_has_no_continuation_lines(files: list[str], columns: str, mo
         at = lines.index(layout.node_title(p, node))
         for row in lines[at + 1: at + 1 + len(p.ledger.nodes[node].gpus)]:
             assert row.startswith("GPU") and len(row) <= width, row
-    head = lines[: lines.index(layout.node_title(p, sorted(p.ledger.nodes)[0]))]
+    head = lines[: lines.index(layout.node_title(p, min(p.ledger.nodes)))]
     assert all(len(ln) <= width for ln in head), head
 
 

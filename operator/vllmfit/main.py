@@ -22,7 +22,7 @@ from vllmfit.core.errors import UserError
 # Each module registers the subcommands listed with it. Only the module of the command being run
 # is imported, so `vllmfit estimate` answers without importing kopf, kubernetes or pynvml.
 SUBCOMMANDS = {
-    "vllmfit.cli.estimate": ("estimate", "models", "gpus", "plan", "status", "crd"),
+    "vllmfit.cli.estimate": ("estimate", "models", "gpus", "plan", "status", "crd", "calibration"),
     "vllmfit.operator.main": ("operator",),
     "vllmfit.agent.main": ("agent",),
     "vllmfit.agent.reserve": ("reserve",),

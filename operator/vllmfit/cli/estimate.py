@@ -27,7 +27,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "estimate",
         help="Does one deployment fit a GPU, and with which vLLM flags?",
         description="Per-GPU memory of one vLLM deployment on empty GPUs, the flags to pass, and fixes.",
+        epilog="Exit code: 0 it fits; 1 it does not fit; 2 an input error.",
     )
+    configuration_args(p)
+    p.add_argument("--output", "-o", default="table", choices=["table", "json"])
+    calibration.add_argument(p)
+    hub_argument(p)
+    p.set_defaults(func=run_estimate)
+
+    ls = sub.add_parser("models", help="List the catalog's models")
+    ls.add_argument("--output", "-o", default="table", choices=["table", "wide", "json"],
+                    help="table, wide (every column, like kubectl -o wide) or json")
+    ls.set_defaults(func=run_models)
+    lg = sub.add_parser("gpus", help="List the catalog's GPUs")
+    lg.add_argument("--output", "-o", default="table", choices=["table", "wide", "json"],
+                    help="table, wide (every column, like kubectl -o wide) or json")
+    lg.set_defaults(func=run_gpus)
+
+    for mod in ("vllmfit.cli.plan", "vllmfit.cli.status", "vllmfit.cli.crdgen", "vllmfit.cli.calibration"):
+        try:
+            __import__(mod, fromlist=["add_parser"]).add_parser(sub)
+        except ImportError:
+            pass
+
+
+def configuration_args(p: argparse.ArgumentParser) -> None:
+    """The flags that say which deployment on which GPU (estimate; calibration --from-log)."""
     m = p.add_mutually_exclusive_group(required=True)
     m.add_argument("--model", help="catalog name, alias, or Hugging Face repo id")
     m.add_argument("--model-config", metavar="PATH",
@@ -72,25 +97,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strict", action="store_true",
                    help="refuse a model whose config has layer types vllmfit does not model (exit 2)")
     p.add_argument("--policy", default="vllm", choices=["vllm", "adr"], help="memory model (default: %(default)s)")
-    p.add_argument("--output", "-o", default="table", choices=["table", "json"])
-    calibration.add_argument(p)
-    hub_argument(p)
-    p.set_defaults(func=run_estimate)
-
-    ls = sub.add_parser("models", help="List the catalog's models")
-    ls.add_argument("--output", "-o", default="table", choices=["table", "wide", "json"],
-                    help="table, wide (every column, like kubectl -o wide) or json")
-    ls.set_defaults(func=run_models)
-    lg = sub.add_parser("gpus", help="List the catalog's GPUs")
-    lg.add_argument("--output", "-o", default="table", choices=["table", "wide", "json"],
-                    help="table, wide (every column, like kubectl -o wide) or json")
-    lg.set_defaults(func=run_gpus)
-
-    for mod in ("vllmfit.cli.plan", "vllmfit.cli.status", "vllmfit.cli.crdgen"):
-        try:
-            __import__(mod, fromlist=["add_parser"]).add_parser(sub)
-        except ImportError:
-            pass
 
 
 # --- inputs ------------------------------------------------------------------------------------
@@ -262,10 +268,23 @@ def run_estimate(args: argparse.Namespace) -> int:
 
 
 def _run_estimate(args: argparse.Namespace) -> int:
+    est = estimate_from_args(args)
+    verdict = 0 if est.sizing.fits else 1
+    if args.output == "json":
+        return write_then(verdict, lambda: print(json.dumps(estimate_json(est), indent=2, sort_keys=True)))
+    from vllmfit.cli import render
+
+    shown = replace(est, suggestions=tuple(cli_words(x) for x in est.suggestions),
+                    sizing=replace(est.sizing, reasons=tuple(cli_error(r) for r in est.sizing.reasons)))
+    return write_then(verdict, lambda: render.print_estimate(console(), shown))
+
+
+def estimate_from_args(args: argparse.Namespace) -> memory.Estimate:
+    """The estimate the flags describe (with --calibration's records, where given). Raises UserError."""
     model = load_model_config(args.model_config, args.params) if args.model_config else resolve_model(args.model, args.hub)
     gpu = resolve_gpu(args)
     s = settings_from_args(args)
-    if args.calibration:
+    if getattr(args, "calibration", None):
         s = replace(s, learned=memory.learned.for_model(calibration.read(args.calibration), model.name))
     policy = budget_from_args(args)
     errors = memory.validate(model, s)
@@ -283,14 +302,7 @@ def _run_estimate(args: argparse.Namespace) -> int:
                               gpus_per_node=args.gpus_per_node)
     except memory.SpecError as e:
         raise UserError(str(e)) from None
-    verdict = 0 if est.sizing.fits else 1
-    if args.output == "json":
-        return write_then(verdict, lambda: print(json.dumps(estimate_json(est), indent=2, sort_keys=True)))
-    from vllmfit.cli import render
-
-    shown = replace(est, suggestions=tuple(cli_words(x) for x in est.suggestions),
-                    sizing=replace(est.sizing, reasons=tuple(cli_error(r) for r in est.sizing.reasons)))
-    return write_then(verdict, lambda: render.print_estimate(console(), shown))
+    return est
 
 
 def estimate_json(est: memory.Estimate) -> dict[str, Any]:
