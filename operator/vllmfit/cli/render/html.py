@@ -61,7 +61,8 @@ def plan_html(p: Plan, title: str = "vllmfit plan") -> str:
     for node in sorted(p.ledger.nodes):
         parts.append(f"<h2>{html.escape(node_title(p, node, full=True))}</h2>{node_svg(p, node, palette)}")
     parts.append(
-        "<h2>Deployments</h2><table><tr><th>deployment</th><th>model</th><th>phase</th><th>placement</th>"
+        '<h2>Deployments</h2><table class="deployments"><colgroup><col><col><col><col><col class="flags"><col><col>'
+        '<col class="notes"></colgroup><tr><th>deployment</th><th>model</th><th>phase</th><th>placement</th>'
         "<th>flags</th><th>per GPU (GiB)</th><th>KV cache</th><th>notes</th></tr>"
     )
     for key in sorted(p.decisions):
@@ -75,12 +76,15 @@ def plan_html(p: Plan, title: str = "vllmfit plan") -> str:
                 + "</ul>"
             )
     css = (
-        "body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}"
+        # fits the window (1,400 px and less): the pictures scale down, the table is as wide as the page
+        # and every cell wraps (a long word anywhere), so no reason is cut off and nothing scrolls sideways
+        "body{font-family:sans-serif;margin:2em;color:#222;max-width:100%}svg{max-width:100%;height:auto}"
+        "table{border-collapse:collapse;width:100%}col.notes{width:28%}col.flags{width:22%}"
+        "td,th{border:1px solid #ccc;padding:4px 6px;vertical-align:top;text-align:left;overflow-wrap:break-word}"
         ".sw{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;border:1px solid #555}"
         ".item{white-space:nowrap;margin-right:10px}"
         # a vLLM flag or a name is never broken (browsers break at hyphens): flags wrap between each other
-        ".flag,.name{white-space:nowrap}.flag{font-size:90%}"
+        ".flag,.name{white-space:nowrap}.flag{font-size:85%}"
         ".key{display:inline-block;min-width:1.3em;padding:0 3px;text-align:center;font:bold 12px monospace;"
         "border-radius:2px;margin-left:12px}"
         ".Admitted{color:#1b5e20}.Unschedulable{color:#b26a00}.Rejected{color:#b71c1c}"
@@ -90,6 +94,11 @@ def plan_html(p: Plan, title: str = "vllmfit plan") -> str:
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
         f"<style>{css}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n"
     )
+
+
+def breakable(name: str) -> str:
+    """A name that may break after its '/' only ('org/<wbr>model'), never at a hyphen."""
+    return "/<wbr>".join(html.escape(part) for part in name.split("/"))
 
 
 def deployment_row_html(p: Plan, key: str, palette: dict[str, Look]) -> str:
@@ -107,8 +116,8 @@ def deployment_row_html(p: Plan, key: str, palette: dict[str, Look]) -> str:
     notes += [f'<li class="warn">{html.escape(w)}</li>' for w in d.warnings]
     look = palette.get(key)
     cells_ = [
-        f'<span class="name">{(swatch(look) + " " if look else "") + html.escape(key)}</span>',
-        f'<span class="name">{html.escape(req.model.name if req else "")}</span>',
+        f'<span class="name">{(swatch(look) + " " if look else "") + breakable(key)}</span>',
+        f'<span class="name">{breakable(req.model.name if req else "")}</span>',
         f'<span class="{d.phase}">{d.phase}{" (kept)" if d.restored else ""}</span>',
         html.escape(placement_text(d)),
         " ".join(f'<code class="flag">{html.escape(a)}</code>' for a in d.flags.args()) if d.flags else "",
