@@ -44,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     help="table, wide (every column, like kubectl -o wide) or json")
     lg.set_defaults(func=run_gpus)
 
-    for mod in ("vllmfit.cli.plan", "vllmfit.cli.status", "vllmfit.cli.crdgen", "vllmfit.cli.calibration"):
+    for mod in ("vllmfit.cli.plan", "vllmfit.cli.status", "vllmfit.cli.crdgen", "vllmfit.cli.fromlog"):
         try:
             __import__(mod, fromlist=["add_parser"]).add_parser(sub)
         except ImportError:

@@ -257,7 +257,7 @@ def collector_paused() -> Iterator[None]:
     finds nothing to free. Before the collector is enabled again, the objects made meanwhile move
     to its oldest generation at once (gc.freeze, then gc.unfreeze): left in the youngest, the first
     collection would walk them all (about 0.4 s at that size). A process-wide switch: the one-shot
-    CLI turns it, never the core (issue 32)."""
+    CLI turns it, never the core."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -307,9 +307,9 @@ def add_parser(subparsers: Any) -> None:
         description="Place every VLLMDeployment of the input onto the GPUs of its nodes and show, per GPU, "
         "what each deployment takes, which fit where with which flags, and why the others do not.",
         epilog="Exit code: 0 every deployment fits; 1 any does not fit; 2 any input error (a bad document, "
-        "field, model or kind: each listed, one line, the rest still planned and shown). A reader that "
-        "leaves early (plan | head) is a normal end: the exit code stays the verdict. Output to a pipe "
-        "or file is never wrapped.",
+        "field, model or kind: each listed on stderr, one line, the rest still planned and shown). A reader "
+        "that leaves early (plan | head) is a normal end: the exit code stays the verdict. Output to a pipe "
+        "or file is never wrapped (laid out for COLUMNS when set). Nothing is read from the network without --hub.",
     )
     p.add_argument(
         "-f",

@@ -8,6 +8,7 @@ import argparse
 import os
 from typing import Any
 
+from vllmfit.cli import output
 from vllmfit.cli.documents import Objects
 from vllmfit.cli.output import write_then
 from vllmfit.cli.plan import build_plan, emit, output_args
@@ -71,8 +72,10 @@ def run_status(args: argparse.Namespace, core: Any = None, custom: Any = None) -
         objs = load_live(core, custom)
     except (OpenApiException, HTTPError, OSError, ValueError) as e:  # API errors, no connection
         raise UserError(f"cannot read the cluster: {api_words(e)}") from None
-    plan = build_plan(objs, decide=False)
-    return write_then(0, lambda: emit(plan, args.output, args.out_file, "vllmfit status"))
+    plan = build_plan(objs, decide=False, hub=True)  # a live command: a model outside the catalog as the operator reads it
+    code = write_then(0, lambda: emit(plan, args.output, args.out_file, "vllmfit status"))
+    output.errors(plan.errors, "vllmfit status")
+    return code
 
 
 def add_parser(subparsers: Any) -> None:

@@ -45,7 +45,7 @@ opacity, no deployment's colour (each deployment's own swatch is in its key entr
 OVERHEAD_CHAR = "▚"
 """`estimate`'s overhead, apart from its activation (▒): told apart without colour too."""
 LEARNED_CHAR = "▞"
-"""`estimate`'s learned over-run (--calibration, issue 34): its own glyph as well."""
+"""`estimate`'s learned over-run (--calibration): its own glyph as well."""
 FOREIGN = ("grey50", "#6b6b6b", "#")
 FREE = ("grey35", "#ffffff", "·")
 RESERVE = ("grey62", "#a8a8a8", "░")
