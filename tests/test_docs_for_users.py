@@ -36,3 +36,10 @@ def test_the_calibration_record_is_documented_with_its_example_and_command() -> 
     example = (ROOT / "examples" / "calibration" / "record.yaml").read_text()
     assert example.strip() in doc  # the format shown is the example file, verbatim
     assert "vllmfit calibration --from-log" in doc and "--calibration examples/calibration/record.yaml" in doc
+
+
+def test_a_module_path_names_its_package() -> None:
+    # `core/memory/kv.py` is no path in a clone; `operator/vllmfit/core/memory/kv.py` is
+    short = re.compile(r"`(?!operator/vllmfit/)((?:core|cli|agent|backends|sources|operator)/[a-z_/]*\.py)`")
+    found = {str(p.relative_to(ROOT)): short.findall(p.read_text()) for p in DOCS}
+    assert not {k: v for k, v in found.items() if v}
