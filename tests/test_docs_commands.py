@@ -1,8 +1,10 @@
 """Every `vllmfit ...` command in a fenced shell block (```sh, ```bash, ```shell, ```console) of
-README.md and docs/*.md runs verbatim (issue 24): with the installed entry point, offline, in a
+README.md and docs/*.md runs verbatim: with the installed entry point, offline, in a
 temporary directory holding a copy of examples/ (so relative paths and output files work as on a
 fresh clone). A command passes when it exits 0 or 1 (1: "does not fit", a verdict) with no
-traceback and no "error:" line; 2 is bad input, which a documented command must never be.
+traceback and no "error:" line; 2 is bad input, which a documented command must never be. A
+plan or estimate command states its verdict in a trailing comment (`# fits`, `# admitted`: exit 0;
+`# refused`, `# does not fit`: exit 1), and the exit code must be that verdict.
 
 Commands that need a cluster are skipped, each with its reason in NEEDS_A_CLUSTER. Usage
 synopses ("[--tp N]", "A | B") belong in ```text blocks, which are not run.

@@ -1,4 +1,4 @@
-"""No vLLM flag is ever split (issue 31): in the terminal at any width, in text sent to a pipe or a
+"""No vLLM flag is ever split: in the terminal at any width, in text sent to a pipe or a
 file, and in HTML (where a browser breaks at hyphens: each flag is `white-space: nowrap`)."""
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def test_dash_o_is_the_output_format_on_every_command_like_kubectl(command):
         assert cli.build_parser(command[0]).parse_args([*command, "--out-file", "f"]).out_file == "f"
 
 
-# --- issue 24: every example plans; exit codes ------------------------------------------------------
+# --- every example plans; exit codes --------- ------------------------------------------------------
 
 EXAMPLES = sorted(p for p in (Path(__file__).resolve().parents[1] / "examples").rglob("*.yaml")
                   if "calibration" not in p.parts)  # examples/calibration: a calibration record, not objects

@@ -1,5 +1,5 @@
-"""`vllmfit plan` as a CI gate (issue 31): 0 all fit, 1 something does not fit, 2 any input error,
-each error on one line of its own and the rest still planned; output to a pipe or a file is never
+"""`vllmfit plan` as a CI gate: 0 all fit, 1 something does not fit, 2 any input error, each error
+on one line of its own on stderr and the rest still planned; output to a pipe or a file is never
 wrapped; a reader that leaves early (`plan | head`) is a normal end."""
 
 from __future__ import annotations
