@@ -64,6 +64,7 @@ from vllmfit.core.memory.sizing import (
     UNLIMITED,
     default_batch,
     default_grant,
+    request_only,
     vllm_startup,
 )
 from vllmfit.core.memory.types import (
@@ -129,6 +130,7 @@ __all__ = [
     "one_node_reason",
     "parse_version",
     "policy_named",
+    "request_only",
     "requested_bytes",
     "size",
     "utilization_for",
