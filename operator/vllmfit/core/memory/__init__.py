@@ -79,6 +79,7 @@ from vllmfit.core.memory.types import (
     SpecError,
     VllmStartup,
     fmt_gib,
+    kv_json,
 )
 from vllmfit.core.memory.validation import can_run, gpu_errors, validate
 from vllmfit.core.memory.versions import VllmVersion, parse_version
@@ -120,6 +121,7 @@ __all__ = [
     "fixes",
     "fmt_gib",
     "gpu_errors",
+    "kv_json",
     "kv_layout",
     "kv_request_too_large",
     "larger_gpu",

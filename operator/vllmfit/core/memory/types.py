@@ -181,6 +181,24 @@ class Sizing:
     give_back: str = ""  # the spec change that shrinks it to its request: "kvCache.concurrency: 2"
 
 
+def kv_json(z: Sizing) -> dict[str, object]:
+    """The KV cache of a sizing as `estimate` and `plan` JSON show it (status.kvCache's fields): the
+    tokens granted and by which rule, the request and the limit, each also in requests of the full
+    maxModelLen, and the concurrency they buy."""
+    length = z.flags.max_model_len if z.flags else 0
+    return {
+        "granted_tokens": z.granted_tokens,
+        "granted_by": z.grant or None,
+        "request_tokens": z.request_tokens or None,
+        "limit_tokens": z.limit_tokens or None,
+        "full_length_requests": {"request": z.request_tokens // length, "granted": z.granted_tokens // length,
+                                 "limit": z.limit_tokens // length} if length and z.request_tokens else None,
+        "concurrency_at_max_model_len": round(z.max_concurrency, 2),
+        "typical_length": z.typical_len,
+        "concurrency_at_typical_length": None if z.concurrency_typical is None else round(z.concurrency_typical, 2),
+    }
+
+
 @dataclass(frozen=True)
 class Estimate:
     """`vllmfit estimate`: one deployment alone on empty GPUs of one type."""

@@ -41,9 +41,11 @@ def _above_request(status: VLLMDeploymentStatus, kv_bytes: int) -> tuple[int, st
     """KV bytes above the request (status.kvCache.requestBytes) and the spec change that gives them
     back; a status without requestBytes: what it holds beyond maxNumSeqs x maxModelLen (`_beyond_caps`)."""
     kv, flags = status.kv_cache, status.flags
-    if kv is None or kv.request_bytes is None:
+    if kv is None or kv.request_bytes is None:  # beyond its caps: back to maxNumSeqs x maxModelLen
         beyond = _beyond_caps(status, kv_bytes)
-        return beyond, "kvCache.grow: false" if beyond else ""
+        if not beyond or flags is None:
+            return beyond, ""
+        return beyond, "kvCache.grow: false" if kv and kv.granted_by else f"kvCache.concurrency: {flags.max_num_seqs}"
     above = max(kv_bytes - kv.request_bytes, 0)
     if not above:
         return 0, ""
