@@ -426,7 +426,7 @@ def _request_and_limit(model: ModelArch, s: Settings, r: Resolved, sizing: Sizin
         out["kv_above_request"] = kv - request
         out["give_back"] = (f"kvCache.concurrency: {default_request_seqs(s, f.max_num_seqs)}"
                             if s.kv_default is not None else "kvCache.grow: false")
-    if s.max_num_seqs is not None and kv < limit and sizing.fits:
+    if s.kv_default is not None and s.max_num_seqs is not None and kv < limit and sizing.fits:
         held = lay.concurrency(kv, L, r.batched_tokens, s.pp)
         warn = (f"KV grant holds {held:.1f} requests of maxModelLen {L}, fewer than maxNumSeqs {f.max_num_seqs}: "
                 "under that load vLLM queues or preempts the rest; set kvCache to ask for more")

@@ -149,17 +149,24 @@ def _give_back_fix(ledger: Ledger, req: Request, policy: memory.Policy, s: Setti
     if not keys:
         return None
     held = {key: ledger.bookings_of(key) for key in keys}
-    try:
+
+    def at_requests(given: set[str]) -> Decision:
         for key, bookings in held.items():
             ledger.restore(key, [replace(b, footprint=replace(b.footprint, kv_cache=b.footprint.kv_cache - b.kv_beyond),
-                                         kv_beyond=0) for b in bookings])
-        d = _decide(ledger, req, policy, explain=False, s=s)
-        if d.admitted:  # give back only where it is needed: the neighbours on the GPUs it takes
+                                         kv_beyond=0) for b in bookings] if key in given else bookings)
+        return _decide(ledger, req, policy, explain=False, s=s)
+
+    given = set(held)
+    try:
+        d = at_requests(given)
+        if d.admitted:  # the fewest that admit it: those on the GPUs it takes, the most held above first
             gpus = {(b.node, b.index) for b in d.bookings()}
-            needed = {key for key, bookings in held.items() if any((b.node, b.index) in gpus for b in bookings)}
-            for key in held.keys() - needed:
-                ledger.restore(key, held[key])
-            d = _decide(ledger, req, policy, explain=False, s=s)
+            there = sorted((key for key, bs in held.items() if any((b.node, b.index) in gpus for b in bs)),
+                           key=lambda k: (-max(b.kv_beyond for b in held[k]), k))
+            for count in range(1, len(there) + 1):
+                d = at_requests(given := set(there[:count]))
+                if d.admitted:
+                    break
     finally:
         for key, bookings in held.items():
             ledger.restore(key, bookings)
@@ -167,9 +174,9 @@ def _give_back_fix(ledger: Ledger, req: Request, policy: memory.Policy, s: Setti
         return None
     gpus = {(b.node, b.index) for b in d.bookings()}
     above: dict[str, tuple[int, str]] = {}
-    for bookings in held.values():
+    for key, bookings in held.items():
         for b in bookings:
-            if (b.node, b.index) in gpus and b.kv_beyond:
+            if key in given and (b.node, b.index) in gpus and b.kv_beyond:
                 n, _ = above.get(b.deployment, (0, ""))
                 above[b.deployment] = (n + b.kv_beyond, b.give_back or "kvCache.grow: false")
     if not above:
