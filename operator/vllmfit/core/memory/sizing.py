@@ -165,20 +165,16 @@ def default_request_seqs(s: Settings, seqs: int) -> int:
     return min(s.kv_default_requests, seqs) if s.kv_default else defaults.DEFAULT_KV_FULL_REQUESTS
 
 
-def request_only(s: Settings) -> Settings:
-    """The settings sized at the KV request alone (no growth): what placement needs."""
+def request_only(s: Settings) -> Settings:  # sized at the KV request alone (no growth): what placement needs
     return replace(s, kv_grow=False) if s.kv_grow else s
 
 
 def default_grant(s: Settings, grant: KvGrant = DEFAULT_KV_GRANT) -> Settings:
-    """A spec that asks for no KV cache (no tokens, memory or concurrency) gets the cluster's rule:
-    its request (what placement needs, the floor it keeps) is `grant.requests` requests of the full
-    context, at most maxNumSeqs; its limit is maxNumSeqs x maxModelLen (vLLM's default maxNumSeqs
-    for the GPU and version when unset), what its scheduler can ever hold; it is granted between the
-    two, as the placement's room allows (`rule` "requests": a fair share of its GPU, "room": the room
-    left). maxNumSeqs alone never becomes a memory request. More KV (prefix caching) is asked for
-    with spec.kvCache. The `adr` memory policy and an explicit gpuMemoryUtilization keep their own
-    rules. docs/memory-model.md, "The KV request"."""
+    """A spec that asks for no KV cache gets the cluster's rule: its request (what placement needs,
+    the floor it keeps) is `grant.requests` requests of the full context, at most maxNumSeqs; its
+    limit maxNumSeqs x maxModelLen (vLLM's default maxNumSeqs when unset); it is granted between them
+    as placement's room allows (KvGrant: a fair share, or the room left). More KV is asked for with
+    spec.kvCache. The `adr` policy and an explicit gpuMemoryUtilization keep their own rules."""
     if s.policy != "vllm" or s.kv_grow or s.gpu_memory_utilization is not None or \
             s.kv_tokens is not None or s.kv_bytes is not None or s.kv_concurrency is not None:
         return s
@@ -186,11 +182,9 @@ def default_grant(s: Settings, grant: KvGrant = DEFAULT_KV_GRANT) -> Settings:
 
 
 def default_cap_seqs(s: Settings, seqs: int) -> int | None:
-    """How many requests of the full context a default grant holds at most, its limit (`seqs`: the
+    """The requests of the full context a growing default grant holds at most (its limit: `seqs`, the
     effective --max-num-seqs); None: not a growing default grant."""
-    if not s.kv_grow or s.kv_default is None:
-        return None
-    return seqs
+    return seqs if s.kv_grow and s.kv_default is not None else None
 
 
 def grant_text(model: ModelArch, s: Settings, r: Resolved, sizing: Sizing) -> str:
@@ -411,12 +405,11 @@ def _check(sizing: Sizing, available: int, model: ModelArch, s: Settings, r: Res
 
 
 def _request_and_limit(model: ModelArch, s: Settings, r: Resolved, sizing: Sizing) -> dict[str, object]:
-    """The KV request and limit of a sizing, in tokens; the bytes granted above the request (named
-    in refusals of its neighbours) and the spec change that gives them back; and a warning when the
-    grant holds fewer full-length requests than the maxNumSeqs the spec states."""
+    """The KV request and limit in tokens; the bytes granted above the request and the spec change
+    that gives them back (refusals of neighbours name them); a warning when a default grant holds
+    fewer full-length requests than the maxNumSeqs the spec states."""
     f, lay = sizing.flags, r.layout
-    if s.policy != "vllm" or s.gpu_memory_utilization is not None or f is None or lay.pooling or model.pooling \
-            or not lay.block_bytes:
+    if s.policy != "vllm" or s.gpu_memory_utilization is not None or f is None or not grant_text(model, s, r, sizing):
         return {}
     L, kv = f.max_model_len, sizing.footprint.kv_cache
     request = kv_request_bytes(model, r, L)
