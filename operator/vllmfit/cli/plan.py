@@ -159,7 +159,8 @@ def _show_grants(plan: placement.Plan, deployments: Mapping[str, VLLMDeployment]
         st = deployments[key].status if key in deployments else None
         kv = st.kv_cache if st else None
         if d.restored and d.replicas and kv is not None and kv.granted_by:
-            z = replace(d.replicas[0].sizing, granted_tokens=kv.tokens, grant=kv.granted_by)
+            z = replace(d.replicas[0].sizing, granted_tokens=kv.tokens, grant=kv.granted_by,
+                        request_tokens=kv.request_tokens or 0, limit_tokens=kv.limit_tokens or 0)
             plan.decisions[key] = replace(d, replicas=(replace(d.replicas[0], sizing=z), *d.replicas[1:]))
 
 
