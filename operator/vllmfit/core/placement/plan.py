@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -95,8 +96,10 @@ def _grant(ledger: Ledger, req: Request, d: Decision, policy: memory.Policy) -> 
     if floor.flags != z0.flags or floor.footprint != z0.footprint:
         return d  # placed with a lowered context or batch: it keeps its request
     own = ledger.release(req.key)
+    sharing = Counter((b.node, b.index) for b in own)  # replicas of it on one GPU share its room
     room = min(grant_room(ledger, s, r.node, r.gpus, z0.footprint.total,
-                          min(ledger.headroom_bytes(r.node, i) for i in r.gpus)) for r in d.replicas)
+                          min(ledger.headroom_bytes(r.node, i) // sharing[(r.node, i)] for i in r.gpus))
+               for r in d.replicas)
     grown = _sized(req.model, s, t, room)
     if not grown.fits or grown.footprint.kv_cache <= z0.footprint.kv_cache:
         ledger._add(req.key, own)
