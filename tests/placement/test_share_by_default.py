@@ -154,18 +154,20 @@ spec: {{model: {model}, maxModelLen: 8192}}
     assert x["kv_cache"]["granted_by"] == "default request: 2 x maxModelLen 8192"
 
 
-def test_the_goldens_of_examples_without_kv_cache_hold_four_full_requests_by_hand():
-    """The two example specs without kvCache or maxNumSeqs, regenerated for issue 33, checked by hand:
-    dra-cluster's Qwen2.5-7B at 8192 on an H100: 4 x 512 + 1 blocks of 917,504 B = 1,879,965,696 B
-    (was the room: 61,021 blocks); lora-offload's Llama-3.1-70B at 8192, TP 1: 80 layers x 8 KV
-    heads x 256 x 2 B = 327,680 B per token, blocks of 5,242,880 B: 2049 x 5,242,880 = 10,742,661,120 B."""
+def test_the_goldens_of_examples_without_kv_cache_hold_their_requests_by_hand():
+    """The two example specs without kvCache or maxNumSeqs, checked by hand: their request is 2
+    requests of 8192 tokens, and a fair share (1/8 of the budget) is below their weights, so that is
+    their grant. dra-cluster's Qwen2.5-7B on an H100: 2 x 512 + 1 blocks of 917,504 B = 940,441,600 B
+    (4 requests before the fair share; the room, 61,021 blocks, before that); lora-offload's
+    Llama-3.1-70B, TP 1: 80 layers x 8 KV heads x 256 x 2 B = 327,680 B per token, blocks of
+    5,242,880 B: 1025 x 5,242,880 = 5,373,952,000 B."""
     golden = Path(__file__).resolve().parents[1] / "golden" / "estimate"
     qwen = json.loads((golden / "dra-cluster-qwen-7b.json").read_text())
-    assert qwen["per_gpu"]["kv_cache_bytes"] == 2049 * 917_504 == 1_879_965_696
-    assert qwen["kv_cache"]["granted_tokens"] == 4 * 8192 and qwen["flags"]["max_model_len"] == 8192
+    assert qwen["per_gpu"]["kv_cache_bytes"] == 1025 * 917_504 == 940_441_600
+    assert qwen["kv_cache"]["granted_tokens"] == 2 * 8192 and qwen["flags"]["max_model_len"] == 8192
     llama = json.loads((golden / "lora-offload-llama-70b-offload.json").read_text())
-    assert llama["per_gpu"]["kv_cache_bytes"] == 2049 * 16 * 80 * 8 * 256 * 2 == 10_742_661_120
-    assert llama["kv_cache"]["granted_tokens"] == 4 * 8192
+    assert llama["per_gpu"]["kv_cache_bytes"] == 1025 * 16 * 80 * 8 * 256 * 2 == 5_373_952_000
+    assert llama["kv_cache"]["granted_tokens"] == 2 * 8192
 
 
 # --- fixes that name the cause -----------------------------------------------------------------
