@@ -3,7 +3,7 @@ group on one node, sized) and the per-GPU `Booking`s it makes in the ledger."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vllmfit.core.memory import Flags, Footprint, Sizing
 from vllmfit.core.model.facts import quick_init
@@ -21,7 +21,7 @@ class Booking:
     index: int
     footprint: Footprint
     kv_beyond: int = 0  # KV bytes granted above its request: what it could give back (Sizing.kv_above_request)
-    give_back: str = ""  # the spec change that shrinks it to its request (Sizing.give_back)
+    give_back: str = field(default="", compare=False)  # the spec change that shrinks it to its request (Sizing.give_back)
 
 
 @quick_init

@@ -51,7 +51,7 @@ def _above_request(status: VLLMDeploymentStatus, kv_bytes: int) -> tuple[int, st
         return 0, ""
     if "kvCache.grow" in (kv.granted_by or "") or flags is None or not kv.request_tokens:
         return above, "kvCache.grow: false"
-    return above, f"kvCache.concurrency: {max(kv.request_tokens // flags.max_model_len, 1)}"
+    return above, f"kvCache.concurrency: {max(round(kv.request_tokens / flags.max_model_len), 1)}"
 
 
 def _beyond_caps(status: VLLMDeploymentStatus, kv_bytes: int) -> int:
