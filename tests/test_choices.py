@@ -28,6 +28,10 @@ def test_every_shell_reads_the_kv_grant_flags_into_the_same_grant(shell: str) ->
     with pytest.raises(UserError) as e:
         choices.kv_grant_from_args(parsed(shell, "--default-kv-requests", "0"))
     assert str(e.value) == f"--default-kv-requests 0 must be in [1, {limits.MAX_KV_GRANT_REQUESTS}]"
+    assert choices.kv_grant_from_args(parsed(shell, "--kv-tenants-per-gpu", "4")) == memory.KvGrant(tenants=4)
+    with pytest.raises(UserError) as e:
+        choices.kv_grant_from_args(parsed(shell, "--kv-tenants-per-gpu", "0"))
+    assert str(e.value) == f"--kv-tenants-per-gpu 0 must be in [1, {limits.MAX_KV_TENANTS}]"
 
 
 @pytest.mark.parametrize("shell", ["operator", "plan"])
@@ -41,10 +45,11 @@ def test_the_operator_and_plan_read_the_tenancy_flags_into_the_same_policy(shell
 
 def test_the_operator_takes_its_defaults_from_its_environment_and_says_so() -> None:
     p = argparse.ArgumentParser()
-    choices.add_kv_grant_arguments(p, {choices.ENV_KV_GRANT: "room", choices.ENV_KV_REQUESTS: "3"})
+    choices.add_kv_grant_arguments(p, {choices.ENV_KV_GRANT: "room", choices.ENV_KV_REQUESTS: "3",
+                                       choices.ENV_KV_TENANTS: "4"})
     choices.add_tenancy_arguments(p, {choices.ENV_POD_SECURITY_LEVEL: "privileged"})
     args = p.parse_args([])
-    assert choices.kv_grant_from_args(args) == memory.KvGrant("room", 3)
+    assert choices.kv_grant_from_args(args) == memory.KvGrant("room", 3, 4)
     with pytest.raises(UserError, match="--pod-security-level 'privileged' must be one of baseline, restricted"):
         choices.tenancy_from_args(args)  # an environment default argparse never checks
     assert "default: $VLLMFIT_DEFAULT_KV_GRANT or requests" in " ".join(p.format_help().split())

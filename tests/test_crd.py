@@ -120,7 +120,8 @@ def test_printer_columns():
     default = ["NAME"] + [c["name"].upper() for c in cols if c.get("priority", 0) == 0]
     wide = ["NAME"] + [c["name"].upper() for c in cols]
     assert default == ["NAME", "READY", "MODEL", "STATUS", "AGE"]
-    assert wide == ["NAME", "READY", "MODEL", "STATUS", "AGE", "NODE", "GPUS", "MAX-LEN", "SEQS", "UTIL", "HEADROOM"]
+    assert wide == ["NAME", "READY", "MODEL", "STATUS", "AGE", "NODE", "GPUS", "MAX-LEN", "SEQS", "UTIL",
+                    "KV-REQUEST", "KV-GRANT", "KV-LIMIT", "HEADROOM"]
     assert {c["name"]: (c["jsonPath"], c["type"], c.get("priority", 0)) for c in cols} == {
         "Ready": (".status.ready", "string", 0),
         "Model": (".spec.model", "string", 0),
@@ -131,6 +132,9 @@ def test_printer_columns():
         "Max-Len": (".status.flags.maxModelLen", "integer", 1),
         "Seqs": (".status.flags.maxNumSeqs", "integer", 1),
         "Util": (".status.flags.gpuMemoryUtilization", "number", 1),
+        "KV-Request": (".status.kvCache.requestTokens", "integer", 1),
+        "KV-Grant": (".status.kvCache.tokens", "integer", 1),
+        "KV-Limit": (".status.kvCache.limitTokens", "integer", 1),
         "Headroom": (".status.headroom", "string", 1),
     }
     assert all("priority" not in c for c in cols if c["name"] in ("Ready", "Model", "Status", "Age"))

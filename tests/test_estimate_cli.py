@@ -168,11 +168,11 @@ COMMON_MODELS = {"meta-llama/Llama-3.1-8B-Instruct": 131072, "Qwen/Qwen2.5-7B-In
 @pytest.mark.parametrize("model", sorted(COMMON_MODELS))
 def test_an_8b_in_bf16_at_8k_is_admitted_on_a_24gb_gpu_with_the_kv_grant_shown(capsys, monkeypatch, gpu, model, rule):
     """Plain vLLM serves these at its default --gpu-memory-utilization 0.9; so does vllmfit's default
-    (the counted policy: budget = ceil(0.9 x T) + one CUDA context, 0.55 GiB). With no KV request and no maxNumSeqs the KV cache is
-    the cluster's default grant (issue 33): `requests`, 4 requests of 8192 tokens = 32,768 tokens
-    (4 x 512 blocks + the null block), clamped to the room left on the empty GPU in whole blocks;
-    `room`, the room left (vLLM's default maxNumSeqs 256 x 8192 is far more). Never below one
-    request of 8192 tokens, and the rule is shown."""
+    (the counted policy: budget = ceil(0.9 x T) + one CUDA context, 0.55 GiB). With no KV request the
+    KV request is 2 requests of 8192 tokens (2 x 512 blocks + the null block); the limit is vLLM's
+    default maxNumSeqs 256 x 8192. `requests` grants a fair share, at most 1/8 of the budget for the
+    whole footprint: less than the weights, so exactly the request; `room` grows into the room left
+    on the empty GPU in whole blocks. Never below the request, and the rule is shown."""
     monkeypatch.setenv("COLUMNS", "200")
     code, out, _ = run(capsys, "estimate", "--model", model, "--gpu", gpu, "--max-model-len", "8192", "-o", "json",
                        "--default-kv-grant", rule)
@@ -186,15 +186,16 @@ def test_an_8b_in_bf16_at_8k_is_admitted_on_a_24gb_gpu_with_the_kv_grant_shown(c
     kv, total = d["per_gpu"]["kv_cache_bytes"], d["per_gpu"]["total_bytes"]
     assert kv % block == 0 and total <= budget
     granted = d["kv_cache"]["granted_tokens"]
-    assert granted == kv // per_token - 16 >= 8192  # vLLM 0.33 holds the null block back
-    four = (4 * 8192 // 16 + 1) * block  # 4 requests of 512 blocks + the null block
-    if rule == "requests" and kv == four:
-        assert granted == 32768 and d["kv_cache"]["granted_by"] == \
-            "default grant: 4 requests x maxModelLen 8192"
+    assert granted == kv // per_token - 16 >= 2 * 8192  # vLLM 0.33 holds the null block back
+    two = (2 * 8192 // 16 + 1) * block  # the request: 2 requests of 512 blocks + the null block
+    assert d["kv_cache"]["request_tokens"] == 16_384 and d["kv_cache"]["limit_tokens"] == 256 * 8192
+    if rule == "requests":
+        assert kv == two and granted == 16_384
+        assert d["kv_cache"]["granted_by"] == "default request: 2 x maxModelLen 8192"
     else:  # grown: less than a block and u's rounding left
-        assert budget - total < block + math.ceil(T / 10_000)
-        assert kv <= four or rule == "room"
-        assert d["kv_cache"]["granted_by"].startswith("the room left, below ")
+        assert budget - total < block + math.ceil(T / 10_000) and kv > two
+        assert d["kv_cache"]["granted_by"] == ("the room left, between the default request: 2 x maxModelLen 8192 "
+                                               "and the limit maxNumSeqs 256 x maxModelLen 8192")
     code, out, _ = run(capsys, "estimate", "--model", model, "--gpu", gpu, "--max-model-len", "8192",
                        "--default-kv-grant", rule)
     assert code == 0 and f"KV cache: {granted} tokens" in out  # the grant, which --kv-cache-tokens gives back
@@ -202,22 +203,25 @@ def test_an_8b_in_bf16_at_8k_is_admitted_on_a_24gb_gpu_with_the_kv_grant_shown(c
 
 
 def test_the_requests_grant_on_an_l4_by_hand(capsys):
-    """Issue 33's L4 case, by hand. Qwen2.5-7B bf16 at 8k: 4 requests x 512 blocks + 1 null block of
-    917,504 B = 1,879,965,696 B, 32,768 tokens, well inside the 20.3 GiB budget. Llama-3.1-8B: 4 x 8k
-    would be 2049 blocks x 2 MiB = 4.0 GiB, more than the L4 has left after 15 GiB of weights, so
-    the grant is the room left under the counted budget (ceil(0.9 T) + 0.55 GiB): 1,089 blocks,
-    (1,089 - 1) x 16 = 17,408 tokens (the same room the old default took), at least one request of 8192."""
+    """The L4 case, by hand. Qwen2.5-7B bf16 at 8k: the request, 2 requests x 512 blocks + 1 null
+    block of 917,504 B = 940,441,600 B, 16,384 tokens; the fair share (1/8 of the 20.3 GiB budget) is
+    below its weights, so that is its grant. Llama-3.1-8B: 1,025 blocks x 2 MiB, 16,384 tokens, inside
+    the 1,089 blocks the room left would hold. `room` grants Llama-3.1-8B the room left: 1,089 blocks,
+    (1,089 - 1) x 16 = 17,408 tokens, below its limit of 256 x 8192."""
     code, out, _ = run(capsys, "estimate", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "NVIDIA-L4",
                        "--max-model-len", "8192", "-o", "json")
     d = json.loads(out)
-    assert code == 0 and d["per_gpu"]["kv_cache_bytes"] == (4 * 512 + 1) * 917_504 == 1_879_965_696
-    assert d["kv_cache"]["granted_tokens"] == 32_768
+    assert code == 0 and d["per_gpu"]["kv_cache_bytes"] == (2 * 512 + 1) * 917_504 == 940_441_600
+    assert d["kv_cache"]["granted_tokens"] == 16_384
     code, out, _ = run(capsys, "estimate", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "NVIDIA-L4",
                        "--max-model-len", "8192", "-o", "json")
     d = json.loads(out)
+    assert code == 0 and d["per_gpu"]["kv_cache_bytes"] == 1025 * 16 * 131_072 and d["kv_cache"]["granted_tokens"] == 16_384
+    assert d["kv_cache"]["granted_by"] == "default request: 2 x maxModelLen 8192"
+    code, out, _ = run(capsys, "estimate", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "NVIDIA-L4",
+                       "--max-model-len", "8192", "-o", "json", "--default-kv-grant", "room")
+    d = json.loads(out)
     assert code == 0 and d["per_gpu"]["kv_cache_bytes"] == 1089 * 16 * 131_072 and d["kv_cache"]["granted_tokens"] == 17_408
-    assert d["kv_cache"]["granted_by"] == \
-        "the room left, below default grant: 4 requests x maxModelLen 8192"
 
 
 def test_vllms_own_utilization_alone_on_an_l4_is_admitted(capsys):

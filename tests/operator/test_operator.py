@@ -555,7 +555,9 @@ async def test_the_kv_request_is_granted_injected_and_shown_in_status(cluster: C
     kv_bytes = (64 * 2048 // 16 + 1) * 16 * 57_344
     assert st["kvCache"] == {"bytes": kv_bytes, "tokens": 64 * 2048, "concurrencyAtMaxModelLen": 16.0,
                              "typicalLength": 2048, "concurrencyAtTypicalLength": 64.0,
-                             "grantedBy": "kvCache.concurrency 64 x 2048 tokens"}
+                             "grantedBy": "kvCache.concurrency 64 x 2048 tokens",
+                             # an explicit kvCache is its own request; the limit, vLLM's maxNumSeqs 1024 x 8192
+                             "requestTokens": 64 * 2048, "requestBytes": kv_bytes, "limitTokens": 1024 * 8192}
     assert st["flags"]["kvCacheMemoryBytes"] == kv_bytes
     await cluster.until(lambda: cluster.get(DEPLOYMENTS, "kv-0"))
     args = args_of(cluster, "kv-0")

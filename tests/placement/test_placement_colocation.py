@@ -167,17 +167,22 @@ def test_a_growing_kv_cache_takes_the_room_left_and_no_more() -> None:
 
 
 def test_no_kv_request_gets_at_most_its_caps_clamped_to_the_room_and_at_least_one_full_request() -> None:
-    """Issue 33 (was issue 24's room): with no spec.kvCache the KV cache is at most maxNumSeqs x
-    maxModelLen (maxNumSeqs unset: the cluster's default grant, 4 full-length requests; `room`: the
-    room left, as `grow` gives it), clamped to the room left on the GPU in whole blocks, never below
-    one request of the context; a spec that asks for tokens gets exactly those."""
+    """With no spec.kvCache the KV cache is at least its request (2 full-length requests, at most
+    maxNumSeqs) and at most its limit, maxNumSeqs x maxModelLen (vLLM's default maxNumSeqs when
+    unset); between them a fair share (1/8 of the budget for the whole footprint: below an 8B's
+    weights, so the request; with 1 tenant per GPU, the whole budget) or, `room`, the room left as
+    `grow` gives it, clamped to the room left in whole blocks; a spec that asks for tokens gets
+    exactly those."""
     block = 16 * 131072  # 16 tokens x 128 KiB (Llama-3.1-8B, bf16, TP 1)
     ledger = placement.Ledger([node("n", H100, 1)])
     capped = placement.decide(ledger, request("c", LLAMA_8B, "1", maxModelLen=8192, maxNumSeqs=3))
-    z = capped.replicas[0].sizing  # 3 x 512 blocks + the null block, by hand
-    assert z.footprint.kv_cache == (3 * 512 + 1) * block and z.granted_tokens == 3 * 8192
+    z = capped.replicas[0].sizing  # the request: 2 x 512 blocks + the null block, by hand
+    assert z.footprint.kv_cache == (2 * 512 + 1) * block and z.granted_tokens == 2 * 8192
     shared = placement.decide(ledger, request("u", LLAMA_8B, "1", maxModelLen=8192)).replicas[0].sizing
-    assert shared.footprint.kv_cache == (4 * 512 + 1) * block and shared.granted_tokens == 4 * 8192
+    assert shared.footprint.kv_cache == (2 * 512 + 1) * block and shared.granted_tokens == 2 * 8192
+    alone = placement.Ledger([node("n", H100, 1)], kv_grant=memory.KvGrant(tenants=1))
+    z = placement.decide(alone, request("c", LLAMA_8B, "1", maxModelLen=8192, maxNumSeqs=3)).replicas[0].sizing
+    assert z.footprint.kv_cache == (3 * 512 + 1) * block and z.granted_tokens == 3 * 8192  # the limit
     ledger = placement.Ledger([node("n", H100, 1)], kv_grant=memory.KvGrant("room"))
     unasked = placement.decide(ledger, request("u", LLAMA_8B, "1", maxModelLen=8192))
     grow = placement.decide(ledger, request("g", LLAMA_8B, "1", maxModelLen=8192, kvCache={"grow": True}))

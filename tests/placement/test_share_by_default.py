@@ -54,21 +54,25 @@ def test_six_small_deployments_share_one_h100(capsys):
 
 def test_fourteen_mixed_deployments_share_two_h100s_and_an_l4(capsys):
     """The 14-deployment mix (0.5B, 1.5B, Llama-3.2-1B, Llama-3.1-8B, Qwen2.5-7B, each with its own
-    caps): all admitted, at least four on one GPU, each granted exactly maxNumSeqs x maxModelLen
-    (the room is never the limit here)."""
+    caps): all admitted, at least four on one GPU, each granted between its request (2 full-length
+    requests, at most maxNumSeqs) and its limit maxNumSeqs x maxModelLen. The 8B and 7B servers keep
+    their requests: a fair share (1/8 of an H100's budget, 8.98 GiB) is below their weights (it was
+    exactly the limit before the fair share)."""
     code, d = plan_json(capsys, "-f", str(EXAMPLES / "sharing" / "mixed.yaml"))
     deps = {x["name"]: x for x in d["deployments"]}
     assert code == 0 and len(deps) == 14 and all(x["phase"] == "Admitted" for x in deps.values())
     per_gpu = Counter(placed_on(x) for x in deps.values())
     assert max(per_gpu.values()) >= 4 and len(per_gpu) == 3
     for x in deps.values():
-        f = x["flags"]
-        assert x["kv_cache"]["granted_tokens"] == f["max_num_seqs"] * f["max_model_len"]
-        assert x["kv_cache"]["granted_by"] == f"maxNumSeqs {f['max_num_seqs']} x maxModelLen {f['max_model_len']}"
-    # by hand: Llama-3.1-8B, 8 x 8192 = 8 x 512 blocks + null = 4097 x 2 MiB
-    assert deps["apps/llama8b-a"]["per_gpu"]["kv_cache_bytes"] == 4097 * 2 * 1024 * 1024 == 8_592_031_744
-    # Qwen2.5-7B, 4 x 16384 = 4 x 1024 blocks + null = 4097 x 917,504 B
-    assert deps["apps/qwen7b-b"]["per_gpu"]["kv_cache_bytes"] == 4097 * 917_504 == 3_759_013_888
+        f, kv = x["flags"], x["kv_cache"]
+        assert kv["request_tokens"] == min(2, f["max_num_seqs"]) * f["max_model_len"]
+        assert kv["limit_tokens"] == f["max_num_seqs"] * f["max_model_len"]
+        assert kv["request_tokens"] <= kv["granted_tokens"] <= kv["limit_tokens"]
+    # by hand: Llama-3.1-8B, the request 2 x 8192 = 2 x 512 blocks + null = 1025 x 2 MiB
+    assert deps["apps/llama8b-a"]["per_gpu"]["kv_cache_bytes"] == 1025 * 2 * 1024 * 1024 == 2_149_580_800
+    assert deps["apps/llama8b-a"]["kv_cache"]["granted_by"] == "default request: 2 x maxModelLen 8192"
+    # Qwen2.5-7B, 2 x 16384 = 2 x 1024 blocks + null = 2049 x 917,504 B
+    assert deps["apps/qwen7b-b"]["per_gpu"]["kv_cache_bytes"] == 2049 * 917_504 == 1_879_965_696
 
 
 def test_the_text_plan_says_which_rule_granted_what(capsys, monkeypatch):
@@ -121,8 +125,7 @@ def test_a_spec_without_kv_cache_is_never_granted_more_than_its_caps(model, gpu,
     batched = z.flags.max_num_batched_tokens or 0
     assert z.footprint.kv_cache <= lay.bytes_for(L, S, batched)
     assert z.footprint.kv_cache >= lay.bytes_for(L, 1, batched)
-    if rule == "requests" and seqs is None:
-        assert z.footprint.kv_cache <= lay.bytes_for(L, min(requests, S), batched)
+    assert z.footprint.kv_cache >= lay.bytes_for(L, min(requests, S), batched)  # its request, at least
     if lay.full_groups == 1 and lay.groups == 1:
         assert z.granted_tokens <= S * math.ceil(L / lay.block_size) * lay.block_size
 
@@ -130,9 +133,9 @@ def test_a_spec_without_kv_cache_is_never_granted_more_than_its_caps(model, gpu,
 @pytest.mark.parametrize("model", ["meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct"])
 @pytest.mark.parametrize("gpu", ["NVIDIA-L4", "NVIDIA-A10G", "NVIDIA-GeForce-RTX-4090"])
 def test_an_8b_at_8k_on_an_empty_24gb_gpu_is_still_admitted_by_plan(capsys, tmp_path, model, gpu):
-    """Issue 33's last guard: the sharing default never refuses what the room default admitted. One
-    node, one GPU, one spec at maxModelLen 8192 with nothing else: admitted, with its grant shown,
-    4 x 8192 tokens or the room left, and at least one request of 8192."""
+    """The sharing default never refuses what the room default admitted. One node, one GPU, one spec
+    at maxModelLen 8192 with nothing else: admitted, with its grant shown, its request of 2 x 8192
+    tokens (a fair share, 1/8 of the budget, is below its weights)."""
     f = tmp_path / "one.yaml"
     f.write_text(f"""
 apiVersion: v1
@@ -147,22 +150,24 @@ spec: {{model: {model}, maxModelLen: 8192}}
     code, d = plan_json(capsys, "-f", str(f))
     x = d["deployments"][0]
     assert code == 0 and x["phase"] == "Admitted"
-    assert 8192 <= x["kv_cache"]["granted_tokens"] <= 4 * 8192
-    assert x["kv_cache"]["granted_by"].endswith("default grant: 4 requests x maxModelLen 8192")
+    assert x["kv_cache"]["granted_tokens"] == x["kv_cache"]["request_tokens"] == 2 * 8192
+    assert x["kv_cache"]["granted_by"] == "default request: 2 x maxModelLen 8192"
 
 
-def test_the_goldens_of_examples_without_kv_cache_hold_four_full_requests_by_hand():
-    """The two example specs without kvCache or maxNumSeqs, regenerated for issue 33, checked by hand:
-    dra-cluster's Qwen2.5-7B at 8192 on an H100: 4 x 512 + 1 blocks of 917,504 B = 1,879,965,696 B
-    (was the room: 61,021 blocks); lora-offload's Llama-3.1-70B at 8192, TP 1: 80 layers x 8 KV
-    heads x 256 x 2 B = 327,680 B per token, blocks of 5,242,880 B: 2049 x 5,242,880 = 10,742,661,120 B."""
+def test_the_goldens_of_examples_without_kv_cache_hold_their_requests_by_hand():
+    """The two example specs without kvCache or maxNumSeqs, checked by hand: their request is 2
+    requests of 8192 tokens, and a fair share (1/8 of the budget) is below their weights, so that is
+    their grant. dra-cluster's Qwen2.5-7B on an H100: 2 x 512 + 1 blocks of 917,504 B = 940,441,600 B
+    (4 requests before the fair share; the room, 61,021 blocks, before that); lora-offload's
+    Llama-3.1-70B, TP 1: 80 layers x 8 KV heads x 256 x 2 B = 327,680 B per token, blocks of
+    5,242,880 B: 1025 x 5,242,880 = 5,373,952,000 B."""
     golden = Path(__file__).resolve().parents[1] / "golden" / "estimate"
     qwen = json.loads((golden / "dra-cluster-qwen-7b.json").read_text())
-    assert qwen["per_gpu"]["kv_cache_bytes"] == 2049 * 917_504 == 1_879_965_696
-    assert qwen["kv_cache"]["granted_tokens"] == 4 * 8192 and qwen["flags"]["max_model_len"] == 8192
+    assert qwen["per_gpu"]["kv_cache_bytes"] == 1025 * 917_504 == 940_441_600
+    assert qwen["kv_cache"]["granted_tokens"] == 2 * 8192 and qwen["flags"]["max_model_len"] == 8192
     llama = json.loads((golden / "lora-offload-llama-70b-offload.json").read_text())
-    assert llama["per_gpu"]["kv_cache_bytes"] == 2049 * 16 * 80 * 8 * 256 * 2 == 10_742_661_120
-    assert llama["kv_cache"]["granted_tokens"] == 4 * 8192
+    assert llama["per_gpu"]["kv_cache_bytes"] == 1025 * 16 * 80 * 8 * 256 * 2 == 5_373_952_000
+    assert llama["kv_cache"]["granted_tokens"] == 2 * 8192
 
 
 # --- fixes that name the cause -----------------------------------------------------------------
@@ -208,15 +213,16 @@ def test_a_refusal_names_the_neighbours_holding_room_beyond_their_caps_before_th
     assert d.phase == "Unschedulable"
     first = d.suggestions[0]
     beyond = memory.fmt_gib(admitted["old/chat-0"][0].kv_beyond)
-    assert first.startswith(f"neighbours on n GPU 0 hold KV cache beyond their maxNumSeqs x maxModelLen "
-                            f"(old/chat-0 {beyond})")
+    change = "kvCache.grow: false" if granted_by else "kvCache.concurrency: 4"  # back to its caps, 4 x 1024
+    assert first == (f"neighbours on n GPU 0 hold KV cache above their requests (old/chat-0 {beyond}): set "
+                     f"{change} on old/chat-0 (their requests; a rolling restart), and this fits there")
     assert "Fits with: neighbours on n GPU 0" in d.message
     assert not any(s.startswith("budget policy") for s in d.suggestions[:1])
     assert p.ledger.bookings_of("old/chat-0") == admitted["old/chat-0"]  # the check left the ledger as it was
 
 
 def test_a_neighbour_within_its_caps_is_never_named():
-    """The new grants never exceed the caps, so a refusal among them names no neighbour."""
+    """`plan` places every request before it grants, so a refusal in a plan names no neighbour."""
     from placement_fakes import H100, QWEN_7B, node, request
 
     from vllmfit.core import placement
@@ -224,7 +230,7 @@ def test_a_neighbour_within_its_caps_is_never_named():
     reqs = [request(f"a{i}", QWEN_7B, str(i), maxModelLen=32768, maxNumSeqs=16) for i in range(4)]
     p = placement.plan([node("n", H100, 1)], reqs)
     refused = [d for d in p.decisions.values() if not d.admitted]
-    assert refused and not any("beyond their maxNumSeqs" in s for d in refused for s in d.suggestions)
+    assert refused and not any("above their requests" in s for d in refused for s in d.suggestions)
 
 
 def test_a_deployment_kept_from_its_status_shows_the_grant_its_status_names(capsys, monkeypatch, tmp_path):

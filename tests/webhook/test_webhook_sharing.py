@@ -1,7 +1,7 @@
 """Issue 33 through the webhook: the same example files as `vllmfit plan`
 (tests/placement/test_share_by_default.py) and the operator (tests/operator/test_sharing.py),
 reviewed one by one as kube-apiserver sends them, each admitted one booked as the operator books
-it. Every review allows, and the ledger ends where the plan put every deployment."""
+it, in their order and in reverse. Every review allows what the plan admits."""
 
 from __future__ import annotations
 
@@ -47,25 +47,32 @@ async def review_all(store: FakeStore, deployments: list[dict]) -> dict[str, tup
     return out
 
 
-@pytest.mark.parametrize("example", ["six-small.yaml", "mixed.yaml"])
-def test_the_webhook_admits_what_plan_admits_where_plan_puts_it(capsys, example):
+@pytest.mark.parametrize("reverse", [False, True], ids=["in-order", "reversed"])
+@pytest.mark.parametrize("example", ["six-small.yaml", "mixed.yaml", "six-llama-1b.yaml", "four-small.yaml",
+                                     "eight-qwen-15b.yaml"])
+def test_the_webhook_admits_what_plan_admits(capsys, example, reverse):
     nodes, deployments = documents(example)
-    got = asyncio.run(review_all(FakeStore(nodes), deployments))
-    assert got == planned(capsys, example)
+    got = asyncio.run(review_all(FakeStore(nodes), deployments[::-1] if reverse else deployments))
+    assert set(got) == set(planned(capsys, example))
     assert len(got) == len(deployments)
     on = [where[:2] for where in got.values()]
     assert max(on.count(g) for g in on) >= 4  # shared: at least four on one GPU
 
 
 def test_the_clusters_default_grant_reaches_the_webhook(capsys):
-    """A spec with neither kvCache nor maxNumSeqs: 4 requests x 1024 under `requests` (the default),
-    vLLM's default maxNumSeqs 1024 x 1024 under `room`; the webhook's ledger carries the choice, as
-    the operator's does (--default-kv-grant)."""
+    """A spec with neither kvCache nor maxNumSeqs: a fair share under `requests` (the default; its
+    footprint grows to 1/8 of the budget, more than its request of 2 x 1024, less than its limit,
+    vLLM's default maxNumSeqs 1024 x 1024), the limit under `room` (the room holds it); the webhook's
+    ledger carries the choice, as the operator's does (--default-kv-grant)."""
     nodes, deployments = documents("six-small.yaml")
     bodies = [{**b, "spec": {k: v for k, v in b["spec"].items() if k != "maxNumSeqs"}} for b in deployments]
     store = FakeStore(nodes)
     got = asyncio.run(review_all(store, bodies[:1]))
-    assert [t for *_, t in got.values()] == [4 * 1024]
+    [tokens] = [t for *_, t in got.values()]
+    assert 2 * 1024 < tokens < 1024 * 1024
+    [key] = got
+    budget = store.books.ledger.slot("gpu-h100-s", 0).budget_bytes
+    assert store.books.ledger.bookings_of(key)[0].footprint.total <= budget // 8
     store = FakeStore(nodes)
     store.books.ledger.kv_grant = memory.KvGrant("room")
     got = asyncio.run(review_all(store, bodies[:1]))
@@ -73,10 +80,10 @@ def test_the_clusters_default_grant_reaches_the_webhook(capsys):
 
 
 def test_the_webhook_names_neighbours_holding_room_beyond_their_caps_first():
-    """Two 0.5B servers admitted before issue 33 hold the room of both H100s (their statuses, without
-    grantedBy, restored as the operator restores them): a third is denied, and the first fix of the
-    denial names the neighbour and how much it holds beyond maxNumSeqs x maxModelLen, before the
-    budget policy."""
+    """Two 0.5B servers admitted under the old rule hold the room of both H100s (their statuses,
+    without grantedBy or requestBytes, restored as the operator restores them): a third is denied,
+    and the first fix of the denial names the neighbour, how much it holds beyond maxNumSeqs x
+    maxModelLen and the change that gives it back (its caps as kvCache.concurrency)."""
     from vllmfit.sources import catalog
 
     nodes, deployments = documents("six-small.yaml")
@@ -98,6 +105,6 @@ def test_the_webhook_names_neighbours_holding_room_beyond_their_caps_first():
     v = asyncio.run(webhook.review(store, deployments[0], None, "CREATE", False))
     assert not v.allowed
     fixes = v.message.split("Fits with: ", 1)[1]
-    assert fixes.startswith("neighbours on gpu-h100-s GPU 0 hold KV cache beyond their maxNumSeqs x maxModelLen "
-                            "(old/chat-0 67.9 GiB)")  # the room of an H100 under the counted budget, less its caps
+    assert fixes.startswith("neighbours on gpu-h100-s GPU 0 hold KV cache above their requests (old/chat-0 67.9 GiB): "
+                            "set kvCache.concurrency: 4 on old/chat-0")  # the room of an H100, less its caps
     assert fixes.index("neighbours on") < fixes.index("budget policy")

@@ -92,6 +92,9 @@ COLUMNS: tuple[tuple[str, str, str, str, int], ...] = (
     ("Max-Len", "integer", ".status.flags.maxModelLen", "Injected --max-model-len.", 1),
     ("Seqs", "integer", ".status.flags.maxNumSeqs", "Injected --max-num-seqs.", 1),
     ("Util", "number", ".status.flags.gpuMemoryUtilization", "Injected --gpu-memory-utilization.", 1),
+    ("KV-Request", "integer", ".status.kvCache.requestTokens", "KV tokens of the request: the floor it keeps.", 1),
+    ("KV-Grant", "integer", ".status.kvCache.tokens", "KV tokens granted.", 1),
+    ("KV-Limit", "integer", ".status.kvCache.limitTokens", "KV tokens of maxNumSeqs x maxModelLen.", 1),
     ("Headroom", "string", ".status.headroom", "Smallest headroom among its GPUs.", 1),
 )
 

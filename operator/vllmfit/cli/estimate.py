@@ -299,7 +299,7 @@ def estimate_from_args(args: argparse.Namespace) -> memory.Estimate:
         raise UserError(too_large)
     try:
         est = memory.estimate(model, s, gpu, other_gpus=tuple(catalog.gpus().values()), policy=policy,
-                              gpus_per_node=args.gpus_per_node)
+                              gpus_per_node=args.gpus_per_node, grant=choices.kv_grant_from_args(args))
     except memory.SpecError as e:
         raise UserError(str(e)) from None
     return est
@@ -340,13 +340,7 @@ def estimate_json(est: memory.Estimate) -> dict[str, Any]:
         "recurrent_state": _state_json(est),
         "kv_cache_tokens": z.kv_cache_tokens,
         "max_concurrency": round(z.max_concurrency, 2),
-        "kv_cache": {
-            "granted_tokens": z.granted_tokens,
-            "granted_by": z.grant or None,
-            "concurrency_at_max_model_len": round(z.max_concurrency, 2),
-            "typical_length": z.typical_len,
-            "concurrency_at_typical_length": None if z.concurrency_typical is None else round(z.concurrency_typical, 2),
-        },
+        "kv_cache": memory.kv_json(z),
         "budget_policy": _policy_json(est),
         "flags": None if f is None else f.to_json(),
         "fits": z.fits,

@@ -9,7 +9,8 @@ as `estimate` and kubectl): 0 when every deployment is admitted, 1 when any is n
 input is in error (every error listed, one line each; the rest is still planned and shown) or
 nothing can be planned (no GPU node for the deployments). A reader that leaves early
 (`plan | head`) is a normal end: the exit code is still the verdict. Deployments whose status says Admitted/Running
-with status.memory keep those bookings (never moved); all others are decided in creation order.
+with status.memory keep those bookings (never moved); all others are decided in creation order,
+those without creationTimestamp after them, in input order.
 
 `vllmfit status` (the `status` module) draws the same pictures from the live cluster's status fields.
 """
@@ -92,7 +93,7 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
     flags: dict[str, memory.Flags] = {}
     requests: list[placement.Request] = []
     shown: dict[str, placement.Decision] = {}
-    for key, dep in sorted(deployments.items()):
+    for position, (key, dep) in enumerate(deployments.items()):  # input order (request_from_object)
         st = dep.status
         if st and st.phase in ("Admitted", "Running") and st.memory:
             admitted[key] = placement.bookings_from_status(key, st)
@@ -115,7 +116,7 @@ def build_plan(objs: Objects, *, policy: memory.Policy = "vllm", decide: bool = 
                 errors.append(f"{places[key]}: {hub_words(str(e), 'spec')}")
                 shown.pop(key, None)
             continue
-        req = placement.request_from_object(dep, model)
+        req = placement.request_from_object(dep, model, position)
         requests.append(replace(req, learned=memory.learned.for_model(learned, model.name)) if learned else req)
     notes = _dra_nodes(objs, nodes, admitted)
     if decide:
@@ -161,7 +162,8 @@ def _show_grants(plan: placement.Plan, deployments: Mapping[str, VLLMDeployment]
         st = deployments[key].status if key in deployments else None
         kv = st.kv_cache if st else None
         if d.restored and d.replicas and kv is not None and kv.granted_by:
-            z = replace(d.replicas[0].sizing, granted_tokens=kv.tokens, grant=kv.granted_by)
+            z = replace(d.replicas[0].sizing, granted_tokens=kv.tokens, grant=kv.granted_by,
+                        request_tokens=kv.request_tokens or 0, limit_tokens=kv.limit_tokens or 0)
             plan.decisions[key] = replace(d, replicas=(replace(d.replicas[0], sizing=z), *d.replicas[1:]))
 
 

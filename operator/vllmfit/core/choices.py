@@ -20,6 +20,7 @@ from vllmfit.core.spec import validate
 
 ENV_KV_GRANT = "VLLMFIT_DEFAULT_KV_GRANT"
 ENV_KV_REQUESTS = "VLLMFIT_DEFAULT_KV_REQUESTS"
+ENV_KV_TENANTS = "VLLMFIT_KV_TENANTS_PER_GPU"
 ENV_POD_SECURITY_LEVEL = "VLLMFIT_POD_SECURITY_LEVEL"
 LEVELS = ("baseline", "restricted")
 
@@ -32,27 +33,35 @@ def _default(env: Mapping[str, str] | None, name: str, value: object) -> tuple[o
 
 
 def add_kv_grant_arguments(p: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
-    """--default-kv-grant / --default-kv-requests: the cluster's default KV grant for a spec that sets
-    neither kvCache nor maxNumSeqs (docs/memory-model.md)."""
-    g = p.add_argument_group("default KV grant (a spec without kvCache or maxNumSeqs)")
+    """--default-kv-grant / --default-kv-requests / --kv-tenants-per-gpu: the cluster's rule for the KV
+    cache of a spec without kvCache (docs/memory-model.md, "The KV request")."""
+    g = p.add_argument_group("default KV grant (a spec without kvCache): request, limit and grant")
     rule, said = _default(env, ENV_KV_GRANT, defaults.DEFAULT_KV_GRANT)
     g.add_argument("--default-kv-grant", choices=defaults.KV_GRANT_RULES, default=rule,
-                   help="requests: --default-kv-requests requests of the full context, clamped to the room left; "
-                        "room: vLLM's own, the room left, at most vLLM's default max-num-seqs x max-model-len "
-                        f"({said})")
+                   help="the grant between the request and the limit (max-num-seqs x max-model-len): requests, a "
+                        "fair share (the footprint grows to at most 1/--kv-tenants-per-gpu of its GPU's budget); "
+                        f"room: vLLM's own, the room left ({said})")
     n, said = _default(env, ENV_KV_REQUESTS, defaults.DEFAULT_KV_GRANT_REQUESTS)
     g.add_argument("--default-kv-requests", type=int, metavar="N", default=n,
-                   help=f"full-length requests the requests rule grants ({said})")
+                   help=f"the KV request: N requests of the full context, at most max-num-seqs ({said})")
+    k, said = _default(env, ENV_KV_TENANTS, defaults.DEFAULT_KV_TENANTS)
+    g.add_argument("--kv-tenants-per-gpu", type=int, metavar="K", default=k,
+                   help=f"the fair share of the requests rule: 1/K of a GPU's budget ({said})")
 
 
 def kv_grant_from_args(args: argparse.Namespace) -> memory.KvGrant:
     """--default-kv-grant / --default-kv-requests -> the default grant; UserError (one line, exit 2)
     when invalid. A namespace without them (a subcommand that does not take them): the default."""
-    grant = memory.KvGrant(getattr(args, "default_kv_grant", defaults.DEFAULT_KV_GRANT),
-                           getattr(args, "default_kv_requests", defaults.DEFAULT_KV_GRANT_REQUESTS))
+    try:
+        grant = memory.KvGrant(getattr(args, "default_kv_grant", defaults.DEFAULT_KV_GRANT),
+                               int(getattr(args, "default_kv_requests", defaults.DEFAULT_KV_GRANT_REQUESTS)),
+                               int(getattr(args, "kv_tenants_per_gpu", defaults.DEFAULT_KV_TENANTS)))
+    except ValueError as e:  # an environment default argparse does not convert
+        raise UserError(f"default KV grant: {e}") from None
     bad = grant.error()
     if bad:
-        raise UserError(bad.replace("default KV grant requests", "--default-kv-requests"))
+        raise UserError(bad.replace("default KV grant requests", "--default-kv-requests")
+                        .replace("KV tenants per GPU", "--kv-tenants-per-gpu"))
     return grant
 
 

@@ -51,15 +51,20 @@ DEFAULT_KV_FULL_REQUESTS = 1
 
 KV_GRANT_RULES = ("requests", "room")
 DEFAULT_KV_GRANT = "requests"
-"""The cluster's default KV grant for a spec that sets neither spec.kvCache nor maxNumSeqs
-(operator --default-kv-grant, chart value kvCache.defaultGrant, CLI --default-kv-grant):
-`requests`: DEFAULT_KV_GRANT_REQUESTS requests of the full maxModelLen, clamped to the room its GPUs
-have left; `room`: vLLM's own behaviour, the room left, at most vLLM's default maxNumSeqs x
-maxModelLen. A spec that sets maxNumSeqs is granted at most maxNumSeqs x maxModelLen under either
-rule (docs/memory-model.md, "The KV request")."""
-DEFAULT_KV_GRANT_REQUESTS = 4
-"""The `requests` rule's number of full-length requests (operator --default-kv-requests, chart value
-kvCache.defaultRequests, CLI --default-kv-requests)."""
+"""The cluster's rule for the KV cache of a spec without spec.kvCache (operator --default-kv-grant,
+chart value kvCache.defaultGrant, CLI --default-kv-grant). Its request, what placement needs and
+the floor it keeps, is DEFAULT_KV_GRANT_REQUESTS requests of the full maxModelLen (at most
+maxNumSeqs); its limit is maxNumSeqs x maxModelLen (vLLM's default maxNumSeqs when unset). The grant
+lies between them: `requests`, a fair share, the footprint grows to at most 1/DEFAULT_KV_TENANTS of
+its GPU's budget; `room`, vLLM's own behaviour, the room left. Both are clamped to the room left and
+never below the request (docs/memory-model.md, "The KV request")."""
+DEFAULT_KV_GRANT_REQUESTS = 2
+"""The KV request of a spec without kvCache: this many requests of the full maxModelLen (operator
+--default-kv-requests, chart value kvCache.defaultRequests, CLI --default-kv-requests)."""
+DEFAULT_KV_TENANTS = 8
+"""The `requests` rule's fair share: a grant grows a footprint to at most 1/N of its GPU's budget,
+so N tenants per GPU each keep at least that (operator --kv-tenants-per-gpu, chart value
+kvCache.tenantsPerGpu, CLI --kv-tenants-per-gpu)."""
 
 BUDGET_UTILIZATION_LABEL = "vllmfit.dev/budget-utilization"
 BUDGET_RESERVE_LABEL = "vllmfit.dev/budget-reserve"

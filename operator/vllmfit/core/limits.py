@@ -105,3 +105,5 @@ crashes the process (SIGSEGV) at about 30,000 levels; a Kubernetes object nests 
 MAX_KV_GRANT_REQUESTS = 4096
 """The largest number of full-length requests the cluster's default KV grant may name
 (--default-kv-requests): vLLM's largest default maxNumSeqs is 1024."""
+MAX_KV_TENANTS = 1024
+"""The most tenants per GPU the fair share may target (--kv-tenants-per-gpu)."""

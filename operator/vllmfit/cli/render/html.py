@@ -110,7 +110,8 @@ def deployment_row_html(p: Plan, key: str, palette: dict[str, Look]) -> str:
     if fp is not None and sizing is not None:
         kv = f"{gib(fp.kv_cache)} GiB" + (
             f", {sizing.granted_tokens} tokens" if sizing.granted_tokens else ""
-        ) + (f" ({sizing.grant})" if sizing.granted_tokens and sizing.grant else "")  # which rule granted it
+        ) + (f" ({sizing.grant})" if sizing.granted_tokens and sizing.grant else "") + (  # which rule granted it
+            f"; request {sizing.request_tokens}, limit {sizing.limit_tokens} tokens" if sizing.request_tokens else "")
     notes = [f"<li>{html.escape(r)}</li>" for r in d.reasons]
     notes += [f'<li class="fix">fits with: {html.escape(s)}</li>' for s in d.suggestions]
     notes += [f'<li class="warn">{html.escape(w)}</li>' for w in d.warnings]

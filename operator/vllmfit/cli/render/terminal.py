@@ -338,8 +338,14 @@ def print_estimate(console: Console, est: Estimate, width: int = BAR_WIDTH) -> N
 
 
 def grant_line(sizing: Sizing) -> str:
-    """'KV grant: 4,096 tokens (maxNumSeqs 4 x maxModelLen 1024)': what was granted, and by which rule."""
-    return f"KV grant: {sizing.granted_tokens:,} tokens ({sizing.grant})"
+    """'KV grant: 4,096 tokens (maxNumSeqs 4 x maxModelLen 1024); request 2,048 = 2 full-length,
+    limit 4,096 = 4': what was granted, by which rule, between which request and limit."""
+    line = f"KV grant: {sizing.granted_tokens:,} tokens ({sizing.grant})"
+    length = sizing.flags.max_model_len if sizing.flags else 0
+    if sizing.request_tokens and length:
+        line += (f"; request {sizing.request_tokens:,} = {sizing.request_tokens // length} full-length, "
+                 f"limit {sizing.limit_tokens:,} = {sizing.limit_tokens // length}")
+    return line
 
 
 def estimate_table(est: Estimate) -> Table:

@@ -64,6 +64,7 @@ from vllmfit.core.memory.sizing import (
     UNLIMITED,
     default_batch,
     default_grant,
+    request_only,
     vllm_startup,
 )
 from vllmfit.core.memory.types import (
@@ -78,6 +79,7 @@ from vllmfit.core.memory.types import (
     SpecError,
     VllmStartup,
     fmt_gib,
+    kv_json,
 )
 from vllmfit.core.memory.validation import can_run, gpu_errors, validate
 from vllmfit.core.memory.versions import VllmVersion, parse_version
@@ -119,6 +121,7 @@ __all__ = [
     "fixes",
     "fmt_gib",
     "gpu_errors",
+    "kv_json",
     "kv_layout",
     "kv_request_too_large",
     "larger_gpu",
@@ -129,6 +132,7 @@ __all__ = [
     "one_node_reason",
     "parse_version",
     "policy_named",
+    "request_only",
     "requested_bytes",
     "size",
     "utilization_for",

@@ -7,8 +7,8 @@ from dataclasses import replace
 from vllmfit.core.memory.budget import BudgetPolicy, default_policy
 from vllmfit.core.memory.fixes import context_note, fixes, larger_gpu, one_node_fixes, one_node_reason
 from vllmfit.core.memory.learned import size  # with a learned over-run of this configuration on top
-from vllmfit.core.memory.sizing import vllm_startup
-from vllmfit.core.memory.types import Estimate, Settings, SpecError
+from vllmfit.core.memory.sizing import request_only, vllm_startup
+from vllmfit.core.memory.types import DEFAULT_KV_GRANT, Estimate, KvGrant, Settings, Sizing, SpecError
 from vllmfit.core.memory.versions import parse_version
 from vllmfit.core.model.facts import GpuType, ModelArch
 
@@ -16,8 +16,10 @@ from vllmfit.core.model.facts import GpuType, ModelArch
 
 
 def estimate(model: ModelArch, s: Settings, gpu: GpuType, *, other_gpus: tuple[GpuType, ...] = (),
-             policy: BudgetPolicy | None = None, gpus_per_node: int | None = None) -> Estimate:
+             policy: BudgetPolicy | None = None, gpus_per_node: int | None = None,
+             grant: KvGrant = DEFAULT_KV_GRANT) -> Estimate:
     """`policy` None: the memory policy's default budget policy (`counted`; `adr-0002` for `adr`).
+    `grant`: the cluster's rule for a default KV grant (its fair share of the GPU, `granted`).
     `gpus_per_node`: a spec needing more GPUs than that is refused as `plan` refuses it (a
     deployment is placed within one node), with the changes that fit it in one node."""
     policy = default_policy(s.policy) if policy is None else policy
@@ -26,7 +28,7 @@ def estimate(model: ModelArch, s: Settings, gpu: GpuType, *, other_gpus: tuple[G
     if bad:
         raise SpecError(bad)
     budget = policy.budget(T)
-    sizing = size(model, s, gpu, budget)
+    sizing = granted(model, s, gpu, budget, grant)
     version, _ = parse_version(s.vllm_version)
     vllm = None
     if sizing.flags and s.policy == "vllm" and model.num_layers:
@@ -46,3 +48,16 @@ def estimate(model: ModelArch, s: Settings, gpu: GpuType, *, other_gpus: tuple[G
         suggestions = tuple(found)
     return Estimate(model, gpu, s, version, sizing, budget, policy.reserve_bytes, T, vllm, suggestions,
                     sizing.warnings, policy)
+
+
+def granted(model: ModelArch, s: Settings, gpu: GpuType, budget: int, grant: KvGrant) -> Sizing:
+    """Sized alone on an empty GPU of this budget as placement sizes it: a default KV grant grows
+    from its request to at most a fair share of the budget (KvGrant.share) and its limit."""
+    share = grant.share(budget) if s.kv_grow and s.kv_default is not None else None
+    if share is None:
+        return size(model, s, gpu, budget)
+    request = size(model, request_only(s), gpu, budget)
+    if not request.fits:
+        return request
+    grown = size(model, s, gpu, min(budget, max(share, request.footprint.total)))
+    return grown if grown.fits and grown.footprint.kv_cache >= request.footprint.kv_cache else request

@@ -138,8 +138,8 @@ def kv_request_bytes(model: ModelArch, r: Resolved, length: int) -> int:
     """The KV cache the request asks for, in bytes per GPU (`vllm` policy), for a context of
     `length`: memory as given; tokens as whole blocks in every group (one request of `length` at
     least, once they reach what its pool holds); concurrency as that many
-    requests of the typical length (maxModelLen when unset); nothing given:
-    DEFAULT_KV_FULL_REQUESTS requests of the full context. Plus the null block."""
+    requests of the typical length (maxModelLen when unset); nothing given: the default request,
+    `default_request_seqs` requests of the full context. Plus the null block."""
     s, lay = r.settings, r.layout
     if lay.pooling:
         return 0
@@ -156,36 +156,40 @@ def kv_request_bytes(model: ModelArch, r: Resolved, length: int) -> int:
         return max(tokens, one) if s.kv_tokens >= lay.pool_tokens(one) else tokens
     if s.kv_concurrency is not None:
         return lay.bytes_for(s.typical_len or length, s.kv_concurrency, r.batched_tokens, s.pp)
-    return lay.bytes_for(length, defaults.DEFAULT_KV_FULL_REQUESTS, r.batched_tokens, s.pp)
+    return lay.bytes_for(length, default_request_seqs(s, r.max_num_seqs), r.batched_tokens, s.pp)
+
+
+def default_request_seqs(s: Settings, seqs: int) -> int:
+    """Full-length requests of the KV request of a spec without kvCache: the cluster's number, at
+    most the effective --max-num-seqs `seqs` (DEFAULT_KV_FULL_REQUESTS without a cluster rule)."""
+    return min(s.kv_default_requests, seqs) if s.kv_default else defaults.DEFAULT_KV_FULL_REQUESTS
+
+
+def request_only(s: Settings) -> Settings:  # sized at the KV request alone (no growth): what placement needs
+    return replace(s, kv_grow=False) if s.kv_grow else s
 
 
 def default_grant(s: Settings, grant: KvGrant = DEFAULT_KV_GRANT) -> Settings:
-    """A spec that asks for no KV cache (no tokens, memory or concurrency) is granted no more than
-    its server can use: at most maxNumSeqs x maxModelLen (whole blocks per request, per KV group),
-    clamped to the room its GPUs have left when it is placed, never below one request of the full
-    context (DEFAULT_KV_FULL_REQUESTS). maxNumSeqs unset: the cluster's `grant` (`requests`: that
-    many full-length requests; `room`: vLLM's default maxNumSeqs for the GPU and version). More KV
-    (prefix caching) is asked for with spec.kvCache (tokens, memory or grow). The `adr` memory policy
-    and an explicit gpuMemoryUtilization keep their own rules. docs/memory-model.md, "The KV request"."""
+    """A spec that asks for no KV cache gets the cluster's rule: its request (what placement needs,
+    the floor it keeps) is `grant.requests` requests of the full context, at most maxNumSeqs; its
+    limit maxNumSeqs x maxModelLen (vLLM's default maxNumSeqs when unset); it is granted between them
+    as placement's room allows (KvGrant: a fair share, or the room left). More KV is asked for with
+    spec.kvCache. The `adr` policy and an explicit gpuMemoryUtilization keep their own rules."""
     if s.policy != "vllm" or s.kv_grow or s.gpu_memory_utilization is not None or \
             s.kv_tokens is not None or s.kv_bytes is not None or s.kv_concurrency is not None:
         return s
-    rule = "caps" if s.max_num_seqs is not None else grant.rule
-    return replace(s, kv_grow=True, kv_default=rule,
-                   kv_default_requests=grant.requests if rule == "requests" else 0)
+    return replace(s, kv_grow=True, kv_default=grant.rule, kv_default_requests=grant.requests)
 
 
 def default_cap_seqs(s: Settings, seqs: int) -> int | None:
-    """How many requests of the full context a default grant holds at most (`seqs`: the effective
-    --max-num-seqs); None: not a default grant."""
-    if not s.kv_grow or s.kv_default is None:
-        return None
-    return min(s.kv_default_requests, seqs) if s.kv_default == "requests" else seqs
+    """The requests of the full context a growing default grant holds at most (its limit: `seqs`, the
+    effective --max-num-seqs); None: not a growing default grant."""
+    return seqs if s.kv_grow and s.kv_default is not None else None
 
 
 def grant_text(model: ModelArch, s: Settings, r: Resolved, sizing: Sizing) -> str:
-    """Which rule granted the KV cache, for output and status: 'maxNumSeqs 4 x maxModelLen 1024',
-    'default grant: 4 requests x maxModelLen 8192', 'the room left, below ...'."""
+    """Which rule granted the KV cache, for output and status: 'maxNumSeqs 4 x maxModelLen 1024'
+    (the limit), 'default request: 2 x maxModelLen 8192', 'between the request ... and ...'."""
     f, lay = sizing.flags, r.layout
     if f is None or lay.pooling or model.pooling or not lay.block_bytes:
         return ""
@@ -194,16 +198,15 @@ def grant_text(model: ModelArch, s: Settings, r: Resolved, sizing: Sizing) -> st
     if s.gpu_memory_utilization is not None:
         return f"what gpuMemoryUtilization {s.gpu_memory_utilization} leaves"
     kv, L = sizing.footprint.kv_cache, f.max_model_len
-    cap = default_cap_seqs(s, f.max_num_seqs)
-    if cap is not None:
-        what = {
-            "caps": f"maxNumSeqs {f.max_num_seqs} x maxModelLen {L}",
-            "requests": f"default grant: {cap} requests x maxModelLen {L}",
-            "room": f"default grant room: maxNumSeqs {f.max_num_seqs} x maxModelLen {L}",
-        }[s.kv_default or "caps"]
-        if kv >= lay.bytes_for(L, cap, r.batched_tokens, s.pp):
-            return what
-        return f"the room left, below {what}"
+    if s.kv_default is not None:
+        n, limit = default_request_seqs(s, f.max_num_seqs), f"maxNumSeqs {f.max_num_seqs} x maxModelLen {L}"
+        if kv >= lay.bytes_for(L, f.max_num_seqs, r.batched_tokens, s.pp):
+            return limit
+        request = f"default request: {n} x maxModelLen {L}"
+        if kv <= kv_request_bytes(model, r, L):
+            return request
+        how = "a fair share" if s.kv_default == "requests" else "the room left"
+        return f"{how}, between the {request} and the limit {limit}"
     if s.kv_tokens is not None:
         asked = f"kvCache.tokens {s.kv_tokens}"
     elif s.kv_bytes is not None:
@@ -349,7 +352,7 @@ def _size(model: ModelArch, s: Settings, gpu: GpuType, available: int) -> Sizing
     # An unset context gives way; the KV request never does.
     if s.max_model_len is None and not explicit_request(s):
         kv_room = int(available - sizing.footprint.non_kv - rounding)
-        n = s.kv_concurrency or defaults.DEFAULT_KV_FULL_REQUESTS
+        n = s.kv_concurrency or default_request_seqs(s, r.max_num_seqs)
         fit_len = lay.max_length(kv_room, n, r.batched_tokens, model.max_model_len, s.pp)
         floor = min(defaults.MIN_AUTO_MAX_MODEL_LEN, model.max_model_len)
         if fit_len >= floor:
@@ -397,17 +400,31 @@ def _check(sizing: Sizing, available: int, model: ModelArch, s: Settings, r: Res
                 f"{r.layout.pool_tokens(need_one)} KV tokens)"
             )
     refused = {"fits": False, "reasons": tuple(reasons)} if reasons else {}
-    return replace(sizing, grant=grant_text(model, s, r, sizing), kv_beyond_caps=_beyond_caps(model, s, r, sizing),
+    return replace(sizing, grant=grant_text(model, s, r, sizing), **_request_and_limit(model, s, r, sizing),
                    **refused)  # type: ignore[arg-type]
 
 
-def _beyond_caps(model: ModelArch, s: Settings, r: Resolved, sizing: Sizing) -> int:
-    """KV bytes a grown (kvCache.grow) KV cache holds beyond maxNumSeqs x maxModelLen: room the
-    server cannot use for live requests (named in refusals of its neighbours)."""
+def _request_and_limit(model: ModelArch, s: Settings, r: Resolved, sizing: Sizing) -> dict[str, object]:
+    """The KV request and limit in tokens; the bytes granted above the request and the spec change
+    that gives them back (refusals of neighbours name them); a warning when a default grant holds
+    fewer full-length requests than the maxNumSeqs the spec states."""
     f, lay = sizing.flags, r.layout
-    if not s.kv_grow or s.kv_default is not None or f is None or lay.pooling or model.pooling or not lay.block_bytes:
-        return 0
-    return max(sizing.footprint.kv_cache - lay.bytes_for(f.max_model_len, f.max_num_seqs, r.batched_tokens, s.pp), 0)
+    if s.policy != "vllm" or s.gpu_memory_utilization is not None or f is None or not grant_text(model, s, r, sizing):
+        return {}
+    L, kv = f.max_model_len, sizing.footprint.kv_cache
+    request = kv_request_bytes(model, r, L)
+    limit = lay.bytes_for(L, f.max_num_seqs, r.batched_tokens, s.pp)
+    out: dict[str, object] = {"request_tokens": lay.pool_tokens(request), "limit_tokens": lay.pool_tokens(limit)}
+    if s.kv_grow and kv > request:
+        out["kv_above_request"] = kv - request
+        out["give_back"] = (f"kvCache.concurrency: {default_request_seqs(s, f.max_num_seqs)}"
+                            if s.kv_default is not None else "kvCache.grow: false")
+    if s.kv_default is not None and s.max_num_seqs is not None and kv < limit and sizing.fits:
+        held = lay.concurrency(kv, L, r.batched_tokens, s.pp)
+        warn = (f"KV grant holds {held:.1f} requests of maxModelLen {L}, fewer than maxNumSeqs {f.max_num_seqs}: "
+                "under that load vLLM queues or preempts the rest; set kvCache to ask for more")
+        out["warnings"] = (*sizing.warnings, warn)
+    return out
 
 
 def vllm_startup(model: ModelArch, s: Settings, gpu: GpuType, flags: Flags) -> VllmStartup:

@@ -44,10 +44,10 @@ class Settings:
     kv_concurrency: int | None = None  # requests of typical_len tokens (typical_len unset: maxModelLen)
     typical_len: int | None = None  # a typical request's length, for kv_concurrency and status
     kv_grow: bool = False  # the KV cache may grow into the room the GPU group offers at placement
-    # no spec.kvCache: the rule of the default grant (sizing.default_grant): "caps" (maxNumSeqs set),
-    # "requests" or "room" (the cluster's KvGrant); None: the spec asks for its KV cache
+    # no spec.kvCache: the cluster's rule (sizing.default_grant, KvGrant.rule): "requests" (a fair
+    # share) or "room"; None: the spec asks for its KV cache
     kv_default: str | None = None
-    kv_default_requests: int = 0  # the "requests" rule's number of full-length requests
+    kv_default_requests: int = 0  # the request: this many full-length requests (at most maxNumSeqs)
     # spec.lora: adapter slots (None: no LoRA), their rank and dtype (--max-loras, --max-lora-rank, --lora-dtype)
     lora_max_loras: int | None = None
     lora_max_rank: int = defaults.LORA_MAX_RANK
@@ -63,13 +63,17 @@ class Settings:
 
 @dataclass(frozen=True)
 class KvGrant:
-    """The cluster's default KV grant for a spec that sets neither spec.kvCache nor maxNumSeqs:
-    `requests` (that many requests of the full maxModelLen, clamped to the room left) or `room`
-    (vLLM's own: the room left, at most vLLM's default maxNumSeqs x maxModelLen). A spec that sets
-    maxNumSeqs is granted at most maxNumSeqs x maxModelLen under either rule."""
+    """The cluster's rule for the KV cache of a spec without spec.kvCache. The request (what
+    placement needs, the floor kept) is `requests` requests of the full maxModelLen, at most
+    maxNumSeqs; the limit is maxNumSeqs x maxModelLen (vLLM's default maxNumSeqs when unset). The
+    grant lies between: `rule` "requests", a fair share (the footprint grows to at most 1/`tenants` of
+    its GPU's budget); "room", vLLM's own, the room left. `grants` False: every grant is its request
+    (`plan` places every request before it grants)."""
 
     rule: str = defaults.DEFAULT_KV_GRANT
     requests: int = defaults.DEFAULT_KV_GRANT_REQUESTS
+    tenants: int = defaults.DEFAULT_KV_TENANTS
+    grants: bool = True
 
     def error(self) -> str | None:
         """Why this choice is invalid (one line), or None."""
@@ -77,7 +81,13 @@ class KvGrant:
             return f"default KV grant {self.rule!r} must be one of {', '.join(defaults.KV_GRANT_RULES)}"
         if not 1 <= self.requests <= limits.MAX_KV_GRANT_REQUESTS:
             return f"default KV grant requests {self.requests} must be in [1, {limits.MAX_KV_GRANT_REQUESTS}]"
+        if not 1 <= self.tenants <= limits.MAX_KV_TENANTS:
+            return f"KV tenants per GPU {self.tenants} must be in [1, {limits.MAX_KV_TENANTS}]"
         return None
+
+    def share(self, budget: int) -> int | None:
+        """The most bytes a grant may grow a footprint to on a GPU of this budget (None: the room)."""
+        return budget // self.tenants if self.rule == "requests" else None
 
 
 DEFAULT_KV_GRANT = KvGrant()
@@ -165,7 +175,28 @@ class Sizing:
     typical_len: int | None = None  # the typical request length asked for, if any
     concurrency_typical: float | None = None  # requests of typical_len the KV cache holds at once
     grant: str = ""  # which rule granted the KV cache: "maxNumSeqs 4 x maxModelLen 1024" (sizing.grant_text)
-    kv_beyond_caps: int = 0  # KV bytes grown beyond maxNumSeqs x maxModelLen (kvCache.grow only)
+    kv_above_request: int = 0  # KV bytes granted above the request: what a neighbour could give back
+    request_tokens: int = 0  # KV tokens of the request (the floor kept; sizing.kv_request_bytes)
+    limit_tokens: int = 0  # KV tokens of maxNumSeqs requests of maxModelLen (the most its scheduler holds)
+    give_back: str = ""  # the spec change that shrinks it to its request: "kvCache.concurrency: 2"
+
+
+def kv_json(z: Sizing) -> dict[str, object]:
+    """The KV cache of a sizing as `estimate` and `plan` JSON show it (status.kvCache's fields): the
+    tokens granted and by which rule, the request and the limit, each also in requests of the full
+    maxModelLen, and the concurrency they buy."""
+    length = z.flags.max_model_len if z.flags else 0
+    return {
+        "granted_tokens": z.granted_tokens,
+        "granted_by": z.grant or None,
+        "request_tokens": z.request_tokens or None,
+        "limit_tokens": z.limit_tokens or None,
+        "full_length_requests": {"request": z.request_tokens // length, "granted": z.granted_tokens // length,
+                                 "limit": z.limit_tokens // length} if length and z.request_tokens else None,
+        "concurrency_at_max_model_len": round(z.max_concurrency, 2),
+        "typical_length": z.typical_len,
+        "concurrency_at_typical_length": None if z.concurrency_typical is None else round(z.concurrency_typical, 2),
+    }
 
 
 @dataclass(frozen=True)

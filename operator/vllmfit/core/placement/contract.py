@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from vllmfit.core import memory
 from vllmfit.core.placement.plan import Plan
 
 
@@ -104,14 +105,7 @@ def _deployment_json(p: Plan, key: str) -> dict[str, Any]:
         },
         "kv_cache_tokens": r0.sizing.kv_cache_tokens if r0 and not d.restored else None,
         "max_concurrency": round(r0.sizing.max_concurrency, 2) if r0 and not d.restored else None,
-        "kv_cache": None if r0 is None or d.restored else {  # what status.kvCache shows
-            "granted_tokens": r0.sizing.granted_tokens,
-            "granted_by": r0.sizing.grant or None,
-            "concurrency_at_max_model_len": round(r0.sizing.max_concurrency, 2),
-            "typical_length": r0.sizing.typical_len,
-            "concurrency_at_typical_length": None if r0.sizing.concurrency_typical is None
-            else round(r0.sizing.concurrency_typical, 2),
-        },
+        "kv_cache": None if r0 is None or d.restored else memory.kv_json(r0.sizing),  # what status.kvCache shows
         "reasons": list(d.reasons),
         "suggestions": list(d.suggestions),
         "warnings": list(d.warnings),

@@ -3,7 +3,7 @@ group on one node, sized) and the per-GPU `Booking`s it makes in the ledger."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vllmfit.core.memory import Flags, Footprint, Sizing
 from vllmfit.core.model.facts import quick_init
@@ -20,7 +20,8 @@ class Booking:
     node: str
     index: int
     footprint: Footprint
-    kv_beyond: int = 0  # KV bytes beyond maxNumSeqs x maxModelLen (kvCache.grow, a grant from before issue 33)
+    kv_beyond: int = 0  # KV bytes granted above its request: what it could give back (Sizing.kv_above_request)
+    give_back: str = field(default="", compare=False)  # the spec change that shrinks it to its request (Sizing.give_back)
 
 
 @quick_init
@@ -60,8 +61,12 @@ class Decision:
         return self.phase == "Admitted"
 
     def bookings(self) -> list[Booking]:
+        """One per replica and GPU; every replica holds the KV cache replica 0 was granted, so each
+        could give back what replica 0 holds above the request."""
+        z0 = self.replicas[0].sizing if self.replicas else None
+        above, back = (z0.kv_above_request, z0.give_back) if z0 else (0, "")
         return [
-            Booking(self.key, r.replica, r.node, i, r.footprint_on(p), r.sizing.kv_beyond_caps)
+            Booking(self.key, r.replica, r.node, i, r.footprint_on(p), above, back)
             for r in self.replicas
             for p, i in enumerate(r.gpus)
         ]

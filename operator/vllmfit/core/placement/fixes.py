@@ -81,8 +81,8 @@ def _suggest(ledger: Ledger, req: Request, policy: memory.Policy, placed: int = 
         d = _decide(ledger, r, policy, explain=False)
         return d if d.admitted else None
 
-    # 0. the cause, where it is one: neighbours holding KV cache their servers cannot use
-    held = _beyond_caps_fix(ledger, req, policy, s)
+    # 0. the cause, where it is one: neighbours holding KV cache above their requests
+    held = _give_back_fix(ledger, req, policy, s)
     if held:
         out.append(held)
     # 1. somewhere else: drop the pin or the selector
@@ -107,12 +107,13 @@ def _suggest(ledger: Ledger, req: Request, policy: memory.Policy, placed: int = 
         # never a TP beyond the most GPUs of this type one node has (a TP group lives on one node)
         max_tp = summary.most_of_type(ledger, gpu)
         for fx in _memory_fixes(req.model, s, gpu, avail, budget, max_tp):
-            # a budget policy change is a fit by its arithmetic, not a spec change; it is set on the
-            # operator (--budget-utilization / --budget-reserve) or the node pool's labels
+            # a budget policy change is set on the operator (--budget-utilization / --budget-reserve)
+            # or the node pool's labels; checked by placing on the nodes with that policy
             if fx.policy is not None:
-                out.append(f"{fx.text}: node labels {defaults.BUDGET_UTILIZATION_LABEL} / "
-                           f"{defaults.BUDGET_RESERVE_LABEL}, or the operator's --budget-utilization / "
-                           "--budget-reserve")
+                if _under_policy(ledger, req, policy, s, gpu, budget, fx.policy):
+                        out.append(f"{fx.text}: node labels {defaults.BUDGET_UTILIZATION_LABEL} / "
+                               f"{defaults.BUDGET_RESERVE_LABEL}, or the operator's --budget-utilization / "
+                               "--budget-reserve")
             elif fits(**_spec_update(spec, fx)):
                 out.append(fx.text)
     # 4. more GPUs than any node has: fewer by pipeline parallelism (with fp8 weights), as estimate offers
@@ -126,38 +127,65 @@ def _suggest(ledger: Ledger, req: Request, policy: memory.Policy, placed: int = 
     return out
 
 
-def _beyond_caps_fix(ledger: Ledger, req: Request, policy: memory.Policy, s: Settings) -> str | None:
-    """When `req` would fit if the deployments holding KV cache beyond their maxNumSeqs x maxModelLen
-    (kvCache.grow, or the room granted by default before issue 33) held only that: which of them,
-    on the GPUs it would take, and how much beyond their caps. Checked by deciding again with those
-    bookings trimmed; the ledger is left as it was."""
+def _under_policy(ledger: Ledger, req: Request, policy: memory.Policy, s: Settings, gpu: GpuType,
+                  old: memory.BudgetPolicy, new: memory.BudgetPolicy) -> bool:
+    """Whether `req` is admitted on a copy of the ledger whose GPUs of type `gpu` under the budget
+    policy `old` have the policy `new` (the bookings as they are: neighbours do not grow)."""
+    trial = ledger.fork()
+    for node in list(trial.nodes.values()):
+        if any(sl.gpu == gpu and sl.policy == old for sl in node.gpus):
+            trial.set_node(replace(node, gpus=tuple(replace(sl, policy=new) if sl.gpu == gpu and sl.policy == old
+                                                     else sl for sl in node.gpus)))
+    return _decide(trial, req, policy, explain=False, s=s).admitted
+
+
+def _give_back_fix(ledger: Ledger, req: Request, policy: memory.Policy, s: Settings) -> str | None:
+    """When `req` would fit if the deployments holding KV cache above their requests (a grant between
+    request and limit, or kvCache.grow) held only their requests: which of them, on the GPUs it
+    would take, what each holds above its request, and the spec change that shrinks it to it
+    (`Booking.give_back`: `kvCache.concurrency: N`, its request, exactly). Checked by deciding
+    again with those bookings at their requests; the ledger is left as it was."""
     keys = ledger.beyond_caps()
     if not keys:
         return None
     held = {key: ledger.bookings_of(key) for key in keys}
-    try:
+
+    def at_requests(given: set[str]) -> Decision:
         for key, bookings in held.items():
             ledger.restore(key, [replace(b, footprint=replace(b.footprint, kv_cache=b.footprint.kv_cache - b.kv_beyond),
-                                         kv_beyond=0) for b in bookings])
-        d = _decide(ledger, req, policy, explain=False, s=s)
+                                         kv_beyond=0) for b in bookings] if key in given else bookings)
+        return _decide(ledger, req, policy, explain=False, s=s)
+
+    given = set(held)
+    try:
+        d = at_requests(given)
+        if d.admitted:  # the fewest that admit it: those on the GPUs it takes, the most held above first
+            gpus = {(b.node, b.index) for b in d.bookings()}
+            there = sorted((key for key, bs in held.items() if any((b.node, b.index) in gpus for b in bs)),
+                           key=lambda k: (-max(b.kv_beyond for b in held[k]), k))
+            for count in range(1, len(there) + 1):
+                d = at_requests(given := set(there[:count]))
+                if d.admitted:
+                    break
     finally:
         for key, bookings in held.items():
             ledger.restore(key, bookings)
     if not d.admitted:
         return None
     gpus = {(b.node, b.index) for b in d.bookings()}
-    beyond: dict[str, int] = {}
-    for bookings in held.values():
+    above: dict[str, tuple[int, str]] = {}
+    for key, bookings in held.items():
         for b in bookings:
-            if (b.node, b.index) in gpus and b.kv_beyond:
-                beyond[b.deployment] = beyond.get(b.deployment, 0) + b.kv_beyond
-    if not beyond:
+            if key in given and (b.node, b.index) in gpus and b.kv_beyond:
+                n, _ = above.get(b.deployment, (0, ""))
+                above[b.deployment] = (n + b.kv_beyond, b.give_back or "kvCache.grow: false")
+    if not above:
         return None
-    names = ", ".join(f"{key} {memory.fmt_gib(n)}" for key, n in sorted(beyond.items()))
+    names = ", ".join(f"{key} {memory.fmt_gib(n)}" for key, (n, _) in sorted(above.items()))
+    changes = ", ".join(f"{change} on {key}" for key, (_, change) in sorted(above.items()))
     on = ", ".join(where(r.node, r.gpus) for r in d.replicas)
-    return (f"neighbours on {on} hold KV cache beyond their maxNumSeqs x maxModelLen ({names}): set kvCache "
-            "on them, or change their spec (a spec decided again without kvCache is granted at most its caps), "
-            "and this fits there")
+    return (f"neighbours on {on} hold KV cache above their requests ({names}): set {changes} (their requests; "
+            "a rolling restart), and this fits there")
 
 
 @functools.lru_cache(maxsize=1024)

@@ -127,7 +127,7 @@ class Request:
     key: str  # "namespace/name"
     spec: VLLMDeploymentSpec
     model: ModelArch
-    order: tuple[str, str] = ("", "")  # (creationTimestamp, key): earlier first
+    order: tuple[str, str] = ("", "")  # (creationTimestamp, key) or (UNTIMED, input position): earlier first
     learned: tuple[tuple[str, int, int, str], ...] = ()  # memory.learned.for_model: this model's over-runs
 
 
@@ -184,5 +184,12 @@ def refusal(node: NodeInfo, spec: VLLMDeploymentSpec) -> str | None:
     return node.refuses(tolerations_of(spec)) if node.taints or node.unschedulable or node.unsafe else None
 
 
-def request_from_object(obj: VLLMDeployment, model: ModelArch) -> Request:
-    return Request(obj.key, obj.spec, model, (obj.metadata.creation_timestamp or "", obj.key))
+def request_from_object(obj: VLLMDeployment, model: ModelArch, position: int = 0) -> Request:
+    """A request ordered by creationTimestamp (then name); one without (a hand-written file for
+    `plan`) after every timestamped one, in input order (`position`: its place in the input)."""
+    ts = obj.metadata.creation_timestamp
+    return Request(obj.key, obj.spec, model, (ts, obj.key) if ts else (UNTIMED, f"{position:012d}"))
+
+
+UNTIMED = "~"
+"""The order key of a request without creationTimestamp: after every timestamp (they start with a digit)."""

@@ -38,6 +38,7 @@ from vllmfit.core.placement.search import (
     _node_matches,
     _search,
     _shrinkable,
+    grant_room,
     schedulable,
 )
 
@@ -64,6 +65,13 @@ def _check_pinned(
     small = min(slots, key=lambda sl: (sl.capacity_bytes, sl.gpu.product))
     heads = [ledger._head[(node.name, i)] for i in idx]
     avail = min(heads)
+    if s.kv_grow:  # a growing KV cache: its request first, then the room its grant may take
+        try:
+            floor = memory.size(req.model, memory.request_only(s), small.gpu, avail)
+        except SpecError as e:
+            return None, f"{node.name}: {e}", warnings
+        if floor.fits:
+            avail = grant_room(ledger, s, node.name, idx, floor.footprint.total, avail)
     sizing: Sizing | None = None
     fps: tuple[Footprint, ...] = ()
     for _ in range(3):  # a larger GPU of a mixed group requests more (ceil(T x u)): tighten and retry

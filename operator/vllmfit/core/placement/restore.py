@@ -16,7 +16,7 @@ from vllmfit.core.spec.api import VLLMDeploymentStatus
 
 def bookings_from_status(key: str, status: VLLMDeploymentStatus) -> list[Booking]:
     """The ledger entries an operator wrote to status.memory (GpuMemory), as bookings; with the KV
-    bytes each holds beyond maxNumSeqs x maxModelLen (`_beyond_caps`)."""
+    bytes each holds above its KV request and the spec change that gives them back (`_above_request`)."""
     out = []
     for m in status.memory:
         learned, excess = m.learned_bytes or 0, m.observed_excess_bytes or 0
@@ -33,8 +33,25 @@ def bookings_from_status(key: str, status: VLLMDeploymentStatus) -> list[Booking
             learned=learned,
             observed_excess=excess,
         )
-        out.append(Booking(key, m.replica, m.node, m.index, fp, _beyond_caps(status, m.kv_cache_bytes)))
+        out.append(Booking(key, m.replica, m.node, m.index, fp, *_above_request(status, m.kv_cache_bytes)))
     return out
+
+
+def _above_request(status: VLLMDeploymentStatus, kv_bytes: int) -> tuple[int, str]:
+    """KV bytes above the request (status.kvCache.requestBytes) and the spec change that gives them
+    back; a status without requestBytes: what it holds beyond maxNumSeqs x maxModelLen (`_beyond_caps`)."""
+    kv, flags = status.kv_cache, status.flags
+    if kv is None or kv.request_bytes is None:  # beyond its caps: back to maxNumSeqs x maxModelLen
+        beyond = _beyond_caps(status, kv_bytes)
+        if not beyond or flags is None:
+            return beyond, ""
+        return beyond, "kvCache.grow: false" if kv and kv.granted_by else f"kvCache.concurrency: {flags.max_num_seqs}"
+    above = max(kv_bytes - kv.request_bytes, 0)
+    if not above:
+        return 0, ""
+    if "kvCache.grow" in (kv.granted_by or "") or flags is None or not kv.request_tokens:
+        return above, "kvCache.grow: false"
+    return above, f"kvCache.concurrency: {max(round(kv.request_tokens / flags.max_model_len), 1)}"
 
 
 def _beyond_caps(status: VLLMDeploymentStatus, kv_bytes: int) -> int:

@@ -33,9 +33,36 @@ def _full_sizing(model: ModelArch, s: Settings, gpu: GpuType) -> Sizing | str:
 
 @functools.lru_cache(maxsize=8192)
 def _fitting(model: ModelArch, s: Settings, types: tuple[GpuType, ...]) -> tuple[tuple[GpuType, Sizing], ...]:
-    """The types of `types` where the full-context sizing fits, with it: what a search tries first,
-    one cache lookup per search instead of one per GPU type."""
+    """The types of `types` where the full-context sizing at the KV request fits, with it: what a
+    search places first (a grant grows from there), one cache lookup per search instead of one per
+    GPU type."""
+    s = memory.request_only(s)
     return tuple((t, f) for t in types if not isinstance(f := _full_sizing(model, s, t), str) and f.fits)
+
+
+def _granted(ledger: Ledger, model: ModelArch, s: Settings, t: GpuType, node: str, gpus: tuple[int, ...],
+             request: Sizing) -> Sizing:
+    """The sizing on a group where `request` (the KV request alone) fits: the KV cache grows from the
+    request towards its limit into the room of the group's tightest GPU (`grant_room`), never below
+    the request. docs/memory-model.md, "The KV request"."""
+    if not s.kv_grow or not ledger.kv_grant.grants:
+        return request
+    room = grant_room(ledger, s, node, gpus, request.footprint.total, min(ledger._head[(node, i)] for i in gpus))
+    grown = _sized(model, s, t, room)
+    return grown if grown.fits and grown.footprint.kv_cache >= request.footprint.kv_cache else request
+
+
+def grant_room(ledger: Ledger, s: Settings, node: str, gpus: tuple[int, ...], request: int, room: int) -> int:
+    """The bytes per GPU a growing KV cache may take on a group with `room` left: the room; for a
+    default grant of rule `requests`, at most a fair share of the GPU's budget (KvGrant.share), and
+    never less than its `request` footprint; with `kv_grant.grants` off, the request alone."""
+    if not ledger.kv_grant.grants:
+        return min(room, request)
+    if s.kv_default is not None:
+        share = ledger.kv_grant.share(min(ledger._slots[(node, i)].budget_bytes for i in gpus))
+        if share is not None:
+            return min(room, max(share, request))
+    return room
 
 
 @functools.lru_cache(maxsize=8192)
@@ -49,7 +76,7 @@ def _sized(model: ModelArch, s: Settings, gpu: GpuType, available: int) -> Sizin
 def _min_need(model: ModelArch, s: Settings, gpu: GpuType) -> int | None:
     """The smallest per-GPU footprint this spec can take on this GPU type, for messages: unset
     values at their floor (context MIN_AUTO_MAX_MODEL_LEN, MIN_BATCHED_TOKENS; a default KV grant
-    its floor, one full-length request)."""
+    its request)."""
     full = _full_sizing(model, s, gpu)
     if isinstance(full, str):
         return None
@@ -59,7 +86,7 @@ def _min_need(model: ModelArch, s: Settings, gpu: GpuType) -> int | None:
         s,
         max_model_len=s.max_model_len or min(defaults.MIN_AUTO_MAX_MODEL_LEN, model.max_model_len),
         max_num_batched_tokens=s.max_num_batched_tokens or memory.MIN_BATCHED_TOKENS,
-        **({"kv_grow": False, "kv_default": None, "kv_default_requests": 0} if s.kv_default else {}),  # type: ignore[arg-type]
+        **({"kv_grow": False} if s.kv_default else {}),  # type: ignore[arg-type]
     )
     floor = _full_sizing(model, low, gpu)
     return (
@@ -172,13 +199,8 @@ def _search(
             hit = None if e is None else (e[1], (e[2],), e[0])
         else:
             hit = _pick(ledger, t, n, full.footprint.total, nodes, spread)
-        if hit:
-            sized = full
-            if s.kv_grow:  # the KV cache grows into the room of the group's tightest GPU (a default
-                # grant: up to its caps, which `full` already holds, so best fit picks where they fit)
-                room = min(ledger._head[(hit[0], i)] for i in hit[1])
-                grown = _sized(req.model, s, t, room)
-                sized = grown if grown.fits else full
+        if hit:  # best fit by the request; the grant grows from it (a fair share, or the room)
+            sized = _granted(ledger, model, s, t, hit[0], hit[1], full) if s.kv_grow else full
             o = _order(sized, hit[2] - sized.footprint.total, hit[0], hit[1], spread)
             if order is None or o < order:
                 order, found = o, (sized, hit)
@@ -193,7 +215,7 @@ def _search(
         hit = _pick(ledger, t, n, -_UNLIMITED, nodes, True)
         if hit is None:
             continue
-        sized = _sized(req.model, s, t, hit[2])
+        sized = _sized(req.model, memory.request_only(s), t, hit[2])  # a lowered context: its request
         if sized.fits:
             c = _Candidate(hit[0], hit[1], sized, hit[2] - sized.footprint.total)
             if best is None or _better(c, best, spread):

@@ -84,8 +84,21 @@ class KvCacheStatus(_Model):
     bytes: int = Field(description="KV cache per GPU.")
     tokens: int = Field(description="KV tokens granted (never fewer than requested).")
     granted_by: str | None = Field(
-        default=None, description="Which rule granted it, e.g. 'maxNumSeqs 4 x maxModelLen 1024' (no kvCache: at "
-        "most maxNumSeqs x maxModelLen, else the cluster's default grant, clamped to the room left)."
+        default=None, description="Which rule granted it, e.g. 'maxNumSeqs 4 x maxModelLen 1024' (no kvCache: "
+        "between the cluster's default request and maxNumSeqs x maxModelLen, a fair share of the GPU, clamped "
+        "to the room left)."
+    )
+    request_tokens: int | None = Field(
+        default=None, ge=0, description="KV tokens of the request: what placement needs, the floor it keeps "
+        "(kvCache, else the cluster's default, a few requests of maxModelLen)."
+    )
+    request_bytes: int | None = Field(
+        default=None, ge=0, le=limits.MAX_GPU_MEMORY_BYTES, description="KV cache per GPU of the request; "
+        "bytes - requestBytes is what it could give back to a newcomer."
+    )
+    limit_tokens: int | None = Field(
+        default=None, ge=0, description="KV tokens of the limit, maxNumSeqs requests of maxModelLen: the most "
+        "its scheduler can hold."
     )
     concurrency_at_max_model_len: float = Field(description="Requests of maxModelLen tokens held at once.")
     typical_length: int | None = Field(default=None, description="The typical request length asked for.")

@@ -80,13 +80,15 @@ def placement_from(decision: Decision, ledger: Ledger) -> list[api.ReplicaPlacem
 
 
 def kv_status(d: Decision) -> api.KvCacheStatus | None:
-    """The KV cache replica 0 was granted: bytes per GPU, tokens, and the concurrency they buy at
-    maxModelLen and at the typical length asked for."""
+    """The KV cache replica 0 was granted: bytes per GPU, tokens, its request and limit, and the
+    concurrency they buy at maxModelLen and at the typical length asked for."""
     if not d.replicas:
         return None
     z = d.replicas[0].sizing
     return api.KvCacheStatus(
         bytes=z.footprint.kv_cache, tokens=z.granted_tokens, granted_by=z.grant or None,
+        request_tokens=z.request_tokens or None, limit_tokens=z.limit_tokens or None,
+        request_bytes=z.footprint.kv_cache - z.kv_above_request if z.request_tokens else None,
         concurrency_at_max_model_len=round(z.max_concurrency, 2), typical_length=z.typical_len,
         concurrency_at_typical_length=None if z.concurrency_typical is None else round(z.concurrency_typical, 2))
 
