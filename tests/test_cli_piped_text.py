@@ -101,5 +101,5 @@ def test_piped_estimate_lines_do_not_depend_on_the_width(columns: str, monkeypat
     assert code == 1
     lines = out.splitlines()
     assert any(ln.startswith("flags (if it fit): --max-model-len=131072 ") for ln in lines)
-    assert "  - needs 175.4 GiB per GPU, over the 20.3 GiB of budget left" in lines
+    assert "  - needs 215.4 GiB per GPU, over the 20.3 GiB of budget left" in lines
     assert not any(ln.startswith(" " * 5) and not set(ln) & set("┃│━") for ln in lines)
