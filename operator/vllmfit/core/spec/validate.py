@@ -49,9 +49,10 @@ from vllmfit.core.spec.environment import (  # noqa: F401 - re-exported: the one
 )
 from vllmfit.core.spec.podsecurity import APPARMOR_ANNOTATION, Level, security_context_problems
 
-Sources = Mapping[tuple[str, str], frozenset[str] | None]
-"""(kind, name) -> the keys of that ConfigMap (kind "ConfigMap") or Secret ("Secret") in the
-deployment's namespace; None or absent: it could not be read."""
+Sources = Mapping[tuple[str, str], Mapping[str, str] | frozenset[str] | None]
+"""(kind, name) -> the data of that ConfigMap (kind "ConfigMap") in the deployment's namespace (or
+only its keys); None or absent: it could not be read (every Secret). The values read are the values
+the pod gets (vllmfit.core.spec.read.with_env_copied)."""
 
 
 @dataclass(frozen=True)
