@@ -105,3 +105,10 @@ crashes the process (SIGSEGV) at about 30,000 levels; a Kubernetes object nests 
 MAX_KV_GRANT_REQUESTS = 4096
 """The largest number of full-length requests the cluster's default KV grant may name
 (--default-kv-requests): vLLM's largest default maxNumSeqs is 1024."""
+
+# vLLM's own default of --max-logprobs (vllm/config/model.py, ModelConfig.max_logprobs = 20): the
+# most top logprobs a request may ask for unless the admin raises the bound (--allow-max-logprobs).
+# -1 (the whole vocabulary) is never allowed: its gather holds an int64 index and a float32 value
+# per prompt token and vocabulary entry (tokens x vocab x 12 bytes) that nothing books.
+MAX_LOGPROBS_DEFAULT = 20
+MAX_LOGPROBS = 1024

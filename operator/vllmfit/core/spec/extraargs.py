@@ -33,6 +33,7 @@ from vllmfit.core.spec import vllmargs
 from vllmfit.core.spec.argclasses import (  # noqa: F401 - the tables, read here by callers and tests
     ALIASES,
     ALLOWED,
+    BOUNDED,
     COMPUTED,
     KNOWN,
     MODELLED,
@@ -134,6 +135,21 @@ def problems(args: Sequence[str]) -> list[Problem]:
                 continue  # a negative number is a value
             hits = _resolve_short(token)
         out += _verdict(arg, token.split("=", 1)[0], hits)
+    return out
+
+
+def values_of(args: Sequence[str], option: str) -> list[tuple[str, str]]:
+    """(as written, value) of every extraArgs entry that sets long option `option`, however it is
+    spelled (a unique prefix, underscores, `=`): the bounded options' values (BOUNDED)."""
+    args = [str(a) for a in args]
+    out = []
+    for n, arg in enumerate(args):
+        token = arg.strip()
+        if not token.startswith("--"):
+            continue
+        head = token.split("=", 1)[0]
+        if _resolve_long(head.partition(".")[0].replace("_", "-").lower()) == [option]:
+            out.append((head, token.split("=", 1)[1] if "=" in token else (args[n + 1] if n + 1 < len(args) else "")))
     return out
 
 
