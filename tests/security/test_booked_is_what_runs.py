@@ -107,3 +107,97 @@ def test_load_formats_with_a_loading_peak_or_other_weights_are_refused(value: st
 @pytest.mark.parametrize("value", ["auto", "safetensors", "pt", "npcache", "runai_streamer"])
 def test_load_formats_that_load_per_tensor_stay_allowed(value: str) -> None:
     assert verdict({"extraArgs": ["--load-format", value]}) is None
+
+
+# --- The closed loop cannot be poisoned: a tenant that drives its own server far over its prediction
+# after its start teaches nothing, and what a start teaches stays in its namespace. On the old code
+# every report of a started replica taught, the largest over-run was kept for every namespace, and
+# tenant B's deployment below was Unschedulable on an empty GPU ("needs at least 78.6 GiB").
+
+import uuid as uuidlib  # noqa: E402
+
+from vllmfit.core import defaults  # noqa: E402
+from vllmfit.core.defaults import GIB  # noqa: E402
+
+QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
+CAPACITY = 81559 * 1024 * 1024  # what NVML reports as an H100 80GB's total
+SPEC = {"maxModelLen": 8192, "kvCache": {"concurrency": 1}}
+
+
+def inventory(procs: list[tuple[str, int]]) -> dict[str, str]:
+    import json
+    ps = [{"pid": 100 + k, "used_bytes": n, "pod_uid": uid} for k, (uid, n) in enumerate(procs)]
+    gpu = {"index": 0, "uuid": "GPU-00000000-0000-0000-0000-000000000000", "product": "NVIDIA-H100-80GB-HBM3",
+           "total_bytes": CAPACITY, "used_bytes": sum(p["used_bytes"] for p in ps), "processes": ps}
+    from datetime import UTC, datetime
+    at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {defaults.INVENTORY_ANNOTATION: json.dumps({"sampled_at": at, "nvml": True, "gpus": [gpu]})}
+
+
+async def ready_pod(cluster: Cluster, name: str, ns: str) -> str:
+    uid = str(uuidlib.uuid4())
+    labels = {defaults.DEPLOYMENT_LABEL: name, "vllmfit.dev/replica": "0", defaults.MANAGED_BY_LABEL: defaults.MANAGED_BY}
+    await cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": f"{name}-0-{uid[:5]}", "namespace": ns, "uid": uid, "resourceVersion": "1", "labels": labels},
+        "status": {"phase": "Running", "containerStatuses": [{
+            "name": "vllm", "image": defaults.DEFAULT_IMAGE, "imageID": "", "ready": True, "restartCount": 0,
+            "state": {"running": {}}}]}})
+    await cluster.until(lambda: uid in cluster.store.cache.managed_pods(), what=f"the operator to see {name}'s pod")
+    return uid
+
+
+async def phase(cluster: Cluster, name: str, ns: str, *phases: str) -> dict[str, Any]:
+    await cluster.until(lambda: cluster.status(name, ns).get("phase") in phases, what=f"{ns}/{name} to reach {phases}")
+    await cluster.store.writer.flush()
+    return cluster.status(name, ns)
+
+
+def total(cluster: Cluster, name: str, ns: str) -> tuple[int, int]:
+    [m] = cluster.status(name, ns)["memory"]
+    return m["totalBytes"], m.get("learnedBytes") or 0
+
+
+async def test_a_tenant_that_over_runs_after_its_start_cannot_make_another_namespace_unschedulable(
+        cluster: Cluster, operator: Operator) -> None:
+    await cluster.create(node("gpu-a", gpus=1, annotations=inventory([])))
+    await cluster.create(vd("a", QWEN7, ns="tenant-a", **SPEC))
+    await phase(cluster, "a", "tenant-a", "Admitted")
+    predicted, _ = total(cluster, "a", "tenant-a")
+    uid = await ready_pod(cluster, "a", "tenant-a")
+    # its start: 1 GiB over the prediction, within the bound -> taught, for tenant-a only
+    await cluster.patch_node("gpu-a", {"metadata": {"annotations": inventory([(uid, predicted + GIB)])}})
+    await cluster.until(lambda: cluster.store.cache.learned, what="a learned record")
+    # then the tenant drives its server to the GPU's capacity with requests: that teaches nothing
+    await cluster.patch_node("gpu-a", {"metadata": {"annotations": inventory([(uid, CAPACITY - GIB)])}})
+    await cluster.until(lambda: cluster.store.books.ledger.bookings_of("tenant-a/a")[0].footprint.total
+                        > predicted + 50 * GIB, what="a's booking grows")
+    # tenant B, the same configuration in another namespace, on an empty GPU: booked at its prediction
+    await cluster.create(node("gpu-b", gpus=1, annotations=inventory([])))
+    await cluster.create(vd("b", QWEN7, ns="tenant-b", placement={"nodeName": "gpu-b"}, **SPEC))
+    st = await phase(cluster, "b", "tenant-b", "Admitted")
+    assert st["node"] == "gpu-b" and total(cluster, "b", "tenant-b") == (predicted, 0)
+    # what was taught: A's start, for A's namespace, who and when
+    [rec] = cluster.store.cache.learned
+    assert (rec.namespace, rec.observed_bytes - rec.predicted_bytes) == ("tenant-a", GIB)
+    assert "tenant-a/a replica 0 on gpu-a GPU 0" in rec.source and rec.learned_at > 0
+    # tenant A's next deployment of it books what A's start taught
+    await cluster.create(node("gpu-c", gpus=1, annotations=inventory([])))
+    await cluster.create(vd("a2", QWEN7, ns="tenant-a", placement={"nodeName": "gpu-c"}, **SPEC))
+    await phase(cluster, "a2", "tenant-a", "Admitted")
+    assert total(cluster, "a2", "tenant-a") == (predicted + GIB, GIB)
+
+
+async def test_a_start_far_over_its_prediction_flags_its_deployment_and_teaches_nothing(
+        cluster: Cluster, operator: Operator) -> None:
+    await cluster.create(node("gpu-a", gpus=1, annotations=inventory([])))
+    await cluster.create(vd("a", QWEN7, ns="tenant-a", **SPEC))
+    await phase(cluster, "a", "tenant-a", "Admitted")
+    predicted, _ = total(cluster, "a", "tenant-a")
+    uid = await ready_pod(cluster, "a", "tenant-a")
+    await cluster.patch_node("gpu-a", {"metadata": {"annotations": inventory([(uid, predicted + 30 * GIB)])}})
+    st = await cluster.until(lambda: next((c for c in cluster.status("a", "tenant-a").get("conditions") or []
+                                           if c["type"] == "Overrun"), None), what="the Overrun condition")
+    assert st["status"] == "True" and "30.0 GiB over the predicted" in st["message"]
+    assert cluster.store.cache.learned == []
+    await cluster.until(lambda: any(e.get("reason") == "OverrunNotLearned" for e in cluster.events("a")),
+                        what="the OverrunNotLearned Event")

@@ -112,3 +112,13 @@ MAX_KV_GRANT_REQUESTS = 4096
 # per prompt token and vocabulary entry (tokens x vocab x 12 bytes) that nothing books.
 MAX_LOGPROBS_DEFAULT = 20
 MAX_LOGPROBS = 1024
+
+# The largest over-run a replica's first start may teach its configuration (vllmfit.core.memory.learned):
+# a quarter of the prediction, and at least 4 GiB. The memory model misses by start-up buffers and
+# allocator rounding, a few GiB; a server that uses far more is doing what its booking did not
+# describe (other weights, requests driving memory), so its deployment is flagged instead and no
+# other deployment of the configuration pays for it.
+LEARNED_OVERRUN_MIN_BYTES = 4 * GIB
+LEARNED_OVERRUN_FRACTION_DENOMINATOR = 4
+MAX_EPOCH_SECONDS = 1 << 40
+"""A timestamp read from outside (a learned record's learnedAt), in seconds since the epoch."""
