@@ -5,10 +5,17 @@ the ConfigMap stayed a live reference in the pod)."""
 
 from __future__ import annotations
 
+import json
+import uuid as uuidlib
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from opkit import DEPLOYMENTS, Cluster, Operator, node, vd
+
+from vllmfit.core import defaults
+from vllmfit.core.defaults import GIB
+from vllmfit.core.spec import read, validate
 
 pytestmark = pytest.mark.looptime
 
@@ -49,7 +56,6 @@ async def test_an_envfrom_configmap_edited_after_admission_cannot_reach_the_cont
 
 # --- What a tenant writes: the weights' source and request-driven memory, refused by the one validator
 
-from vllmfit.core.spec import read, validate  # noqa: E402
 
 
 def verdict(spec: dict[str, Any], policy: validate.Policy = validate.DEFAULT_POLICY,
@@ -114,10 +120,7 @@ def test_load_formats_that_load_per_tensor_stay_allowed(value: str) -> None:
 # every report of a started replica taught, the largest over-run was kept for every namespace, and
 # tenant B's deployment below was Unschedulable on an empty GPU ("needs at least 78.6 GiB").
 
-import uuid as uuidlib  # noqa: E402
 
-from vllmfit.core import defaults  # noqa: E402
-from vllmfit.core.defaults import GIB  # noqa: E402
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 CAPACITY = 81559 * 1024 * 1024  # what NVML reports as an H100 80GB's total
@@ -125,11 +128,9 @@ SPEC = {"maxModelLen": 8192, "kvCache": {"concurrency": 1}}
 
 
 def inventory(procs: list[tuple[str, int]]) -> dict[str, str]:
-    import json
     ps = [{"pid": 100 + k, "used_bytes": n, "pod_uid": uid} for k, (uid, n) in enumerate(procs)]
     gpu = {"index": 0, "uuid": "GPU-00000000-0000-0000-0000-000000000000", "product": "NVIDIA-H100-80GB-HBM3",
            "total_bytes": CAPACITY, "used_bytes": sum(p["used_bytes"] for p in ps), "processes": ps}
-    from datetime import UTC, datetime
     at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {defaults.INVENTORY_ANNOTATION: json.dumps({"sampled_at": at, "nvml": True, "gpus": [gpu]})}
 

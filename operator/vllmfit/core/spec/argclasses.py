@@ -317,8 +317,8 @@ LOAD_FORMATS: dict[str, tuple[str, str]] = {
     "pt": ("per tensor", "torch.load(map_location='cpu'), one tensor at a time"),
     "npcache": ("per tensor", "numpy memmaps on the host"),
     "runai_streamer": ("per tensor", "streamed into host buffers, then copied into each parameter"),
-    "fastsafetensors": ("refused", "copies whole shards onto the GPU (GDS or a bounce buffer) while every "
-                                   "parameter is already allocated: up to a shard per rank on top of the weights"),
+    "fastsafetensors": ("refused", ("copies whole shards onto the GPU (GDS or a bounce buffer) while every "
+                                    "parameter is already allocated: up to a shard per rank on top of the weights")),
     "dummy": ("refused", "random weights: not the checkpoint sized"),
     "tensorizer": ("refused", "another serialisation of the weights than the checkpoint sized"),
     "sharded_state": ("refused", "per-rank shards written by another run, not the checkpoint sized"),

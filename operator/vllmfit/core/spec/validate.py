@@ -38,12 +38,12 @@ from vllmfit.core.spec import api, extraargs, names
 from vllmfit.core.spec.environment import (  # noqa: F401 - re-exported: the one validator's tables
     BINDING_ENV,
     CACHE_ENV,
-    HF_ENDPOINT,
     CDI_ANNOTATION_PREFIX,
     DEVICE_ENV,
     ENV_ALLOWED,
     ENV_CODE,
     FORCED_ENV,
+    HF_ENDPOINT,
     VOID,
     env_name_problem,
     is_device_env,
