@@ -106,7 +106,6 @@ REFUSED: dict[str, str] = {
     "--all2all-backend": _MEMORY.format("all2all workspaces"),
     # What is loaded must be what vllmfit sized (issue 21 item 4): another revision of the
     # weights or of the model's code, a config from elsewhere, or extra loader settings.
-    "--revision": _LOADS.format("another revision of the weights and config.json than the one sized"),
     "--code-revision": _LOADS.format("another revision of the model's code than the one sized"),
     "--hf-config-path": _LOADS.format("a config.json from another place than the one sized"),
     "--model-loader-extra-config": _LOADS.format("loader settings (tensorizer, sharded state) that change what "
@@ -327,6 +326,13 @@ LOAD_FORMATS: dict[str, tuple[str, str]] = {
     "mistral": ("refused", "consolidated Mistral weights with params.json, not the config.json sized"),
 }
 
+# Options allowed only with an immutable revision (a 40-hex commit): a branch or a tag names what
+# the repository's owner pushes next, not what vllmfit sized -> why.
+COMMIT: dict[str, str] = {
+    "--revision": ("only a commit (40 hexadecimal digits) pins the weights and config.json vllmfit sized; a branch "
+                   "or tag moves with the repository"),
+}
+
 # Options allowed up to a bound the admin may raise (vllmfit.core.spec.validate.Policy) -> why.
 BOUNDED: dict[str, str] = {
     "--max-logprobs": ("top logprobs per request; prompt logprobs take a float32 log-softmax over a whole "
@@ -364,7 +370,7 @@ MODELLED = frozenset({"--tensor-parallel-size", "--pipeline-parallel-size", "--d
                       "--quantization", "--enforce-eager", "--enable-lora", "--max-loras", "--max-lora-rank",
                       "--lora-dtype", "--cpu-offload-gb"})
 KNOWN: frozenset[str] = (frozenset(vllmargs.OPTIONS) | frozenset(REFUSED) | frozenset(ALLOWED) | frozenset(VALUE_RULES)
-                         | frozenset(BOUNDED))
+                         | frozenset(BOUNDED) | frozenset(COMMIT))
 
 
 def classify(option: str) -> tuple[str, str]:
@@ -381,6 +387,8 @@ def classify(option: str) -> tuple[str, str]:
         return "allowed-values", "only " + ", ".join(sorted(allowed))
     if option in BOUNDED:
         return "bounded", BOUNDED[option]
+    if option in COMMIT:
+        return "commit", COMMIT[option]
     if option in ALLOWED:
         return "allowed", ALLOWED[option]
     return "unclassified", ""

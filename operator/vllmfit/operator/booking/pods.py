@@ -59,11 +59,29 @@ def log_line(log_tail: str) -> tuple[bool, str]:
     return False, lines[-1] if lines else ""
 
 
+VERIFIER = "vllmfit-verify"
+"""The init container that verifies a model cache the tenant can write (vllmfit.verify)."""
+
+
+def _cache_refused(status: Mapping[str, Any]) -> str | None:
+    """Why the model-cache verifier failed the pod (its termination message), or None."""
+    for cs in status.get("initContainerStatuses") or []:
+        if cs.get("name") != VERIFIER:
+            continue
+        for state in (cs.get("state") or {}, cs.get("lastState") or {}):
+            term = state.get("terminated") or {}
+            if term and term.get("exitCode", 0) != 0:
+                return str(term.get("message") or f"the verifier exited with code {term.get('exitCode')}").strip()
+    return None
+
+
 def pod_health(pod: Mapping[str, Any], log_tail: str | None = None) -> PodHealth:
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
     if meta.get("deletionTimestamp"):
         return PodHealth(False, "Terminating", "pod is terminating")
+    if (why := _cache_refused(status)) is not None:  # vLLM never starts on a cache that is not what was sized
+        return PodHealth(False, "ModelCacheRefused", why[:1000], True)
     if status.get("phase") == "Failed":  # evicted, rejected by the kubelet: the Deployment replaces it
         return PodHealth(False, status.get("reason") or "PodFailed", status.get("message") or "pod failed")
     cs = _container_status(pod)

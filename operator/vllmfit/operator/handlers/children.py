@@ -21,7 +21,7 @@ from vllmfit.operator.booking.record import Record
 from vllmfit.operator.booking.report import now, post_event, unread
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.common import JSON_PATCH, MERGE_PATCH, gone_ok
-from vllmfit.operator.rendering import builders
+from vllmfit.operator.rendering import builders, verifier
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,8 @@ def replica_inputs(store: Store, rec: Record, obj: api.VLLMDeployment, p: api.Re
     return {"obj": obj, "replica": p, "flags": rec.flags, "model_name": rec.admitted_request.model.name,
             "weights_bytes": sum(b.footprint.weights for b in mine), "pins": reservations.pins(store, rec.key, p, table),
             "claim_template": str(want["metadata"]["name"]) if want else None, "booked": builders.booked_text(mine),
-            "runtime_class": store.options.reservation.runtime_class, "mps": store.options.mps}
+            "runtime_class": store.options.reservation.runtime_class, "mps": store.options.mps,
+            "verify": verifier.check_for(obj.spec, rec.admitted_request.model, store.options.reservation.image)}
 
 
 def children_state(store: Store, rec: Record, table: reservations.UuidTable | None = None) -> tuple[Any, ...]:

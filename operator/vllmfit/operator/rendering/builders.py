@@ -18,7 +18,7 @@ from vllmfit.backends.binding import GPU_RESOURCE
 from vllmfit.core import defaults, limits, memory
 from vllmfit.core.placement import Booking, Ledger
 from vllmfit.core.spec import api, extraargs, names, validate
-from vllmfit.operator.rendering import podtemplate
+from vllmfit.operator.rendering import podtemplate, verifier
 
 PORT = 8000
 MANAGED_BY = defaults.MANAGED_BY_LABEL
@@ -138,7 +138,7 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
                *, exclusive: bool, weights_bytes: int = 0, pins: Sequence[str] | None = None,
                gated: bool = False, claim_template: str | None = None,
                runtime_class: str | None = binding.RUNTIME_CLASS, booked: str = "",
-               mps: binding.Mps | None = None) -> dict[str, Any]:
+               mps: binding.Mps | None = None, verify: verifier.Check | None = None) -> dict[str, Any]:
     """The Deployment running one replica, pinned to its node and GPUs, with the spec's
     podTemplate merged in (podtemplate.merge). The startup probe allows for loading
     `weights_bytes` (the replica's checkpoint) unless the template sets its timing. `booked`
@@ -148,7 +148,8 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
     shared: no GPU limits; NVIDIA_VISIBLE_DEVICES names the GPUs and the nvidia runtime class
     makes the NVIDIA container runtime inject exactly those (docs/operator.md, "GPU pinning").
     `mps`: the optional MPS binding; a shared replica then gets CUDA_MPS_PINNED_DEVICE_MEM_LIMIT from
-    `booked` (binding.Mps).
+    `booked` (binding.Mps). `verify`: the model cache the tenant can write is checked by a last init
+    container before vLLM starts (verifier.check_for).
     """
     spec = obj.spec
     name = obj.metadata.name
@@ -198,6 +199,8 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
     if booked:
         pod_meta["annotations"][ANNOTATION_BOOKED] = booked
     podtemplate.merge(pod, pod_meta, spec.pod_template)
+    if verify is not None:  # last: what the tenant's own init containers wrote is verified too
+        pod["initContainers"] = [*pod.get("initContainers", []), verifier.init_container(verify, spec, env)]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
