@@ -20,6 +20,8 @@ from vllmfit.operator.booking import pods
 from vllmfit.operator.rendering import builders, verifier
 from vllmfit.sources import catalog
 
+pytestmark = pytest.mark.looptime
+
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 REV = "0e9e39f249a16976918f6564b8830bc894c89659"
@@ -144,3 +146,41 @@ def test_a_failed_verification_fails_the_replica_with_its_message() -> None:
         "name": "vllmfit-verify", "state": {"terminated": {"exitCode": 1, "message": "model cache refused: x"}}}]}}
     h = pods.pod_health(pod)
     assert (h.ready, h.reason, h.failed, h.message) == (False, "ModelCacheRefused", True, "model cache refused: x")
+
+
+# --- The running operator (KMock): the example is admitted, its pods verify, a refusal is reported
+
+async def test_the_operator_renders_the_verifier_and_reports_a_refused_cache(cluster: Any, operator: Any) -> None:
+    import uuid as uuidlib
+
+    from opkit import DEPLOYMENTS, node
+
+    from vllmfit.core import defaults
+
+    await cluster.create(node("gpu-a", gpus=1))
+    docs = list(yaml.safe_load_all((ROOT / "examples" / "model-cache.yaml").read_text()))
+    body = next(d for d in docs if d["kind"] == "VLLMDeployment")
+    body["metadata"].update({"uid": str(uuidlib.uuid4()), "resourceVersion": "1", "generation": 1,
+                             "creationTimestamp": "2030-01-01T00:00:00Z"})
+    body["spec"] = {**body["spec"], "replicas": 1}
+    await cluster.create(body)
+    name = body["metadata"]["name"]
+    await cluster.phase(name, "Admitted")
+    dep = await cluster.until(lambda: cluster.get(DEPLOYMENTS, f"{name}-0"), what="the Deployment")
+    assert dep["spec"]["template"]["spec"]["initContainers"][-1]["name"] == "vllmfit-verify"
+    uid = str(uuidlib.uuid4())
+    await cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": f"{name}-0-abcde", "namespace": "default", "uid": uid, "resourceVersion": "1",
+        "labels": {defaults.DEPLOYMENT_LABEL: name, "vllmfit.dev/replica": "0",
+                   defaults.MANAGED_BY_LABEL: defaults.MANAGED_BY}},
+        "status": {"phase": "Pending", "initContainerStatuses": [{
+            "name": "vllmfit-verify", "ready": False, "restartCount": 0, "image": "i", "imageID": "",
+            "state": {"terminated": {"exitCode": 1, "message": "model cache refused: config.json is not it"}}}],
+            "containerStatuses": [{"name": "vllm", "ready": False, "restartCount": 0, "image": "i", "imageID": "",
+                                   "state": {"waiting": {"reason": "PodInitializing"}}}]}})
+    ready = await cluster.until(lambda: next((c for c in cluster.status(name).get("conditions") or []
+                                              if c["type"] == "Ready" and c["reason"] == "ModelCacheRefused"), None),
+                                what="the Ready condition")
+    assert ready["message"] == "model cache refused: config.json is not it"
+    await cluster.until(lambda: any(e.get("reason") == "ModelCacheRefused" for e in cluster.events(name)),
+                        what="the ModelCacheRefused Event")
