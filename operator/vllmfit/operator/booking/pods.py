@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vllmfit.backends import enforcement
+
 CONTAINER = "vllm"
 
 GPU_OOM_PATTERNS = (
@@ -102,6 +104,9 @@ def pod_health(pod: Mapping[str, Any], log_tail: str | None = None) -> PodHealth
             return PodHealth(False, waiting.get("reason") or "Error",
                              term.get("message") or f"vLLM exited with code {term.get('exitCode')}", needs_log=True)
         oom, line = log_line(log_tail)
+        held = (meta.get("annotations") or {}).get(enforcement.ANNOTATION)
+        if oom and held in enforcement.ENFORCED:  # its limit stopped it; its neighbours keep their memory
+            return PodHealth(False, "OverLimit", f"vLLM was stopped at its GPU memory limit ({held}): {line}", True)
         if oom:
             return PodHealth(False, "CudaOutOfMemory", f"vLLM ran out of GPU memory: {line}", True)
         what = line or term.get("message") or f"exit code {term.get('exitCode')}"

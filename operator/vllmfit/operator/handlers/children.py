@@ -13,8 +13,10 @@ from kubernetes_asyncio.client import ApiException
 
 from vllmfit.backends import binding
 from vllmfit.backends import reservation as rsv
+from vllmfit.backends.enforcement import of_pod as enforcement_of_pod
 from vllmfit.core.spec import api
-from vllmfit.operator.binding import claims, reservations
+from vllmfit.operator import metrics
+from vllmfit.operator.binding import claims, enforcement, reservations
 from vllmfit.operator.binding import runtime_classes as runtimeclasses
 from vllmfit.operator.booking import draining, report
 from vllmfit.operator.booking.record import Record
@@ -105,7 +107,8 @@ def replica_inputs(store: Store, rec: Record, obj: api.VLLMDeployment, p: api.Re
             "weights_bytes": sum(b.footprint.weights for b in mine), "pins": reservations.pins(store, rec.key, p, table),
             "claim_template": str(want["metadata"]["name"]) if want else None, "booked": builders.booked_text(mine),
             "runtime_class": store.options.reservation.runtime_class, "mps": store.options.mps,
-            "verify": verifier.check_for(obj.spec, rec.admitted_request.model, store.options.reservation.image)}
+            "verify": verifier.check_for(obj.spec, rec.admitted_request.model, store.options.reservation.image),
+            "enforce": enforcement.mode(store, p.node)}
 
 
 def children_state(store: Store, rec: Record, table: reservations.UuidTable | None = None) -> tuple[Any, ...]:
@@ -177,6 +180,7 @@ async def sync_children(store: Store, key: str) -> None:
         apps, core = client.AppsV1Api(store.api), client.CoreV1Api(store.api)
         want: set[int] = set()
         blocked = set(waiting_for_drains(store, rec))
+        modes: dict[int, tuple[str, str]] = {}  # replica -> (node, how its booking is enforced)
         if rec.admitted and not rec.going:
             obj = desired_object(rec)
             if obj is None:
@@ -204,7 +208,9 @@ async def sync_children(store: Store, key: str) -> None:
                                                exclusive=exclusive and not tmpl, gated=gated and not exclusive)
 
                 held = store.cache.whole.get((key, p.replica))
-                if await apply_deployment(apps, make, ex, rec.body) and not tmpl:
+                whole = await apply_deployment(apps, make, ex, rec.body)
+                modes[p.replica] = (p.node, enforcement_mode(whole and not tmpl, tmpl, inputs))
+                if whole and not tmpl:
                     store.cache.whole[(key, p.replica)] = p.node
                 else:
                     store.cache.whole.pop((key, p.replica), None)
@@ -224,9 +230,16 @@ async def sync_children(store: Store, key: str) -> None:
                     if d.replica == p.replica and (d.where != where or d.booked not in ("", booked)):
                         d.stopped = True
             await apply_service(core, builders.service(obj), rec.body)
+            if await enforcement.report_modes(store, rec, modes):
+                metrics.not_enforced(rec.key)
         for r in sorted(rec.children - want):
             await delete_child(store, rec, apps, r)
         rec.synced = state
+
+
+def enforcement_mode(whole: bool, tmpl: str | None, inputs: dict[str, Any]) -> str:
+    """How a written replica's booking is enforced (backends.enforcement.of_pod, as builders renders it)."""
+    return enforcement_of_pod(whole, not whole and not tmpl, inputs["enforce"], inputs["mps"] is not None)
 
 
 async def refuse(store: Store, rec: Record, reason: str, message: str) -> None:

@@ -13,7 +13,7 @@ import copy
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from vllmfit.backends import binding
+from vllmfit.backends import binding, enforcement
 from vllmfit.backends.binding import GPU_RESOURCE
 from vllmfit.core import defaults, limits, memory
 from vllmfit.core.placement import Booking, Ledger
@@ -138,7 +138,8 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
                *, exclusive: bool, weights_bytes: int = 0, pins: Sequence[str] | None = None,
                gated: bool = False, claim_template: str | None = None,
                runtime_class: str | None = binding.RUNTIME_CLASS, booked: str = "",
-               mps: binding.Mps | None = None, verify: verifier.Check | None = None) -> dict[str, Any]:
+               mps: binding.Mps | None = None, verify: verifier.Check | None = None,
+               enforce: str = enforcement.NONE) -> dict[str, Any]:
     """The Deployment running one replica, pinned to its node and GPUs, with the spec's
     podTemplate merged in (podtemplate.merge). The startup probe allows for loading
     `weights_bytes` (the replica's checkpoint) unless the template sets its timing. `booked`
@@ -149,7 +150,8 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
     makes the NVIDIA container runtime inject exactly those (docs/operator.md, "GPU pinning").
     `mps`: the optional MPS binding; a shared replica then gets CUDA_MPS_PINNED_DEVICE_MEM_LIMIT from
     `booked` (binding.Mps). `verify`: the model cache the tenant can write is checked by a last init
-    container before vLLM starts (verifier.check_for).
+    container before vLLM starts (verifier.check_for). `enforce`: how a sharing replica's booking is
+    enforced on its node (vllmfit.backends.enforcement), on its pods as enforcement.ANNOTATION.
     """
     spec = obj.spec
     name = obj.metadata.name
@@ -164,7 +166,7 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
     for part in resources.values():
         part.pop(GPU_RESOURCE, None)
     gpu = binding.bind(replica, n_gpus, exclusive=exclusive, pins=pins, gated=gated, claim_template=claim_template,
-                       runtime_class=runtime_class, mps=mps, booked=booked_bytes(booked))
+                       runtime_class=runtime_class, mps=mps, booked=booked_bytes(booked), enforce=enforce)
     if gpu.limits:
         resources.setdefault("limits", {}).update(gpu.limits)
     if gpu.claims:
@@ -198,6 +200,9 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
     pod_meta: dict[str, Any] = {"labels": pod_labels, "annotations": {ANNOTATION_PLACEMENT: where, **gpu.annotations}}
     if booked:
         pod_meta["annotations"][ANNOTATION_BOOKED] = booked
+    pod_meta["annotations"][enforcement.ANNOTATION] = enforcement.of_pod(gpu.mode == binding.PIN_DEVICE_PLUGIN,
+                                                                         gpu.mode == binding.PIN_VISIBLE_DEVICES,
+                                                                         enforce, mps is not None)
     podtemplate.merge(pod, pod_meta, spec.pod_template)
     if verify is not None:  # last: what the tenant's own init containers wrote is verified too
         pod["initContainers"] = [*pod.get("initContainers", []), verifier.init_container(verify, spec, env)]
