@@ -35,7 +35,7 @@ def test_the_inventory_field_is_forward_compatible() -> None:
 
 def test_the_driver_limit_is_the_booking_and_the_start_up_peak_a_start_may_reach() -> None:
     booked = [20 * GIB + 5 * MIB + 3, 30 * GIB]
-    env = dict((e["name"], e["value"]) for e in enforcement.driver_env(booked))
+    env = {e["name"]: e["value"] for e in enforcement.driver_env(booked)}
     # by hand: 20 GiB + 5 MiB (+3 bytes, rounded down) = 20485 MiB; its bound max(4 GiB, a quarter) = 5 GiB + ...
     assert env["NVIDIA_GPU_MEMORY_REQUEST"] == "0=20485M,1=30720M"
     assert learned.overrun_bound(30 * GIB) == 30 * GIB // 4
