@@ -26,10 +26,12 @@ from vllmfit.core.observe.inventory import DRIVER_LIMITS, MPS
 from vllmfit.core.spec import api
 
 ANNOTATION = f"{api.GROUP}/enforcement"
-"""On a replica's pods: how its booking is enforced (a mode below); the pod health reads it."""
+"""On a replica's pods held to their booking: how (driver-limits or mps); the pod health reads it."""
 NONE = "none"
 EXCLUSIVE = "exclusive"
 ENFORCED = (DRIVER_LIMITS, MPS)
+CHOSEN = (DRIVER_LIMITS, NONE)
+"""The modes `choose` picks per node (MPS is the admin's choice, exclusive the pinning's)."""
 REQUEST_ENV = "NVIDIA_GPU_MEMORY_REQUEST"
 LIMIT_ENV = "NVIDIA_GPU_MEMORY_LIMIT"
 MIB = 1 << 20

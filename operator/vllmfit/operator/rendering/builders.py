@@ -200,9 +200,10 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
     pod_meta: dict[str, Any] = {"labels": pod_labels, "annotations": {ANNOTATION_PLACEMENT: where, **gpu.annotations}}
     if booked:
         pod_meta["annotations"][ANNOTATION_BOOKED] = booked
-    pod_meta["annotations"][enforcement.ANNOTATION] = enforcement.of_pod(gpu.mode == binding.PIN_DEVICE_PLUGIN,
-                                                                         gpu.mode == binding.PIN_VISIBLE_DEVICES,
-                                                                         enforce, mps is not None)
+    held = enforcement.of_pod(gpu.mode == binding.PIN_DEVICE_PLUGIN, gpu.mode == binding.PIN_VISIBLE_DEVICES,
+                              enforce, mps is not None)
+    if held in enforcement.ENFORCED:  # what holds it to its booking (an OverLimit reads it)
+        pod_meta["annotations"][enforcement.ANNOTATION] = held
     podtemplate.merge(pod, pod_meta, spec.pod_template)
     if verify is not None:  # last: what the tenant's own init containers wrote is verified too
         pod["initContainers"] = [*pod.get("initContainers", []), verifier.init_container(verify, spec, env)]
