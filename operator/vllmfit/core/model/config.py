@@ -406,7 +406,7 @@ def params_from_index(index: dict[str, Any], config: dict[str, Any]) -> int | No
     return total // DTYPE_BYTES.get(dtype, 2)
 
 
-_NOT_SIZED = frozenset({"name", "aliases", "source", "params", "params_source", "max_model_len"})
+_NOT_SIZED = frozenset({"name", "aliases", "source", "params", "params_source", "max_model_len", "revision"})
 """ModelArch fields that name the model or are checked another way (the parameter count against the
 safetensors index; the context is vllmfit's --max-model-len), left out of `sizing_digest`."""
 

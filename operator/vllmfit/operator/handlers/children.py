@@ -113,6 +113,7 @@ def replica_inputs(store: Store, rec: Record, obj: api.VLLMDeployment, p: api.Re
     mine = committed.bookings_of(rec.key, p.replica)
     want = claims.desired(store, rec.key, p) if store.backend_of(p.node) == "dra" else None
     return {"obj": obj, "replica": p, "flags": rec.flags, "model_name": rec.admitted_request.model.name,
+            "revision": rec.admitted_request.model.revision,
             "weights_bytes": sum(b.footprint.weights for b in mine), "pins": reservations.pins(store, rec.key, p, table),
             "claim_template": str(want["metadata"]["name"]) if want else None, "booked": builders.booked_text(mine),
             "runtime_class": store.options.reservation.runtime_class, "mps": store.options.mps,

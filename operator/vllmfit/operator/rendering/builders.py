@@ -89,8 +89,10 @@ def deployment_name(name: str, replica: int) -> str:
     return f"{name}-{replica}"
 
 
-def vllm_args(spec: api.VLLMDeploymentSpec, model_name: str, flags: api.Flags) -> list[str]:
-    """`vllm serve` arguments: the model, the computed flags, the spec's settings, extraArgs last."""
+def vllm_args(spec: api.VLLMDeploymentSpec, model_name: str, flags: api.Flags, revision: str = "") -> list[str]:
+    """`vllm serve` arguments: the model, the computed flags, the spec's settings, extraArgs last.
+    `revision`: the Hub commit the model's config was read at, pinned (`--revision`) unless extraArgs
+    pins one (a commit too: vllmfit.core.spec.argclasses.COMMIT)."""
     out = [model_name, "--host=0.0.0.0", f"--port={PORT}", *flags.args(),
            f"--tensor-parallel-size={spec.tensor_parallel_size}",
            f"--pipeline-parallel-size={spec.pipeline_parallel_size}",
@@ -105,6 +107,8 @@ def vllm_args(spec: api.VLLMDeploymentSpec, model_name: str, flags: api.Flags) -
         out.append(memory.cpu_offload_arg(spec.cpu_offload_bytes))
     if spec.max_num_batched_tokens and not any(a.startswith("--max-num-batched-tokens") for a in out):
         out.append(f"--max-num-batched-tokens={spec.max_num_batched_tokens}")
+    if revision and not extraargs.values_of(spec.extra_args, "--revision"):
+        out.append(f"--revision={revision}")
     return out + list(spec.extra_args)
 
 
@@ -139,7 +143,7 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
                gated: bool = False, claim_template: str | None = None,
                runtime_class: str | None = binding.RUNTIME_CLASS, booked: str = "",
                mps: binding.Mps | None = None, verify: verifier.Check | None = None,
-               enforce: str = enforcement.NONE) -> dict[str, Any]:
+               enforce: str = enforcement.NONE, revision: str = "") -> dict[str, Any]:
     """The Deployment running one replica, pinned to its node and GPUs, with the spec's
     podTemplate merged in (podtemplate.merge). The startup probe allows for loading
     `weights_bytes` (the replica's checkpoint) unless the template sets its timing. `booked`
@@ -180,7 +184,7 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
         "name": "vllm",
         "image": spec.image,
         "command": ["vllm", "serve"],
-        "args": vllm_args(spec, model_name, flags),
+        "args": vllm_args(spec, model_name, flags, revision),
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "env": env,
         "resources": resources,

@@ -56,7 +56,8 @@ def check_for(spec: api.VLLMDeploymentSpec, model: ModelArch, image: str) -> Che
     cache_env = any(e.get("name") in validate.CACHE_ENV for e in spec.env)
     if not (tenant_mounts(spec) or cache_env or download_dir):
         return None
-    return Check(model.name, sizing_digest(model), model.params, image, _arg(spec, "--revision"), download_dir)
+    return Check(model.name, sizing_digest(model), model.params, image, _arg(spec, "--revision") or model.revision or None,
+                 download_dir)
 
 
 def init_container(check: Check, spec: api.VLLMDeploymentSpec, env: list[dict[str, Any]]) -> dict[str, Any]:
