@@ -158,13 +158,19 @@ def total(cluster: Cluster, name: str, ns: str) -> tuple[int, int]:
     return m["totalBytes"], m.get("learnedBytes") or 0
 
 
-async def test_a_tenant_that_over_runs_after_its_start_cannot_make_another_namespace_unschedulable(
-        cluster: Cluster, operator: Operator) -> None:
+async def started_a(cluster: Cluster) -> tuple[int, str]:
+    """Tenant A's deployment `a` admitted on gpu-a and its replica's pod Ready: (its prediction, pod UID)."""
     await cluster.create(node("gpu-a", gpus=1, annotations=inventory([])))
     await cluster.create(vd("a", QWEN7, ns="tenant-a", **SPEC))
     await phase(cluster, "a", "tenant-a", "Admitted")
     predicted, _ = total(cluster, "a", "tenant-a")
     uid = await ready_pod(cluster, "a", "tenant-a")
+    return predicted, uid
+
+
+async def test_a_tenant_that_over_runs_after_its_start_cannot_make_another_namespace_unschedulable(
+        cluster: Cluster, operator: Operator) -> None:
+    predicted, uid = await started_a(cluster)
     # its start: 1 GiB over the prediction, within the bound -> taught, for tenant-a only
     await cluster.patch_node("gpu-a", {"metadata": {"annotations": inventory([(uid, predicted + GIB)])}})
     await cluster.until(lambda: cluster.store.cache.learned, what="a learned record")
@@ -190,11 +196,7 @@ async def test_a_tenant_that_over_runs_after_its_start_cannot_make_another_names
 
 async def test_a_start_far_over_its_prediction_flags_its_deployment_and_teaches_nothing(
         cluster: Cluster, operator: Operator) -> None:
-    await cluster.create(node("gpu-a", gpus=1, annotations=inventory([])))
-    await cluster.create(vd("a", QWEN7, ns="tenant-a", **SPEC))
-    await phase(cluster, "a", "tenant-a", "Admitted")
-    predicted, _ = total(cluster, "a", "tenant-a")
-    uid = await ready_pod(cluster, "a", "tenant-a")
+    predicted, uid = await started_a(cluster)
     await cluster.patch_node("gpu-a", {"metadata": {"annotations": inventory([(uid, predicted + 30 * GIB)])}})
     st = await cluster.until(lambda: next((c for c in cluster.status("a", "tenant-a").get("conditions") or []
                                            if c["type"] == "Overrun"), None), what="the Overrun condition")
