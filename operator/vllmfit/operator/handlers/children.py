@@ -102,10 +102,10 @@ def desired_object(rec: Record) -> api.VLLMDeployment | None:
 
 def replica_inputs(store: Store, rec: Record, obj: api.VLLMDeployment, p: api.ReplicaPlacement,
                    table: reservations.UuidTable | None = None) -> dict[str, Any]:
-    """Every argument of builders.deployment for one replica, save the two its writer settles
+    """Every argument of builders.deployment for one replica, save the three its writer settles
     against the Deployment that exists (apply_deployment: `exclusive`, the GPU pinning mode a
-    replica keeps where it stays, and `gated`, the reservation gate a running replica is never
-    restarted to get). The writer renders from exactly these (`builders.deployment(**inputs,
+    replica keeps where it stays, `gated`, the reservation gate a running replica is never
+    restarted to get, and `enforce`, the enforcement it keeps where it stays). The writer renders from exactly these (`builders.deployment(**inputs,
     exclusive=..., gated=...)`), and they are the children's cache key (children_state), so no
     input of the rendering can be left out of the key."""
     assert rec.admitted_request is not None and rec.flags is not None
