@@ -78,7 +78,7 @@ def by_name(name: str, revision: str | None = None) -> ModelArch:
     except ImportError:  # an install without the Hub's client: the catalog's answer
         raise ModelResolutionError(unknown) from None
     try:
-        return hub.resolve_model(name, revision=revision)
+        return hub.resolve_model(name, revision=revision) if revision else hub.resolve_model(name)
     except hub.HubError as e:
         raise ModelResolutionError(f"{unknown}; Hugging Face Hub: {e}", transient=e.transient) from None
 

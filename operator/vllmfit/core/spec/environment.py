@@ -89,8 +89,7 @@ def env_name_problem(name: Any) -> str | None:
     if not isinstance(name, str) or not name:
         return "an env entry needs a name"
     if name in BINDING_ENV or is_device_env(name):
-        return ("is set by vllmfit's GPU binding (the GPUs, and the memory limit it enforces); use "
-                "spec.placement.gpuIndices to choose GPUs")
+        return "is set by vllmfit's GPU binding; use spec.placement.gpuIndices to choose GPUs"
     if name == HF_ENDPOINT:
         return ("downloads the model from another endpoint than the Hub vllmfit sized it from; only a mirror the "
                 "admin allows (--allow-hf-endpoint) may be set, as a value in spec.env")
