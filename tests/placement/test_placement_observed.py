@@ -258,3 +258,20 @@ def test_floor_puts_one_nodes_bookings_back_to_their_prediction_and_change_resto
     assert lg.used_bytes("n", 0) == 20 * GIB and lg.bookings_of("a")[0].footprint.observed_excess == 0
     observed.apply(lg, observed.change(lg, [observed.Measured("a", 0, "n", 0, 30 * GIB, True)]))
     assert lg.used_bytes("n", 0) == 30 * GIB + MARGIN
+
+
+def test_a_refusal_states_the_learned_figure_it_refused_on_and_who_taught_it() -> None:
+    # a learned over-run is part of what a refused deployment needs: the reason says how much and
+    # whence (on the old code it read only "needs at least 78.6 GiB, largest budget left 71.8 GiB")
+    s = _settings(kvCache={"concurrency": 1})
+    plain = memory.size(QWEN_7B, s, H100, memory.UNLIMITED)
+    rec = learned.record(QWEN_7B.name, H100.product, s, plain.footprint.total, plain.footprint.total + 60 * GIB,
+                         "ml/a replica 0 on n GPU 0", namespace="ml")
+    d = placement.decide(placement.Ledger([node("n", H100, 1)]),
+                         replace(request("y", QWEN_7B, maxModelLen=8192, kvCache={"concurrency": 1}),
+                                 learned=learned.for_model([rec], QWEN_7B.name, "ml")))
+    assert not d.admitted
+    assert "(of it 60.0 GiB learned at a start: ml/a replica 0 on n GPU 0; namespace ml)" in " ".join(d.reasons)
+    # the same configuration in another namespace is not corrected by it
+    other = learned.for_model([rec], QWEN_7B.name, "other")
+    assert other == () and learned.for_model([rec], QWEN_7B.name) != ()
