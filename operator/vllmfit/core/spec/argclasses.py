@@ -293,7 +293,7 @@ ALLOWED: dict[str, str] = {
         "--tokenizer-revision", "--tool-call-parser", "--trust-request-chat-template", "--mm-hasher-algorithm"),
         _TOKENS),
     **dict.fromkeys((
-        "--download-dir", "--ignore-patterns", "--max-parallel-loading-workers", "--safetensors-load-strategy",
+        "--ignore-patterns", "--max-parallel-loading-workers", "--safetensors-load-strategy",
         "--safetensors-prefetch-block-size", "--safetensors-prefetch-num-threads", "--use-tqdm-on-load",
         "--swap-space", "--max-cpu-loras", "--mm-processor-cache-gb", "--mm-processor-cache-type",
         "--mm-shm-cache-max-object-size-mb", "--disable-mm-preprocessor-cache", "--numa-bind", "--numa-bind-cpus",
@@ -303,6 +303,8 @@ ALLOWED: dict[str, str] = {
         "--prefix-match-unit", "--long-prefill-token-threshold", "--long-prefill-token-threshold-adaptive",
         "--scheduling-policy", "--scheduler-reserve-full-isl", "--prefill-schedule-interval",
         "--max-num-queued-reqs", "--max-num-queued-tokens"), _SCHED),
+    "--download-dir": ("the model cache: a cache the tenant can write is verified against what was sized before "
+                       "vLLM starts (docs/trust-model.md)"),
     "--lora-modules": "adapters loaded into the LoRA slots spec.lora sized",
     "--default-mm-loras": "adapters loaded into the LoRA slots spec.lora sized",
 }
