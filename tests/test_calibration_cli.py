@@ -46,7 +46,7 @@ def test_estimate_shows_the_corrected_figure_and_its_source(tmp_path: Path, caps
     out = _estimate(capsys, "--calibration", str(path))
     assert out["per_gpu"]["total_bytes"] == plain + 2 * GIB
     assert (out["per_gpu"]["predicted_bytes"], out["per_gpu"]["learned_bytes"]) == (plain, 2 * GIB)
-    assert any("(ml/qwen replica 0 on gpu-a GPU 0)" in w for w in out["warnings"])
+    assert any("(ml/qwen replica 0 on gpu-a GPU 0; cluster-wide)" in w for w in out["warnings"])
     assert cli.main(["estimate", *ARGS, "--calibration", str(path)]) == 0
     table = capsys.readouterr().out
     assert "learned over-run (--calibration)" in table and "2.0" in table

@@ -246,3 +246,13 @@ def test_real_pynvml_without_driver_gives_clean_inventory():
     assert (inv.nvml, inv.gpus) == (False, [])
     assert inv.error == f"NVML not available: {expected}"
     assert "NVML" in expected or "Driver" in expected
+
+
+def test_the_node_reports_what_it_can_enforce(tmp_path):
+    gpu = FakeGpu(UUID0, "NVIDIA H100 80GB HBM3", H100_TOTAL, GIB)
+    assert agent_nvml.collect(FakeNVML([gpu]), tmp_path, NOW).enforcement == []  # driver 550: counted only
+    assert agent_nvml.collect(FakeNVML([gpu], driver="615.20.01"), tmp_path, NOW).enforcement == ["driver-limits"]
+    (tmp_path / "mps").mkdir()
+    (tmp_path / "mps" / "control").write_text("")
+    inv = agent_nvml.collect(FakeNVML([gpu]), tmp_path, NOW, mps_pipe=str(tmp_path / "mps"))
+    assert inv.enforcement == ["mps"]

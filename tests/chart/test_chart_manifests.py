@@ -45,6 +45,7 @@ EXPECTED_OPERATOR_ARGS = [
     "--default-kv-requests=2",
     "--kv-tenants-per-gpu=8",
     "--pod-security-level=restricted",  # what a podTemplate may reach (values: tenants; issue 30), MPS off
+    "--allow-max-logprobs=20",  # vLLM's default bound on top logprobs (values: tenants.maxLogprobs)
     "--reservation-image=ghcr.io/vllmfit/vllmfit:0.1.0",
     "--reservation-priority-class=vllmfit-reservation",
     "--reservation-runtime-class=nvidia",

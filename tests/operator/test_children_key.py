@@ -70,12 +70,13 @@ async def test_an_input_the_hand_listed_key_left_out_rewrites_the_child(km: Any)
 
 
 def test_every_argument_of_the_rendering_is_in_the_key() -> None:
-    """replica_inputs supplies every parameter of builders.deployment except the two the writer
-    settles against the existing Deployment (exclusive, gated): a new parameter that the writer
-    passed without going through replica_inputs would miss the key, and fails here."""
+    """replica_inputs supplies every parameter of builders.deployment except the three the writer
+    settles against the existing Deployment (exclusive, gated, and enforce: a running replica keeps
+    its enforcement): a new parameter that the writer passed without going through replica_inputs
+    would miss the key, and fails here."""
     params = set(inspect.signature(builders.deployment).parameters)
     source = inspect.getsource(children.replica_inputs)
     supplied = {p for p in params if f'"{p}":' in source}
-    assert params - supplied == {"exclusive", "gated"}
+    assert params - supplied == {"exclusive", "gated", "enforce"}
     writer = inspect.getsource(children.sync_children)
     assert "builders.deployment(**{**inputs" in writer  # the writer renders from the key's inputs

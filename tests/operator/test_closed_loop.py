@@ -291,7 +291,7 @@ async def test_the_second_deployment_of_a_configuration_that_over_ran_is_booked_
     await cluster.phase("second", "Admitted")
     second = mem(cluster, "second")
     assert second["totalBytes"] == observed and second["learnedBytes"] == 2 * GIB
-    assert "used 2.0 GiB more at its first start (default/first replica 0 on gpu-a GPU 0)" in " ".join(
+    assert "used 2.0 GiB more at its first start (default/first replica 0 on gpu-a GPU 0; cluster-wide)" in " ".join(
         cluster.status("second").get("warnings") or [])
     # offline: estimate --calibration on the ConfigMap the operator wrote shows the same figure
     path = tmp_path / "calibration.json"

@@ -59,7 +59,8 @@ def test_resolves_config_and_exact_parameters_from_the_index(server: HubServer) 
     assert arch.params_source == "safetensors-index"
     paths = {p for _, p, _ in server.requests}
     assert "/acme/tiny-chat/resolve/main/config.json" in paths
-    assert "/acme/tiny-chat/resolve/main/model.safetensors.index.json" in paths
+    from hubserver import COMMIT  # the index at the commit the config was read at, not a branch that moved
+    assert f"/acme/tiny-chat/resolve/{COMMIT}/model.safetensors.index.json" in paths
 
 
 def test_total_parameters_in_the_index_wins() -> None:
@@ -151,3 +152,22 @@ async def test_store_resolves_hub_models_and_maps_errors(server: HubServer) -> N
     with pytest.raises(ModelResolutionError) as e:
         await store.request_for(obj("acme/gated"))
     assert not e.value.transient
+
+
+def test_the_pod_loads_the_commit_whose_config_was_sized(server: HubServer) -> None:
+    # the Hub's default branch moves after admission; the pod pins the commit its config was read at
+    from hubserver import COMMIT
+
+    from vllmfit.operator.rendering import builders
+    arch = hub.resolve_model("acme/tiny-chat")
+    assert arch.revision == COMMIT
+    spec = api.VLLMDeploymentSpec.model_validate({"model": "acme/tiny-chat"})
+    flags = api.Flags(max_model_len=4096, max_num_seqs=8, gpu_memory_utilization=0.5)
+    assert f"--revision={COMMIT}" in builders.vllm_args(spec, arch.name, flags, arch.revision)
+    # a tenant's own pinned commit is read at that commit, and rendered as the tenant wrote it
+    other = "f" * 40
+    pinned = hub.resolve_model("acme/tiny-chat", revision=other)
+    assert any(f"/resolve/{other}/config.json" in p for _, p, _ in server.requests)
+    spec = api.VLLMDeploymentSpec.model_validate({"model": "acme/tiny-chat", "extraArgs": ["--revision", other]})
+    args = builders.vllm_args(spec, pinned.name, flags, pinned.revision)
+    assert args.count("--revision") == 1 and not any(a.startswith("--revision=") for a in args)

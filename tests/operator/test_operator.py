@@ -65,7 +65,7 @@ async def test_create_admits_and_writes_deployment_service_and_status(cluster: C
     [g] = st["gpus"]
     assert (g["budgetBytes"], g["usedBytes"], g["headroomBytes"]) == (BUDGET, m["totalBytes"], BUDGET - m["totalBytes"])
     assert st["headroom"] == f"{(BUDGET - m['totalBytes']) / GIB:.1f} GiB"
-    assert [c["type"] for c in st["conditions"]] == ["Admitted", "Placed", "Ready"]
+    assert [c["type"] for c in st["conditions"]][:3] == ["Admitted", "Placed", "Ready"]
     assert condition(st, "Admitted")["status"] == "True"
     assert condition(st, "Ready")["status"] == "False"
 
@@ -86,7 +86,10 @@ async def test_create_admits_and_writes_deployment_service_and_status(cluster: C
     container = dep["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in container["env"]
     await cluster.event("llama", "Admitted")
-    assert [e["reason"] for e in cluster.events("llama")] == ["Admitted"]
+    # a node whose agent reports no enforcement: the replica runs counted, not enforced, and says so
+    await cluster.event("llama", "NotEnforced")
+    assert sorted(e["reason"] for e in cluster.events("llama")) == ["Admitted", "NotEnforced"]
+    assert condition(cluster.status("llama"), "Enforced")["status"] == "False"
 
 
 async def test_update_recomputes_flags_and_patches_the_same_deployment(cluster: Cluster, operator: Operator) -> None:

@@ -147,14 +147,14 @@ def test_a_configuration_that_over_ran_is_booked_with_what_it_used_and_only_that
     plain = memory.size(QWEN_7B, s, H100, memory.UNLIMITED)
     rec = learned.record(QWEN_7B.name, H100.product, s, plain.footprint.total, plain.footprint.total + 2 * GIB,
                          "ml/a replica 0 on n GPU 0")
-    assert rec.key == learned.config_key(QWEN_7B.name, H100.product, s)
-    assert rec.key == "Qwen/Qwen2.5-7B-Instruct|auto|NVIDIA-H100-80GB-HBM3|vllm 0.33|tp 1 pp 1|" \
+    assert rec.config == learned.config_key(QWEN_7B.name, H100.product, s)
+    assert rec.config == "Qwen/Qwen2.5-7B-Instruct|auto|NVIDIA-H100-80GB-HBM3|vllm 0.33|tp 1 pp 1|" \
                       "max_model_len=8192,kv_concurrency=1"
     table = learned.for_model([rec], QWEN_7B.name)
     fixed = memory.size(QWEN_7B, replace(s, learned=table), H100, memory.UNLIMITED)
     assert fixed.footprint.total == plain.footprint.total + 2 * GIB and fixed.footprint.learned == 2 * GIB
     assert fixed.flags == plain.flags  # vLLM's flags are unchanged: the over-run is booked, not granted
-    assert "used 2.0 GiB more at its first start (ml/a replica 0 on n GPU 0)" in fixed.warnings[-1]
+    assert "used 2.0 GiB more at its first start (ml/a replica 0 on n GPU 0; cluster-wide)" in fixed.warnings[-1]
     # another configuration (a different context), another GPU, another model: untouched
     other = _settings(kvCache={"concurrency": 2})
     assert memory.size(QWEN_7B, replace(other, learned=table), H100, memory.UNLIMITED).footprint.learned == 0
@@ -258,3 +258,20 @@ def test_floor_puts_one_nodes_bookings_back_to_their_prediction_and_change_resto
     assert lg.used_bytes("n", 0) == 20 * GIB and lg.bookings_of("a")[0].footprint.observed_excess == 0
     observed.apply(lg, observed.change(lg, [observed.Measured("a", 0, "n", 0, 30 * GIB, True)]))
     assert lg.used_bytes("n", 0) == 30 * GIB + MARGIN
+
+
+def test_a_refusal_states_the_learned_figure_it_refused_on_and_who_taught_it() -> None:
+    # a learned over-run is part of what a refused deployment needs: the reason says how much and
+    # whence (on the old code it read only "needs at least 78.6 GiB, largest budget left 71.8 GiB")
+    s = _settings(kvCache={"concurrency": 1})
+    plain = memory.size(QWEN_7B, s, H100, memory.UNLIMITED)
+    rec = learned.record(QWEN_7B.name, H100.product, s, plain.footprint.total, plain.footprint.total + 60 * GIB,
+                         "ml/a replica 0 on n GPU 0", namespace="ml")
+    d = placement.decide(placement.Ledger([node("n", H100, 1)]),
+                         replace(request("y", QWEN_7B, maxModelLen=8192, kvCache={"concurrency": 1}),
+                                 learned=learned.for_model([rec], QWEN_7B.name, "ml")))
+    assert not d.admitted
+    assert "(of it 60.0 GiB learned at a start: ml/a replica 0 on n GPU 0; namespace ml)" in " ".join(d.reasons)
+    # the same configuration in another namespace is not corrected by it
+    other = learned.for_model([rec], QWEN_7B.name, "other")
+    assert other == () and learned.for_model([rec], QWEN_7B.name) != ()

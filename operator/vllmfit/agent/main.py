@@ -122,6 +122,7 @@ def run(
     health_port: int | None = None,
     stop: threading.Event | None = None,
     refresh_s: float = PUBLISH_EVERY_S,
+    mps_pipe: str | None = None,
 ) -> int:
     """Sample every `interval` seconds and publish (on change, at least every `refresh_s`), until
     SIGTERM/SIGINT or `stop` is set. Without NVML it keeps publishing `nvml: false`, reports 503
@@ -140,7 +141,7 @@ def run(
     try:
         while not stop.is_set():
             try:
-                inv = collect(nvml, proc_root)
+                inv = collect(nvml, proc_root, mps_pipe=mps_pipe)
             except Exception as e:  # noqa: BLE001 - a bug must not kill the DaemonSet pod silently
                 log.error("sampling failed: %s: %s", type(e).__name__, e)
                 health.beat()
@@ -221,9 +222,10 @@ def _command(args: argparse.Namespace) -> int:
         raise UserError(f"--health-port must be 0..65535, got {args.health_port}")
     if not args.once:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        return run(_node_name(args), args.interval, health_port=args.health_port or None)
+        return run(_node_name(args), args.interval, health_port=args.health_port or None,
+                   mps_pipe=args.mps_pipe_directory)
 
-    inv = collect()
+    inv = collect(mps_pipe=args.mps_pipe_directory)
     if args.output == "json":
         print(to_json(inv))
     elif inv.nvml:
@@ -256,5 +258,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--health-port", type=int, default=8082, help="port of GET /healthz (0: none; default 8082)"
     )
+    p.add_argument("--mps-pipe-directory", default=None, metavar="DIR",
+                   help="the MPS control daemon's pipe directory as mounted here: its control socket there makes "
+                        "the node report MPS enforcement (default: none)")
     p.set_defaults(func=_command)
     return p

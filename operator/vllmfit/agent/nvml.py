@@ -16,7 +16,13 @@ from typing import Any
 
 from vllmfit import __version__
 from vllmfit.agent.cgroups import pod_of_pid
-from vllmfit.core.observe.inventory import GpuInventory, InventoryGpu, InventoryMigDevice, InventoryProcess
+from vllmfit.core.observe.inventory import (
+    GpuInventory,
+    InventoryGpu,
+    InventoryMigDevice,
+    InventoryProcess,
+    enforcement_of,
+)
 
 NO_NVML_HINT = "is the NVIDIA driver installed and the container run with runtimeClassName: nvidia?"
 def rfc3339(t: datetime) -> str:
@@ -177,12 +183,15 @@ def _read_gpu(nvml: ModuleType, i: int, pods: Callable[[int], tuple[str | None, 
 
 
 def collect(
-    nvml: ModuleType | None = None, proc_root: str | os.PathLike[str] = "/proc", now: datetime | None = None
+    nvml: ModuleType | None = None, proc_root: str | os.PathLike[str] = "/proc", now: datetime | None = None,
+    mps_pipe: str | None = None,
 ) -> GpuInventory:
     """One sample of every GPU of this machine. Never raises for NVML errors.
 
     nvml: the pynvml module (default: the real one) or a stand-in with the same functions.
     proc_root: where /proc of the host is (the agent runs with hostPID).
+    mps_pipe: the MPS control daemon's pipe directory as mounted in the agent (its `control` socket
+    there: the node reports "mps" enforcement); the driver's own limits come from its version.
     """
     if nvml is None:
         import pynvml
@@ -212,7 +221,9 @@ def collect(
             return cache[pid]
 
         gpus = [_read_gpu(nvml, i, pods) for i in range(count)]
-        return GpuInventory(**base, driver_version=driver, gpus=gpus)
+        return GpuInventory(**base, driver_version=driver, gpus=gpus,
+                            enforcement=enforcement_of(driver, bool(mps_pipe) and os.path.exists(os.path.join(
+                                str(mps_pipe), "control"))))
     finally:
         try:
             nvml.nvmlShutdown()

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllmfit.backends import dra, reservation
+from vllmfit.backends import dra, enforcement, reservation
 from vllmfit.core import defaults
 from vllmfit.core.spec import api, validate
 
@@ -88,7 +88,7 @@ def visible_devices(gpus: Sequence[api.GpuRef]) -> str:
 
 def bind(replica: api.ReplicaPlacement, n_gpus: int, *, exclusive: bool, pins: Sequence[str] | None = None,
          gated: bool = False, claim_template: str | None = None, runtime_class: str | None = RUNTIME_CLASS,
-         mps: Mps | None = None, booked: Sequence[int] = ()) -> Binding:
+         mps: Mps | None = None, booked: Sequence[int] = (), enforce: str = enforcement.NONE) -> Binding:
     """`pins`: the UUIDs to pin to (None: from the placement). `gated`: the pod waits behind the
     reservation gate until the operator sees every pinned GPU held; with no pins known yet it
     names no GPU (`void`) and is replaced once they are. `claim_template`: a DRA node; the
@@ -97,7 +97,8 @@ def bind(replica: api.ReplicaPlacement, n_gpus: int, *, exclusive: bool, pins: S
     RuntimeClass of sharing replicas, the same as the reservation pods' (chart value
     `placement.reservation.runtimeClassName`; empty or None where the NVIDIA runtime is the
     default). `mps` (with `booked`, the bytes booked on each of the replica's GPUs in index order):
-    a sharing replica also gets the MPS memory limit (`Mps`)."""
+    a sharing replica also gets the MPS memory limit (`Mps`). `enforce` (vllmfit.backends.enforcement):
+    with `driver-limits` a sharing replica gets the driver's per-container limits from `booked`."""
     if claim_template:
         # The driver's CDI edits inject the claimed GPUs; void keeps the NVIDIA runtime (the
         # default runtime on GPU Operator nodes) from adding what an image's own env names
@@ -118,6 +119,8 @@ def bind(replica: api.ReplicaPlacement, n_gpus: int, *, exclusive: bool, pins: S
     if mps is not None and booked:
         more, volumes, mounts = mps_parts(mps, booked)
         env += more
+    if enforce == enforcement.DRIVER_LIMITS and booked:
+        env += enforcement.driver_env(booked)
     pod: dict[str, Any] = {"runtimeClassName": runtime_class} if runtime_class else {}
     annotations: dict[str, str] = {}
     if gated:

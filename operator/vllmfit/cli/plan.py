@@ -148,11 +148,11 @@ def resolve_model(dep: VLLMDeployment, configmaps: Mapping[tuple[str, str], Mapp
 def env_sources(objs: Objects, dep: VLLMDeployment) -> validate.Sources:
     """The keys of the input's ConfigMaps that the vllm container's envFrom names; a Secret, or a
     ConfigMap not in the input, is unread (refused), as it is in the operator."""
-    out: dict[tuple[str, str], frozenset[str] | None] = {}
+    out: dict[tuple[str, str], dict[str, str] | None] = {}
     for kind, name in validate.sources_needed(dep.spec):
         cm = objs.configmaps.get((dep.metadata.namespace, name)) if kind == "ConfigMap" else None
         data = (cm.get("data") or {}) if isinstance(cm, Mapping) else None
-        out[(kind, name)] = frozenset(data) if isinstance(data, Mapping) else None
+        out[(kind, name)] = {str(k): str(v) for k, v in data.items()} if isinstance(data, Mapping) else None
     return out
 
 

@@ -1,7 +1,7 @@
 """The cluster-wide choices every shell takes as flags, parsed once: the default KV grant
 (`--default-kv-grant`, `--default-kv-requests` -> `memory.KvGrant`) and what a tenant's
-podTemplate may reach (`--pod-security-level`, `--allow-host-path`, `--allow-csi-driver` ->
-`validate.Policy`). The operator (`vllmfit operator`) and the CLI (`estimate`, `plan`) cannot import
+podTemplate may reach (`--pod-security-level`, `--allow-host-path`, `--allow-csi-driver`,
+`--allow-hf-endpoint`, `--allow-max-logprobs` -> `validate.Policy`). The operator (`vllmfit operator`) and the CLI (`estimate`, `plan`) cannot import
 each other, so both call these: the same names, choices, help and one-line errors.
 
 Pure: argparse is the standard library's, and the environment is passed in (`env`), never read
@@ -14,7 +14,7 @@ import argparse
 from collections.abc import Mapping
 from typing import cast
 
-from vllmfit.core import defaults, memory
+from vllmfit.core import defaults, limits, memory
 from vllmfit.core.errors import UserError
 from vllmfit.core.spec import validate
 
@@ -78,6 +78,10 @@ def add_tenancy_arguments(p: argparse.ArgumentParser,
                         "default none)")
     g.add_argument("--allow-csi-driver", action="append", default=[], metavar="DRIVER",
                    help="a CSI driver a podTemplate's inline csi volume may use (repeatable; default none)")
+    g.add_argument("--allow-hf-endpoint", action="append", default=[], metavar="URL",
+                   help="a Hugging Face mirror a spec's HF_ENDPOINT may name (repeatable; default none: the Hub)")
+    g.add_argument("--allow-max-logprobs", type=int, default=limits.MAX_LOGPROBS_DEFAULT, metavar="N",
+                   help="the largest --max-logprobs a spec's extraArgs may set (default vLLM's own, %(default)s)")
     return g
 
 
@@ -88,5 +92,9 @@ def tenancy_from_args(args: argparse.Namespace) -> validate.Policy:
     level = getattr(args, "pod_security_level", validate.DEFAULT_POLICY.level)
     if level not in LEVELS:
         raise UserError(f"--pod-security-level {level!r} must be one of {', '.join(LEVELS)}")
+    logprobs = getattr(args, "allow_max_logprobs", limits.MAX_LOGPROBS_DEFAULT)
+    if not isinstance(logprobs, int) or not 0 <= logprobs <= limits.MAX_LOGPROBS:
+        raise UserError(f"--allow-max-logprobs {logprobs!r} must be an integer in 0..{limits.MAX_LOGPROBS}")
     return validate.Policy(level=cast(validate.Level, level), host_paths=tuple(getattr(args, "allow_host_path", ()) or ()),
-                           csi_drivers=tuple(getattr(args, "allow_csi_driver", ()) or ()))
+                           csi_drivers=tuple(getattr(args, "allow_csi_driver", ()) or ()),
+                           hf_endpoints=tuple(getattr(args, "allow_hf_endpoint", ()) or ()), max_logprobs=logprobs)

@@ -143,6 +143,9 @@ CALIBRATION_KEY = "records.json"
 --calibration` reads the same text, the ConfigMap's YAML, or a plain YAML file)."""
 MAX_CALIBRATION_RECORDS = 2000
 """Records kept (the newest win): one per configuration; a ConfigMap holds at most 1 MiB."""
+LEARNED_RECORD_TTL_SECONDS = 30 * 24 * 3600
+"""A learned record ages out this long after the start that taught it (a driver, image or vLLM
+patch release moves what a configuration uses; a record nobody re-teaches stops correcting)."""
 
 GFD_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GFD_MEMORY_LABEL = "nvidia.com/gpu.memory"

@@ -107,3 +107,20 @@ MAX_KV_GRANT_REQUESTS = 4096
 (--default-kv-requests): vLLM's largest default maxNumSeqs is 1024."""
 MAX_KV_TENANTS = 1024
 """The most tenants per GPU the fair share may target (--kv-tenants-per-gpu)."""
+
+# vLLM's own default of --max-logprobs (vllm/config/model.py, ModelConfig.max_logprobs = 20): the
+# most top logprobs a request may ask for unless the admin raises the bound (--allow-max-logprobs).
+# -1 (the whole vocabulary) is never allowed: its gather holds an int64 index and a float32 value
+# per prompt token and vocabulary entry (tokens x vocab x 12 bytes) that nothing books.
+MAX_LOGPROBS_DEFAULT = 20
+MAX_LOGPROBS = 1024
+
+# The largest over-run a replica's first start may teach its configuration (vllmfit.core.memory.learned):
+# a quarter of the prediction, and at least 4 GiB. The memory model misses by start-up buffers and
+# allocator rounding, a few GiB; a server that uses far more is doing what its booking did not
+# describe (other weights, requests driving memory), so its deployment is flagged instead and no
+# other deployment of the configuration pays for it.
+LEARNED_OVERRUN_MIN_BYTES = 4 * GIB
+LEARNED_OVERRUN_FRACTION_DENOMINATOR = 4
+MAX_EPOCH_SECONDS = 1 << 40
+"""A timestamp read from outside (a learned record's learnedAt), in seconds since the epoch."""

@@ -50,7 +50,20 @@ WEBHOOK = Histogram("vllmfit_webhook_duration_seconds", "Time to answer one admi
                     ["webhook", "outcome"],
                     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
 
+OVER_LIMIT = Counter("vllmfit_replica_over_limit", "Replica pods stopped at their enforced GPU memory limit "
+                     "(condition Ready reason OverLimit), by deployment.", ["namespace", "name"])
+NOT_ENFORCED = Counter("vllmfit_not_enforced", "Times a deployment's replicas were written to run without an "
+                       "enforced GPU memory limit (condition Enforced False), by deployment.", ["namespace", "name"])
+
 GPU_LABELS = ["node", "gpu", "uuid", "product"]
+
+
+def over_limit(key: str) -> None:
+    OVER_LIMIT.labels(*_split(key)).inc()
+
+
+def not_enforced(key: str) -> None:
+    NOT_ENFORCED.labels(*_split(key)).inc()
 
 
 def counted(handler: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from typing import Any
 
 import httpx2
@@ -32,7 +33,7 @@ from vllmfit.core.model.config import params_from_index, parse_hf_config
 from vllmfit.core.model.facts import ModelArch, ModelConfigError
 
 DEFAULT_TIMEOUT_S = 10.0
-_cache: dict[tuple[str, str], ModelArch] = {}
+_cache: dict[tuple[str, str, str], ModelArch] = {}
 
 
 class HubError(Exception):
@@ -47,16 +48,19 @@ def endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
 
 
-def _download(repo: str, filename: str, token: str | None) -> str:
+def _download(repo: str, filename: str, token: str | None, revision: str | None = None) -> str:
     timeout = float(os.environ.get("VLLMFIT_HUB_TIMEOUT") or DEFAULT_TIMEOUT_S)
     where = endpoint()
     try:
         try:  # one HEAD without retries first: hf_hub_download retries a failing Hub for minutes
-            get_hf_file_metadata(hf_hub_url(repo, filename, endpoint=where), token=token or None, timeout=timeout,
+            get_hf_file_metadata(hf_hub_url(repo, filename, revision=revision, endpoint=where), token=token or None,
+                                 timeout=timeout,
                                  endpoint=where)
         except (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError):
-            return hf_hub_download(repo, filename, token=token or None, endpoint=where, local_files_only=True)
-        return hf_hub_download(repo, filename, token=token or None, endpoint=where, etag_timeout=timeout)
+            return hf_hub_download(repo, filename, revision=revision, token=token or None, endpoint=where,
+                                   local_files_only=True)
+        return hf_hub_download(repo, filename, revision=revision, token=token or None, endpoint=where,
+                               etag_timeout=timeout)
     except GatedRepoError:
         hint = "the operator's token has no access to it" if token or os.environ.get("HF_TOKEN") else \
             "give the operator a token (HF_TOKEN)"
@@ -87,19 +91,28 @@ def _read_json(path: str, repo: str, filename: str) -> dict[str, Any]:
     return data
 
 
-def resolve_model(name: str, token: str | None = None) -> ModelArch:
-    """The ModelArch of Hugging Face repo `name` ("org/model"). Blocking (call it in a thread
+def _commit(path: str) -> str | None:
+    """The commit of a file in huggingface_hub's cache (.../snapshots/<commit>/<file>), or None."""
+    commit = os.path.basename(os.path.dirname(path))
+    return commit if len(commit) == 40 and all(c in "0123456789abcdef" for c in commit) else None
+
+
+def resolve_model(name: str, token: str | None = None, revision: str | None = None) -> ModelArch:
+    """The ModelArch of Hugging Face repo `name` ("org/model") at `revision` (a commit; None: the
+    default branch, whose commit the ModelArch then names: `revision`). Blocking (call it in a thread
     from async code); successes are remembered for the life of the process."""
-    key = (name, endpoint())
+    key = (name, endpoint(), revision or "")
     if key in _cache:
         return _cache[key]
     try:
-        config = _read_json(_download(name, "config.json", token), name, "config.json")
+        path = _download(name, "config.json", token, revision)
+        config = _read_json(path, name, "config.json")
     except EntryNotFoundError:
         raise HubError(f"{name} has no config.json on the Hugging Face Hub; set spec.modelConfig") from None
     params = None
     try:
-        index = _read_json(_download(name, "model.safetensors.index.json", token), name, "index")
+        index = _read_json(_download(name, "model.safetensors.index.json", token, revision or _commit(path)),
+                           name, "index")
         params = params_from_index(index, config)
     except EntryNotFoundError:  # a single-file checkpoint: count the parameters from the config
         pass
@@ -108,5 +121,7 @@ def resolve_model(name: str, token: str | None = None) -> ModelArch:
                                params_source="safetensors-index" if params else "computed")
     except ModelConfigError as e:
         raise HubError(f"{name}: {e}") from None
+    if commit := _commit(path):
+        arch = replace(arch, revision=commit)  # what the pod loads is what was read: --revision=<commit>
     _cache[key] = arch
     return arch

@@ -20,6 +20,7 @@ from typing import Any
 from vllmfit.core.errors import UserError
 from vllmfit.core.model.config import parse_hf_config
 from vllmfit.core.model.facts import ModelArch, ModelConfigError
+from vllmfit.core.spec import extraargs
 from vllmfit.core.spec.api import ConfigMapKeyRef, VLLMDeploymentSpec
 from vllmfit.sources import catalog
 
@@ -67,9 +68,9 @@ OFFLINE = "; the Hugging Face Hub was not asked (offline): pass --hub to ask it,
 `vllmfit plan` and `estimate` without --hub)."""
 
 
-def by_name(name: str, *, hub: bool = True) -> ModelArch:
+def by_name(name: str, revision: str | None = None, *, hub: bool = True) -> ModelArch:
     """A model by name: the catalog (names and aliases), then, with `hub`, the Hugging Face Hub for
-    an "org/name" it does not know. Blocking when it asks the Hub. Raises ModelResolutionError: the
+    an "org/name" it does not know (at the commit `revision` when given). Blocking when it asks the Hub. Raises ModelResolutionError: the
     catalog's line (the closest names), and for an "org/name" what the Hub said after it (or, without
     `hub`, that it was not asked)."""
     try:
@@ -85,7 +86,7 @@ def by_name(name: str, *, hub: bool = True) -> ModelArch:
     except ImportError:  # an install without the Hub's client: the catalog's answer
         raise ModelResolutionError(unknown) from None
     try:
-        return hub.resolve_model(name)
+        return hub.resolve_model(name, revision=revision) if revision else hub.resolve_model(name)
     except hub.HubError as e:
         raise ModelResolutionError(f"{unknown}; Hugging Face Hub: {e}", transient=e.transient) from None
 
@@ -113,8 +114,9 @@ def resolve(spec: VLLMDeploymentSpec, namespace: str = "default",
         if not isinstance(config, dict):
             raise ModelResolutionError(f"{where} key {ref.key!r} is not a JSON object")
         return _facts(config, spec, f"{where} key {ref.key!r}")
+    pinned = extraargs.values_of(spec.extra_args, "--revision")  # the Hub's config at the commit the pod loads
     try:
-        return by_name(spec.model, hub=hub)
+        return by_name(spec.model, pinned[-1][1].strip() if pinned else None, hub=hub)
     except ModelResolutionError as e:
         if "/" in spec.model:
             raise

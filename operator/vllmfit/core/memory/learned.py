@@ -19,6 +19,13 @@ the over-run is memory outside what vLLM budgets, which only booking more room c
 (webhook, operator, `vllmfit plan`) books the same. The records travel in `Settings.learned`
 (only those of the model being sized), filled by the shells from the operator's ConfigMap or a
 `--calibration FILE`. Pure: no I/O; the records are plain data (JSON/YAML read by the shells).
+
+A record cannot be poisoned by a tenant: it is taught by a replica's first start only (the
+operator's `teach`), kept per namespace (`namespace`; "" is cluster-wide: taught in the operator's
+own namespace or written by an admin), and a corrected deployment reads only its own namespace's
+records and the cluster-wide ones (`for_model`). An over-run beyond `overrun_bound` teaches nothing
+(the shell flags that deployment instead), and a record ages out `defaults.LEARNED_RECORD_TTL_SECONDS`
+after it was taught (`current`).
 """
 
 from __future__ import annotations
@@ -63,6 +70,11 @@ def _key(model: str, quantization: str, gpu: str, version: str, tp: int, pp: int
     return f"{model}|{quantization}|{gpu}|vllm {version}|tp {tp} pp {pp}|{flags}"
 
 
+def overrun_bound(predicted: int) -> int:
+    """The largest over-run a first start may teach (limits.LEARNED_OVERRUN_*)."""
+    return max(limits.LEARNED_OVERRUN_MIN_BYTES, predicted // limits.LEARNED_OVERRUN_FRACTION_DENOMINATOR)
+
+
 @dataclass(frozen=True)
 class Record:
     """One configuration's first finished start: predicted and observed bytes per GPU."""
@@ -79,10 +91,16 @@ class Record:
     observed_weights_bytes: int | None = None
     observed_kv_cache_bytes: int | None = None
     source: str = ""  # who was measured where and when (a deployment, replica, node, GPU, sampledAt)
+    namespace: str = ""  # whose deployments it corrects ("": every namespace's; the operator's or an admin's)
+    learned_at: int = 0  # when it was taught (seconds since the epoch; 0: read before it was stamped)
+
+    @property
+    def config(self) -> str:
+        return _key(self.model, self.quantization, self.gpu, self.vllm_version, self.tp, self.pp, self.flags)
 
     @property
     def key(self) -> str:
-        return _key(self.model, self.quantization, self.gpu, self.vllm_version, self.tp, self.pp, self.flags)
+        return f"{self.namespace}|{self.config}"
 
     @property
     def excess(self) -> int:
@@ -101,14 +119,20 @@ class Record:
             out["observedKvCacheBytes"] = self.observed_kv_cache_bytes
         if self.source:
             out["source"] = self.source
+        if self.namespace:
+            out["namespace"] = self.namespace
+        if self.learned_at:
+            out["learnedAt"] = self.learned_at
         return out
 
 
 def record(model: str, gpu: str, s: Settings, predicted: int, observed: int, source: str = "",
-           weights: int | None = None, kv_cache: int | None = None) -> Record:
-    """The record of one finished start of `model` with settings `s` on a `gpu` product."""
+           weights: int | None = None, kv_cache: int | None = None, *, namespace: str = "",
+           learned_at: int = 0) -> Record:
+    """The record of one finished start of `model` with settings `s` on a `gpu` product, taught in
+    `namespace` ("": cluster-wide) at `learned_at`."""
     return Record(model, s.quantization or "auto", gpu, parse_version(s.vllm_version)[0].label, s.tp, s.pp,
-                  flags_text(s), predicted, observed, weights, kv_cache, source)
+                  flags_text(s), predicted, observed, weights, kv_cache, source, namespace, learned_at)
 
 
 def _int(d: Mapping[str, Any], name: str, where: str, *, required: bool = True, lo: int = 0,
@@ -149,9 +173,17 @@ def records_from_data(data: Any) -> list[Record]:
             predicted_bytes=_int(d, "predictedBytes", where) or 0, observed_bytes=_int(d, "observedBytes", where) or 0,
             observed_weights_bytes=_int(d, "observedWeightsBytes", where, required=False),
             observed_kv_cache_bytes=_int(d, "observedKvCacheBytes", where, required=False),
-            source=_str(d, "source", where, ""),
+            source=_str(d, "source", where, ""), namespace=_str(d, "namespace", where, ""),
+            learned_at=_int(d, "learnedAt", where, required=False, hi=limits.MAX_EPOCH_SECONDS) or 0,
         ))
     return out
+
+
+def current(records: Iterable[Record], now: int, ttl: int = defaults.LEARNED_RECORD_TTL_SECONDS) -> list[Record]:
+    """The records not aged out at `now` (seconds since the epoch); one never stamped is stamped
+    `now` (it ages out a TTL after it was first read)."""
+    return [r if r.learned_at else replace(r, learned_at=now) for r in records if not r.learned_at
+            or r.learned_at + ttl > now]
 
 
 def learn(records: Iterable[Record], new: Record) -> list[Record]:
@@ -164,10 +196,23 @@ def learn(records: Iterable[Record], new: Record) -> list[Record]:
     return [by_key[k] for k in sorted(by_key)][: defaults.MAX_CALIBRATION_RECORDS]
 
 
-def for_model(records: Iterable[Record], model: str) -> tuple[tuple[str, int, int, str], ...]:
-    """What `Settings.learned` carries for `model`: (key, predicted, observed, source), over-runs only."""
-    return tuple(sorted((r.key, r.predicted_bytes, r.observed_bytes, r.source or r.key)
-                        for r in records if r.model == model and r.excess > 0))
+def for_model(records: Iterable[Record], model: str,
+              namespace: str | None = None) -> tuple[tuple[str, int, int, str], ...]:
+    """What `Settings.learned` carries for `model` in `namespace`: (config key, predicted, observed,
+    source), over-runs only, from that namespace's records and the cluster-wide ones (None: every
+    record, a `--calibration` file's), the larger over-run of a configuration."""
+    best: dict[str, Record] = {}
+    for r in records:
+        if r.model != model or r.excess <= 0 or (namespace is not None and r.namespace not in ("", namespace)):
+            continue
+        if r.config not in best or r.excess > best[r.config].excess:
+            best[r.config] = r
+    return tuple(sorted((k, r.predicted_bytes, r.observed_bytes, _taught_by(r)) for k, r in best.items()))
+
+
+def _taught_by(r: Record) -> str:
+    where = f"namespace {r.namespace}" if r.namespace else "cluster-wide"
+    return f"{r.source or r.config}; {where}"
 
 
 def correction(model: str, gpu: str, s: Settings) -> tuple[int, str] | None:

@@ -7,8 +7,10 @@ Every count is bounded by `vllmfit.core.limits`, so hostile values fail fast."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
-from dataclasses import replace
+from dataclasses import asdict, fields, replace
 from typing import Any
 
 from vllmfit.core import limits
@@ -402,3 +404,17 @@ def params_from_index(index: dict[str, Any], config: dict[str, Any]) -> int | No
     dtype = str(config.get("torch_dtype") or config.get("dtype") or cfg.get("torch_dtype") or cfg.get("dtype")
                 or "bfloat16")
     return total // DTYPE_BYTES.get(dtype, 2)
+
+
+_NOT_SIZED = frozenset({"name", "aliases", "source", "params", "params_source", "max_model_len", "revision"})
+"""ModelArch fields that name the model or are checked another way (the parameter count against the
+safetensors index; the context is vllmfit's --max-model-len), left out of `sizing_digest`."""
+
+
+def sizing_digest(arch: ModelArch) -> str:
+    """The sha256 of every fact of `arch` the memory model sizes from: the same for the catalog's
+    entry and for the config.json vLLM would load when they describe the same model, different when
+    a config.json changes a shape, a dtype or a quantization (vllmfit.verify compares the two)."""
+    facts = {f.name: getattr(arch, f.name) for f in fields(arch) if f.name not in _NOT_SIZED and not f.name.startswith("_")}
+    facts = {k: asdict(v) if hasattr(v, "__dataclass_fields__") else v for k, v in facts.items()}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()

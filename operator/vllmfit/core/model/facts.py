@@ -184,6 +184,7 @@ class ModelArch:
     swa_num_kv_heads: int = 0  # sliding-window layers' own KV heads / head sizes (MiMo-V2: swa_*; 0: the same)
     swa_head_dim: int = 0
     swa_head_dim_v: int = 0
+    revision: str = ""  # the Hub commit its config was read at (pinned in the pod: --revision); "" catalog/inline
     swa_attention_sinks: bool = False  # sliding layers carry attention sinks (MiMo-V2 add_swa_attention_sink_bias)
     min_batched_tokens: int = 0  # vLLM raises a defaulted max_num_batched_tokens to this (Gemma 4 multimodal)
     indexer_head_dim: int = 0  # sparse MLA (DeepSeek-V3.2, GLM-5): the indexer's key cache per layer (index_head_dim)

@@ -44,7 +44,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from vllmfit.core import defaults
-from vllmfit.core.observe.inventory import GpuInventory, InventoryGpu, InventoryMigDevice, InventoryProcess
+from vllmfit.core.observe.inventory import (
+    ENFORCEMENTS,
+    GpuInventory,
+    InventoryGpu,
+    InventoryMigDevice,
+    InventoryProcess,
+)
 
 MIG_UNIT_BASE = 1000
 """Unit index of MIG device m on GPU g: MIG_UNIT_BASE * (g + 1) + m."""
@@ -122,6 +128,8 @@ class Attribution:
     by_deployment: dict[str, dict[int, int]]
     """deployment key -> unit index -> observed bytes (only units where it has processes)."""
     error: str | None = None
+    enforcement: tuple[str, ...] = ()
+    """The enforcements the node reported (inventory.ENFORCEMENTS it knows, in its order)."""
 
     @property
     def foreign_bytes(self) -> dict[int, int]:
@@ -241,6 +249,7 @@ def attribute(inventory: GpuInventory, pods: Mapping[str, str]) -> Attribution:
         for dep, b in u.by_deployment.items():
             by_deployment.setdefault(dep, {})[idx] = b
     return Attribution(
+        enforcement=tuple(e for e in inventory.enforcement if e in ENFORCEMENTS),
         sampled_at=inventory.sampled_at,
         nvml=inventory.nvml,
         units=units,

@@ -7,7 +7,32 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 INVENTORY_SCHEMA_VERSION = 1
-"""The newest inventory schema this vllmfit writes and fully understands."""
+"""The newest inventory schema this vllmfit writes and fully understands. A field added later is
+optional with a default that means "not reported" (an older agent's annotation still reads), and a
+newer agent's unknown fields are ignored."""
+
+DRIVER_LIMITS = "driver-limits"
+"""The driver's per-container GPU memory limits: NVIDIA driver r615 and later, whose container
+toolkit CDI hook reads NVIDIA_GPU_MEMORY_REQUEST / NVIDIA_GPU_MEMORY_LIMIT from a container's env."""
+MPS = "mps"
+"""An MPS control daemon on the node: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT holds per client."""
+ENFORCEMENTS = (DRIVER_LIMITS, MPS)
+"""Every enforcement a node can report, the operator's preference first."""
+DRIVER_LIMITS_MIN_MAJOR = 615
+
+
+def enforcement_of(driver_version: str | None, mps_daemon: bool = False) -> list[str]:
+    """What a node with this driver (and an MPS control daemon or not) can enforce."""
+    out = []
+    try:
+        major = int(str(driver_version or "").split(".", 1)[0])
+    except ValueError:
+        major = 0
+    if major >= DRIVER_LIMITS_MIN_MAJOR:
+        out.append(DRIVER_LIMITS)
+    if mps_daemon:
+        out.append(MPS)
+    return out
 
 
 class _Inventory(BaseModel):
@@ -58,3 +83,6 @@ class GpuInventory(_Inventory):
     nvml: bool = Field(default=True, description="False when NVML could not be initialised on the node.")
     error: str | None = Field(default=None, description="Why NVML could not be read, if it could not.")
     gpus: list[InventoryGpu] = Field(default_factory=list, description="Every GPU of the node.")
+    enforcement: list[str] = Field(default_factory=list, max_length=8, description=(
+        "Per-container GPU memory enforcement the node supports (driver-limits, mps); an unknown value is "
+        "ignored, none reported: nothing enforced there."))

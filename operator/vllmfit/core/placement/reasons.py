@@ -142,10 +142,16 @@ class _Groups:
             best = g.best
             if key[0] == "memory" and not best.gpus:  # the best candidate, with its GPUs
                 best = replace(best, gpus=_best_group(ledger, best.node, best.product, s.gpus))
-            out.append(f"{g.count} {_group_text(str(key[0]), g, best, s, many)}")
+            out.append(f"{g.count} {_group_text(str(key[0]), g, best, s, many)}{_learned_text(req, s, g.products)}")
         if excluded:
             out.append(f"{excluded} node(s) didn't match {_selector_words(req)}")
         return sorted(out)
+
+
+def _learned_text(req: Request, s: Settings, products: Iterable[str]) -> str:
+    """The learned over-run a refused need includes, and who taught it: a refusal states its figure."""
+    hits = sorted({h for p in products if (h := memory.learned.correction(req.model.name, p, s)) is not None})
+    return "".join(f" (of it {fmt_gib(extra)} learned at a start: {source})" for extra, source in hits)
 
 
 def _group_text(kind: str, g: _Group, best: _Why, s: Settings, name_product: bool) -> str:

@@ -106,7 +106,6 @@ REFUSED: dict[str, str] = {
     "--all2all-backend": _MEMORY.format("all2all workspaces"),
     # What is loaded must be what vllmfit sized (issue 21 item 4): another revision of the
     # weights or of the model's code, a config from elsewhere, or extra loader settings.
-    "--revision": _LOADS.format("another revision of the weights and config.json than the one sized"),
     "--code-revision": _LOADS.format("another revision of the model's code than the one sized"),
     "--hf-config-path": _LOADS.format("a config.json from another place than the one sized"),
     "--model-loader-extra-config": _LOADS.format("loader settings (tensorizer, sharded state) that change what "
@@ -278,7 +277,7 @@ ALLOWED: dict[str, str] = {
         "--tokens-only", "--tool-server", "--tool-strict-level", "--uvicorn-log-level", "--shutdown-timeout",
         "--anthropic-disabled-thinking-effort", "--distributed-timeout-seconds",
         "--cpu-distributed-timeout-seconds", "--fail-on-environ-validation", "--hf-token", "--seed",
-        "--max-logprobs", "--logprobs-mode", "--generation-config", "--override-generation-config",
+        "--logprobs-mode", "--generation-config", "--override-generation-config",
         "--structured-outputs-config", "--allow-deprecated-quantization", "--renderer-num-workers"), _SERVER),
     **dict.fromkeys((
         "--aggregate-engine-logging", "--collect-detailed-traces", "--cudagraph-metrics", "--custom-histogram-buckets",
@@ -294,7 +293,7 @@ ALLOWED: dict[str, str] = {
         "--tokenizer-revision", "--tool-call-parser", "--trust-request-chat-template", "--mm-hasher-algorithm"),
         _TOKENS),
     **dict.fromkeys((
-        "--download-dir", "--ignore-patterns", "--max-parallel-loading-workers", "--safetensors-load-strategy",
+        "--ignore-patterns", "--max-parallel-loading-workers", "--safetensors-load-strategy",
         "--safetensors-prefetch-block-size", "--safetensors-prefetch-num-threads", "--use-tqdm-on-load",
         "--swap-space", "--max-cpu-loras", "--mm-processor-cache-gb", "--mm-processor-cache-type",
         "--mm-shm-cache-max-object-size-mb", "--disable-mm-preprocessor-cache", "--numa-bind", "--numa-bind-cpus",
@@ -304,8 +303,44 @@ ALLOWED: dict[str, str] = {
         "--prefix-match-unit", "--long-prefill-token-threshold", "--long-prefill-token-threshold-adaptive",
         "--scheduling-policy", "--scheduler-reserve-full-isl", "--prefill-schedule-interval",
         "--max-num-queued-reqs", "--max-num-queued-tokens"), _SCHED),
+    "--download-dir": ("the model cache: a cache the tenant can write is verified against what was sized before "
+                       "vLLM starts (docs/trust-model.md)"),
     "--lora-modules": "adapters loaded into the LoRA slots spec.lora sized",
     "--default-mm-loras": "adapters loaded into the LoRA slots spec.lora sized",
+}
+
+# Every --load-format value of vLLM 0.11-0.33 by its loading peak on the GPU (vllm/model_executor/
+# model_loader/): "per tensor" loaders read each tensor on the host and copy it into a parameter vLLM
+# already allocated (the profile's weights, nothing more); the others are refused.
+LOAD_FORMATS: dict[str, tuple[str, str]] = {
+    "auto": ("per tensor", "safetensors, else pt: read on the host, copied into each parameter"),
+    "safetensors": ("per tensor", "safe_open on the host (mmap), one tensor at a time"),
+    "pt": ("per tensor", "torch.load(map_location='cpu'), one tensor at a time"),
+    "npcache": ("per tensor", "numpy memmaps on the host"),
+    "runai_streamer": ("per tensor", "streamed into host buffers, then copied into each parameter"),
+    "fastsafetensors": ("refused", ("copies whole shards onto the GPU (GDS or a bounce buffer) while every "
+                                    "parameter is already allocated: up to a shard per rank on top of the weights")),
+    "dummy": ("refused", "random weights: not the checkpoint sized"),
+    "tensorizer": ("refused", "another serialisation of the weights than the checkpoint sized"),
+    "sharded_state": ("refused", "per-rank shards written by another run, not the checkpoint sized"),
+    "gguf": ("refused", "a GGUF file: other weights and quantization than sized"),
+    "bitsandbytes": ("refused", "quantizes while loading: other weight bytes than sized"),
+    "mistral": ("refused", "consolidated Mistral weights with params.json, not the config.json sized"),
+}
+
+# Options allowed only with an immutable revision (a 40-hex commit): a branch or a tag names what
+# the repository's owner pushes next, not what vllmfit sized -> why.
+COMMIT: dict[str, str] = {
+    "--revision": ("only a commit (40 hexadecimal digits) pins the weights and config.json vllmfit sized; a branch "
+                   "or tag moves with the repository"),
+}
+
+# Options allowed up to a bound the admin may raise (vllmfit.core.spec.validate.Policy) -> why.
+BOUNDED: dict[str, str] = {
+    "--max-logprobs": ("top logprobs per request; prompt logprobs take a float32 log-softmax over a whole "
+                       "prefill chunk x vocabulary either way (docs/trust-model.md); -1 (the whole vocabulary) "
+                       "and values above vLLM's default (20) only where the admin raises the bound "
+                       "(--allow-max-logprobs)"),
 }
 
 # Options allowed with some values only -> (allowed values, why the others are refused).
@@ -313,9 +348,10 @@ VALUE_RULES: dict[str, tuple[frozenset[str], str]] = {
     # vLLM's LoadFormat (0.11-0.33): these read the checkpoint vllmfit sized, as it is. dummy
     # (random weights), tensorizer, sharded_state, gguf, bitsandbytes and mistral load
     # something else, or quantize while loading.
-    "--load-format": (frozenset({"auto", "pt", "safetensors", "npcache", "fastsafetensors", "runai_streamer"}),
-                      ("loads other weights than the checkpoint vllmfit sized (or quantizes them while loading); "
-                      "use auto, safetensors, pt, npcache, fastsafetensors or runai_streamer")),
+    "--load-format": (frozenset(v for v, (peak, _) in LOAD_FORMATS.items() if peak != "refused"),
+                      ("loads other weights than the checkpoint vllmfit sized, quantizes them while loading, or "
+                       "copies whole shards onto the GPU next to the weights (fastsafetensors: a loading peak "
+                       "nothing books); use auto, safetensors, pt, npcache or runai_streamer")),
     # mistral reads params.json, not the config.json vllmfit sized.
     "--config-format": (frozenset({"auto", "hf"}), ("reads another config than the config.json vllmfit sized; use "
                         "auto or hf")),
@@ -335,7 +371,8 @@ COMPUTED = frozenset({"--model", "--host", "--port", "--max-model-len", "--max-n
 MODELLED = frozenset({"--tensor-parallel-size", "--pipeline-parallel-size", "--dtype", "--kv-cache-dtype",
                       "--quantization", "--enforce-eager", "--enable-lora", "--max-loras", "--max-lora-rank",
                       "--lora-dtype", "--cpu-offload-gb"})
-KNOWN: frozenset[str] = frozenset(vllmargs.OPTIONS) | frozenset(REFUSED) | frozenset(ALLOWED) | frozenset(VALUE_RULES)
+KNOWN: frozenset[str] = (frozenset(vllmargs.OPTIONS) | frozenset(REFUSED) | frozenset(ALLOWED) | frozenset(VALUE_RULES)
+                         | frozenset(BOUNDED) | frozenset(COMMIT))
 
 
 def classify(option: str) -> tuple[str, str]:
@@ -350,6 +387,10 @@ def classify(option: str) -> tuple[str, str]:
     if option in VALUE_RULES:
         allowed, _why = VALUE_RULES[option]
         return "allowed-values", "only " + ", ".join(sorted(allowed))
+    if option in BOUNDED:
+        return "bounded", BOUNDED[option]
+    if option in COMMIT:
+        return "commit", COMMIT[option]
     if option in ALLOWED:
         return "allowed", ALLOWED[option]
     return "unclassified", ""

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-BINDING_ENV = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")
+BINDING_ENV = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
+               "NVIDIA_GPU_MEMORY_REQUEST", "NVIDIA_GPU_MEMORY_LIMIT", "NVIDIA_GPU_MEMORY_REQUESTS",
+               "NVIDIA_GPU_MEMORY_LIMITS", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
 
 ENV_ALLOWED = frozenset({
     # Hugging Face: token, caches, mirrors, offline mode
     "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_HUB_ENABLE_HF_TRANSFER",
-    "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS", "HF_ENDPOINT", "HF_HUB_ETAG_TIMEOUT",
+    "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_PROGRESS_BARS", "HF_HUB_ETAG_TIMEOUT",
     "HF_HUB_DOWNLOAD_TIMEOUT", "TRANSFORMERS_OFFLINE", "TRANSFORMERS_CACHE", "HF_DATASETS_OFFLINE",
     # egress through a proxy, private CAs
     "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "REQUESTS_CA_BUNDLE",
@@ -47,6 +49,14 @@ ENV_CODE = {
     "VLLM_PLUGINS": "loads vLLM plugins (code) into the server",
     "VLLM_LOGGING_CONFIG_PATH": "loads a logging config that names classes to import",
 }
+HF_ENDPOINT = "HF_ENDPOINT"
+"""Where huggingface_hub downloads config.json and the weights from: only a mirror the admin names
+(validate.Policy.hf_endpoints, --allow-hf-endpoint); a tenant's own endpoint would serve other
+weights than the ones sized."""
+CACHE_ENV = ("HF_HOME", "HF_HUB_CACHE", "TRANSFORMERS_CACHE", "XDG_CACHE_HOME", "HOME")
+"""Where vLLM's huggingface_hub finds a model already downloaded (the first one set wins, in
+huggingface_hub's order): a cache the tenant can write is verified before vLLM starts
+(vllmfit.verify, rendered by vllmfit.operator.rendering.verifier)."""
 FORCED_ENV: tuple[dict[str, str], ...] = ({"name": "PYTHONNOUSERSITE", "value": "1"},)
 """Env vllmfit puts last in the vllm container: no user site-packages (usercustomize, .pth files
 under $HOME/.local) is imported, whatever the image or a volume holds there."""
@@ -80,6 +90,9 @@ def env_name_problem(name: Any) -> str | None:
         return "an env entry needs a name"
     if name in BINDING_ENV or is_device_env(name):
         return "is set by vllmfit's GPU binding; use spec.placement.gpuIndices to choose GPUs"
+    if name == HF_ENDPOINT:
+        return ("downloads the model from another endpoint than the Hub vllmfit sized it from; only a mirror the "
+                "admin allows (--allow-hf-endpoint) may be set, as a value in spec.env")
     if name in ENV_CODE:
         return f"{ENV_CODE[name]}: the vllm container runs only the server vllmfit sized; remove it"
     if name in ENV_ALLOWED or name.startswith(ENV_ALLOWED_PREFIXES):

@@ -33,6 +33,8 @@ from vllmfit.core.spec import vllmargs
 from vllmfit.core.spec.argclasses import (  # noqa: F401 - the tables, read here by callers and tests
     ALIASES,
     ALLOWED,
+    BOUNDED,
+    COMMIT,
     COMPUTED,
     KNOWN,
     MODELLED,
@@ -123,6 +125,10 @@ def problems(args: Sequence[str]) -> list[Problem]:
             base = base.replace("_", "-").lower()  # vLLM: underscores -> dashes before the first '.'
             hits = _resolve_long(base)
             checked = hits[0] if len(hits) == 1 and hits[0] in VALUE_RULES else None
+            if len(hits) == 1 and hits[0] in COMMIT:
+                value = token.split("=", 1)[1] if "=" in token else (args[n + 1] if n + 1 < len(args) else "")
+                if not _is_commit(value.strip()):
+                    out.append(Problem(arg, hits[0], f"extraArgs {head} {value.strip()[:60]!r}: {COMMIT[hits[0]]}"))
             if checked is not None:
                 value = token.split("=", 1)[1] if "=" in token else (args[n + 1] if n + 1 < len(args) else "")
                 allowed, why = VALUE_RULES[checked]
@@ -135,6 +141,25 @@ def problems(args: Sequence[str]) -> list[Problem]:
             hits = _resolve_short(token)
         out += _verdict(arg, token.split("=", 1)[0], hits)
     return out
+
+
+def values_of(args: Sequence[str], option: str) -> list[tuple[str, str]]:
+    """(as written, value) of every extraArgs entry that sets long option `option`, however it is
+    spelled (a unique prefix, underscores, `=`): the bounded options' values (BOUNDED)."""
+    args = [str(a) for a in args]
+    out = []
+    for n, arg in enumerate(args):
+        token = arg.strip()
+        if not token.startswith("--"):
+            continue
+        head = token.split("=", 1)[0]
+        if _resolve_long(head.partition(".")[0].replace("_", "-").lower()) == [option]:
+            out.append((head, token.split("=", 1)[1] if "=" in token else (args[n + 1] if n + 1 < len(args) else "")))
+    return out
+
+
+def _is_commit(value: str) -> bool:
+    return len(value) == 40 and all(c in "0123456789abcdef" for c in value)
 
 
 def _is_number(token: str) -> bool:

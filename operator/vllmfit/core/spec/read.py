@@ -6,7 +6,9 @@ operator all call it, so a spec is refused with the same line wherever it is ref
   `vllmfit plan` restores what a status booked; the webhook reads an UPDATE's old flags); a spec the
   types refuse is a `SpecError` whose message is `message`'s one line.
 - `checked`: the one validator (`validate.problems`) on a read object; its problems, joined by "; ",
-  are a `SpecError`.
+  are a `SpecError`. What it returns has the vllm container's envFrom ConfigMaps copied into
+  spec.env (`with_env_copied`): the values checked are the values the pod gets, and a later edit
+  of the ConfigMap cannot reach the container.
 
 Pure: the shells read the ConfigMaps an envFrom names (`validate.sources_needed`) and know the
 catalog; they pass what they found."""
@@ -121,4 +123,37 @@ def checked(obj: api.VLLMDeployment, *, catalog_model: bool, policy: validate.Po
     problems = validate.problems(obj, catalog_model=catalog_model, policy=policy, sources=sources, named=named)
     if problems:
         raise SpecError("; ".join(problems))
-    return obj
+    return with_env_copied(obj, sources or {})
+
+
+def with_env_copied(obj: api.VLLMDeployment, sources: validate.Sources) -> api.VLLMDeployment:
+    """`obj` with the vllm container's envFrom ConfigMaps replaced by explicit spec.env values, as
+    they were when they were checked. Kubernetes' order is kept: a later envFrom source wins over an
+    earlier one, and spec.env over every envFrom. A source whose values were not read (keys only)
+    stays an envFrom reference (`vllmfit plan` renders no pod)."""
+    tpl = obj.spec.pod_template
+    pod = (tpl.spec if tpl else None) or {}
+    containers = pod.get("containers") if isinstance(pod, Mapping) else None
+    if not containers:
+        return obj
+    copied: dict[str, str] = {}
+    new_containers = []
+    for c in containers:
+        if not isinstance(c, Mapping) or c.get("name") != validate.CONTAINER or not c.get("envFrom"):
+            new_containers.append(c)
+            continue
+        kept = []
+        for src in c["envFrom"]:
+            ref = src.get("configMapRef") if isinstance(src, Mapping) else None
+            data = sources.get(("ConfigMap", str(ref.get("name")))) if isinstance(ref, Mapping) else None
+            if not isinstance(data, Mapping):
+                kept.append(src)
+                continue
+            copied.update({(src.get("prefix") or "") + k: str(v) for k, v in sorted(data.items())})
+        new_containers.append({**{k: v for k, v in c.items() if k != "envFrom"}, **({"envFrom": kept} if kept else {})})
+    if not copied and new_containers == containers:
+        return obj
+    own = {e.get("name") for e in obj.spec.env}
+    env = [*({"name": k, "value": v} for k, v in copied.items() if k not in own), *obj.spec.env]
+    new_tpl = tpl.model_copy(update={"spec": {**pod, "containers": new_containers}})  # type: ignore[union-attr]
+    return obj.model_copy(update={"spec": obj.spec.model_copy(update={"env": env, "pod_template": new_tpl})})

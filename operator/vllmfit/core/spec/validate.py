@@ -33,15 +33,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vllmfit.core import defaults
-from vllmfit.core.spec import api, names
+from vllmfit.core import defaults, limits
+from vllmfit.core.spec import api, extraargs, names
 from vllmfit.core.spec.environment import (  # noqa: F401 - re-exported: the one validator's tables
     BINDING_ENV,
+    CACHE_ENV,
     CDI_ANNOTATION_PREFIX,
     DEVICE_ENV,
     ENV_ALLOWED,
     ENV_CODE,
     FORCED_ENV,
+    HF_ENDPOINT,
     VOID,
     env_name_problem,
     is_device_env,
@@ -49,9 +51,10 @@ from vllmfit.core.spec.environment import (  # noqa: F401 - re-exported: the one
 )
 from vllmfit.core.spec.podsecurity import APPARMOR_ANNOTATION, Level, security_context_problems
 
-Sources = Mapping[tuple[str, str], frozenset[str] | None]
-"""(kind, name) -> the keys of that ConfigMap (kind "ConfigMap") or Secret ("Secret") in the
-deployment's namespace; None or absent: it could not be read."""
+Sources = Mapping[tuple[str, str], Mapping[str, str] | frozenset[str] | None]
+"""(kind, name) -> the data of that ConfigMap (kind "ConfigMap") in the deployment's namespace (or
+only its keys); None or absent: it could not be read (every Secret). The values read are the values
+the pod gets (vllmfit.core.spec.read.with_env_copied)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,8 @@ class Policy:
     level: Level = "restricted"
     host_paths: tuple[str, ...] = ()  # a hostPath volume must be one of these or under one
     csi_drivers: tuple[str, ...] = ()  # inline CSI volumes of these drivers
+    hf_endpoints: tuple[str, ...] = ()  # Hugging Face mirrors spec.env's HF_ENDPOINT may name
+    max_logprobs: int = limits.MAX_LOGPROBS_DEFAULT  # the largest --max-logprobs (vLLM's default)
 
 
 DEFAULT_POLICY = Policy()
@@ -268,11 +273,20 @@ def vllm_container_problems(c: Mapping[str, Any], where: str, policy: Policy, so
             continue
         out += [f"{where}.{probe}.{k}: the {CONTAINER} container's probes are vllmfit's (GET /health); only their "
                 f"timing ({', '.join(sorted(PROBE_TIMING))}) may be set" for k in sorted(c[probe]) if k not in PROBE_TIMING]
-    out += env_from_problems(c.get("envFrom"), f"{where}.envFrom", sources)
+    out += env_from_problems(c.get("envFrom"), f"{where}.envFrom", sources, policy)
     return out
 
 
-def env_from_problems(env_from: Any, where: str, sources: Sources) -> list[str]:
+def env_problem(name: Any, value: Any, policy: Policy) -> str | None:
+    """Why the vllm container may not have env `name` = `value` (None: it may): the name's rule
+    (`env_name_problem`), save a Hugging Face mirror the admin allows, given as a plain value."""
+    if name == HF_ENDPOINT and isinstance(value, str) and value.strip().rstrip("/") in {
+            e.strip().rstrip("/") for e in policy.hf_endpoints}:
+        return None
+    return env_name_problem(name)
+
+
+def env_from_problems(env_from: Any, where: str, sources: Sources, policy: Policy = DEFAULT_POLICY) -> list[str]:
     """The vllm container's envFrom: every variable it brings must pass `env_name_problem`,
     whichever kind of object it comes from; an object that could not be read is refused."""
     out = []
@@ -293,7 +307,8 @@ def env_from_problems(env_from: Any, where: str, sources: Sources) -> list[str]:
                 out.append(f"{where}[{field} {name}]: {kind} {name}: {why}")
                 continue
             for key in sorted(keys):
-                if (p := env_name_problem(prefix + key)) is not None:
+                value = keys.get(key) if isinstance(keys, Mapping) else None
+                if (p := env_problem(prefix + key, value, policy)) is not None:
                     out.append(f"{where}[{field} {name}] {prefix + key}: {p}")
     return out
 
@@ -343,16 +358,33 @@ def spec_problems(spec: api.VLLMDeploymentSpec, *, catalog_model: bool, policy: 
                   sources: Sources | None = None) -> list[str]:
     out = [p for p in [model_config_problem(spec, catalog_model)] if p]
     for e in spec.env:
-        if (p := env_name_problem(e.get("name"))) is not None:
+        if (p := env_problem(e.get("name"), e.get("value"), policy)) is not None:
             out.append(f"spec.env {e.get('name')} {p}" if e.get("name") else f"spec.env: {p}")
     for part, values in sorted((spec.resources or {}).items()):
         if isinstance(values, Mapping):
             out += [f"spec.resources.{part}[{r}]: GPUs are given by vllmfit's binding (the GPUs it booked); remove it"
                     for r in sorted(values) if is_gpu_resource(r) and r != defaults.GPU_RESOURCE]
+    out += logprobs_problems(spec.extra_args, policy)
     tpl = spec.pod_template
     if tpl is None:
         return out
     return out + pod_template_problems(tpl, policy, sources or {})
+
+
+def logprobs_problems(args: Any, policy: Policy) -> list[str]:
+    """--max-logprobs within 0..the admin's bound (vLLM's default, 20, unless raised): -1 asks for the
+    whole vocabulary per token, memory that grows with what a request asks for and nothing books."""
+    out = []
+    for head, value in extraargs.values_of(args, "--max-logprobs"):
+        try:
+            n = int(value.strip())
+        except ValueError:
+            n = -2
+        if not 0 <= n <= policy.max_logprobs:
+            out.append(f"extraArgs {head} {value.strip()[:20]!r}: at most {policy.max_logprobs} top logprobs per "
+                       "token (-1, the whole vocabulary, is never allowed; the admin raises the bound with "
+                       "--allow-max-logprobs); the logprobs a request asks for take GPU memory nothing books")
+    return out
 
 
 def pod_template_problems(tpl: api.PodTemplate, policy: Policy, sources: Sources) -> list[str]:

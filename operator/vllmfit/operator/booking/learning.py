@@ -4,7 +4,10 @@
 by the operator, key `records.json`. Only that object counts: it is read back at start-up by name
 in that namespace and nowhere else, and it counts only when it carries the operator's managed-by
 label (a ConfigMap a tenant made elsewhere, or one without the label, is never read; RBAC lets only
-the operator and cluster administrators write in its namespace). A record refused by the core's
+the operator and cluster administrators write in its namespace). Each record names its namespace
+(none: cluster-wide, an admin's or one taught in the operator's namespace), who taught it
+(`source`) and when (`learnedAt`); records older than defaults.LEARNED_RECORD_TTL_SECONDS are
+dropped when read. A record refused by the core's
 checks keeps nothing of that object (a warning), so the operator predicts as if it had learned
 nothing: the records only ever add bytes to a booking, so losing them is safe.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -71,7 +75,7 @@ async def load(store: Store) -> None:
         logger.warning("learned records: cannot read ConfigMap %s: %s", defaults.CALIBRATION_CONFIGMAP, e)
         return
     try:
-        store.cache.learned = records_from_configmap(cm)
+        store.cache.learned = learned.current(records_from_configmap(cm), int(time.time()))  # aged out: dropped
     except UserError as e:
         logger.warning("learned records: %s", e)
         return

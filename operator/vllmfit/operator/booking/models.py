@@ -57,13 +57,13 @@ async def read_config_map(api_client: Any, namespace: str, ref: api.ConfigMapKey
     return dict(cm.data or {})
 
 
-async def env_sources(api_client: Any, obj: api.VLLMDeployment) -> dict[tuple[str, str], frozenset[str] | None]:
-    """The keys of each ConfigMap the vllm container's envFrom names (vllmfit.core.spec.validate
+async def env_sources(api_client: Any, obj: api.VLLMDeployment) -> dict[tuple[str, str], dict[str, str] | None]:
+    """The data of each ConfigMap the vllm container's envFrom names (vllmfit.core.spec.validate
     checks every variable they set); None for a Secret (the operator has no right to read them),
     and for a ConfigMap it cannot read (absent, forbidden, no API client): refused."""
     from kubernetes_asyncio.client import ApiException, CoreV1Api
 
-    out: dict[tuple[str, str], frozenset[str] | None] = {}
+    out: dict[tuple[str, str], dict[str, str] | None] = {}
     for kind, name in validate.sources_needed(obj.spec):
         out[(kind, name)] = None
         if kind != "ConfigMap" or api_client is None:
@@ -72,5 +72,5 @@ async def env_sources(api_client: Any, obj: api.VLLMDeployment) -> dict[tuple[st
             cm = await CoreV1Api(api_client).read_namespaced_config_map(name, obj.metadata.namespace)
         except ApiException:
             continue
-        out[(kind, name)] = frozenset(cm.data or {})
+        out[(kind, name)] = dict(cm.data or {})  # copied into the pod as it is now (read.with_env_copied)
     return out

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vllmfit.backends import enforcement
+
 CONTAINER = "vllm"
 
 GPU_OOM_PATTERNS = (
@@ -59,11 +61,29 @@ def log_line(log_tail: str) -> tuple[bool, str]:
     return False, lines[-1] if lines else ""
 
 
+VERIFIER = "vllmfit-verify"
+"""The init container that verifies a model cache the tenant can write (vllmfit.verify)."""
+
+
+def _cache_refused(status: Mapping[str, Any]) -> str | None:
+    """Why the model-cache verifier failed the pod (its termination message), or None."""
+    for cs in status.get("initContainerStatuses") or []:
+        if cs.get("name") != VERIFIER:
+            continue
+        for state in (cs.get("state") or {}, cs.get("lastState") or {}):
+            term = state.get("terminated") or {}
+            if term and term.get("exitCode", 0) != 0:
+                return str(term.get("message") or f"the verifier exited with code {term.get('exitCode')}").strip()
+    return None
+
+
 def pod_health(pod: Mapping[str, Any], log_tail: str | None = None) -> PodHealth:
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
     if meta.get("deletionTimestamp"):
         return PodHealth(False, "Terminating", "pod is terminating")
+    if (why := _cache_refused(status)) is not None:  # vLLM never starts on a cache that is not what was sized
+        return PodHealth(False, "ModelCacheRefused", why[:1000], True)
     if status.get("phase") == "Failed":  # evicted, rejected by the kubelet: the Deployment replaces it
         return PodHealth(False, status.get("reason") or "PodFailed", status.get("message") or "pod failed")
     cs = _container_status(pod)
@@ -84,6 +104,9 @@ def pod_health(pod: Mapping[str, Any], log_tail: str | None = None) -> PodHealth
             return PodHealth(False, waiting.get("reason") or "Error",
                              term.get("message") or f"vLLM exited with code {term.get('exitCode')}", needs_log=True)
         oom, line = log_line(log_tail)
+        held = (meta.get("annotations") or {}).get(enforcement.ANNOTATION)
+        if oom and held in enforcement.ENFORCED:  # its limit stopped it; its neighbours keep their memory
+            return PodHealth(False, "OverLimit", f"vLLM was stopped at its GPU memory limit ({held}): {line}", True)
         if oom:
             return PodHealth(False, "CudaOutOfMemory", f"vLLM ran out of GPU memory: {line}", True)
         what = line or term.get("message") or f"exit code {term.get('exitCode')}"

@@ -297,7 +297,9 @@ class Store:
         the Hugging Face Hub) into a placement request. Raises ModelResolutionError."""
         obj = self.effective(obj)
         req = placement.request_from_object(obj, model := await self.resolve_model(obj))
-        return replace(req, learned=memory.learned.for_model(self.cache.learned, model.name)) if self.cache.learned else req
+        if not self.cache.learned:
+            return req
+        return replace(req, learned=memory.learned.for_model(self.cache.learned, model.name, obj.metadata.namespace))
 
     async def resolve_model(self, obj: api.VLLMDeployment) -> ModelArch:
         return await models.resolve_model(self.api, obj)

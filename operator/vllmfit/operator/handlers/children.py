@@ -13,30 +13,37 @@ from kubernetes_asyncio.client import ApiException
 
 from vllmfit.backends import binding
 from vllmfit.backends import reservation as rsv
+from vllmfit.backends.enforcement import ANNOTATION as enforcement_annotation
+from vllmfit.backends.enforcement import CHOSEN as enforcement_chosen
+from vllmfit.backends.enforcement import NONE as enforcement_none
+from vllmfit.backends.enforcement import of_pod as enforcement_of_pod
 from vllmfit.core.spec import api
-from vllmfit.operator.binding import claims, reservations
+from vllmfit.operator import metrics
+from vllmfit.operator.binding import claims, enforcement, reservations
 from vllmfit.operator.binding import runtime_classes as runtimeclasses
 from vllmfit.operator.booking import draining, report
 from vllmfit.operator.booking.record import Record
 from vllmfit.operator.booking.report import now, post_event, unread
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.common import JSON_PATCH, MERGE_PATCH, gone_ok
-from vllmfit.operator.rendering import builders
+from vllmfit.operator.rendering import builders, verifier
 
 logger = logging.getLogger(__name__)
 
 
-async def apply_deployment(apps: client.AppsV1Api, make: Callable[[bool], dict[str, Any]], exclusive: bool,
-                           owner: Mapping[str, Any]) -> bool:
+async def apply_deployment(apps: client.AppsV1Api, make: Callable[..., dict[str, Any]], exclusive: bool,
+                           owner: Mapping[str, Any], enforce: str = enforcement_none) -> tuple[bool, str]:
     """Create the Deployment, or on 409 replace its spec (JSON Patch: KMock has no PUT). A
-    replica whose placement did not change keeps its GPU pinning mode (switching would restart it).
-    Returns whether it is pinned with device-plugin limits."""
-    manifest = make(exclusive)
+    replica whose placement did not change keeps its GPU pinning mode and its enforcement (switching
+    would restart it; an agent that misses a report must not restart what runs). Returns whether it
+    is pinned with device-plugin limits, and the enforcement it was written with (`enforce` for a
+    new one: backends.enforcement.choose)."""
+    manifest = make(exclusive, enforce)
     kopf.adopt(manifest, owner=dict(owner))  # type: ignore[arg-type]
     meta = manifest["metadata"]
     try:
         await unread(apps.create_namespaced_deployment, meta["namespace"], manifest)
-        return exclusive
+        return exclusive, enforce
     except ApiException as e:
         if e.status != 409:
             raise
@@ -44,13 +51,17 @@ async def apply_deployment(apps: client.AppsV1Api, make: Callable[[bool], dict[s
     annotations = (existing.metadata.annotations or {}) if existing.metadata else {}
     same_place = annotations.get(builders.ANNOTATION_PLACEMENT) == meta["annotations"][builders.ANNOTATION_PLACEMENT]
     was_exclusive = annotations.get(builders.ANNOTATION_PINNING) == binding.PIN_DEVICE_PLUGIN
-    if same_place and was_exclusive != exclusive:
-        manifest = make(was_exclusive)
+    old_tpl = existing.spec.template if existing.spec else None
+    was_enforced = ((old_tpl.metadata.annotations or {}) if old_tpl is not None and old_tpl.metadata else {}).get(
+        enforcement_annotation) or enforcement_none
+    kept = was_enforced if same_place and was_enforced in enforcement_chosen and was_enforced != enforce else enforce
+    if same_place and was_exclusive != exclusive or kept != enforce:
+        exclusive = was_exclusive if same_place else exclusive
+        manifest = make(exclusive, kept)
         kopf.adopt(manifest, owner=dict(owner))  # type: ignore[arg-type]
         meta = manifest["metadata"]
-        exclusive = was_exclusive
+        enforce = kept
     tpl = manifest["spec"]["template"]
-    old_tpl = existing.spec.template if existing.spec else None
     if same_place and old_tpl is not None and old_tpl.spec is not None and not old_tpl.spec.scheduling_gates \
             and tpl["spec"].get("schedulingGates"):
         # a running replica is not restarted to add the reservation gate: its GPUs get their
@@ -64,7 +75,7 @@ async def apply_deployment(apps: client.AppsV1Api, make: Callable[[bool], dict[s
              for k in ("labels", "annotations", "ownerReferences")]
     patch.append({"op": "add", "path": "/spec", "value": manifest["spec"]})
     await unread(apps.patch_namespaced_deployment, meta["name"], meta["namespace"], patch, _content_type=JSON_PATCH)
-    return exclusive
+    return exclusive, enforce
 
 
 async def apply_service(core: client.CoreV1Api, manifest: dict[str, Any], owner: Mapping[str, Any]) -> None:
@@ -91,10 +102,10 @@ def desired_object(rec: Record) -> api.VLLMDeployment | None:
 
 def replica_inputs(store: Store, rec: Record, obj: api.VLLMDeployment, p: api.ReplicaPlacement,
                    table: reservations.UuidTable | None = None) -> dict[str, Any]:
-    """Every argument of builders.deployment for one replica, save the two its writer settles
+    """Every argument of builders.deployment for one replica, save the three its writer settles
     against the Deployment that exists (apply_deployment: `exclusive`, the GPU pinning mode a
-    replica keeps where it stays, and `gated`, the reservation gate a running replica is never
-    restarted to get). The writer renders from exactly these (`builders.deployment(**inputs,
+    replica keeps where it stays, `gated`, the reservation gate a running replica is never
+    restarted to get, and `enforce`, the enforcement it keeps where it stays). The writer renders from exactly these (`builders.deployment(**inputs,
     exclusive=..., gated=...)`), and they are the children's cache key (children_state), so no
     input of the rendering can be left out of the key."""
     assert rec.admitted_request is not None and rec.flags is not None
@@ -102,9 +113,11 @@ def replica_inputs(store: Store, rec: Record, obj: api.VLLMDeployment, p: api.Re
     mine = committed.bookings_of(rec.key, p.replica)
     want = claims.desired(store, rec.key, p) if store.backend_of(p.node) == "dra" else None
     return {"obj": obj, "replica": p, "flags": rec.flags, "model_name": rec.admitted_request.model.name,
+            "revision": rec.admitted_request.model.revision,
             "weights_bytes": sum(b.footprint.weights for b in mine), "pins": reservations.pins(store, rec.key, p, table),
             "claim_template": str(want["metadata"]["name"]) if want else None, "booked": builders.booked_text(mine),
-            "runtime_class": store.options.reservation.runtime_class, "mps": store.options.mps}
+            "runtime_class": store.options.reservation.runtime_class, "mps": store.options.mps,
+            "verify": verifier.check_for(obj.spec, rec.admitted_request.model, store.options.reservation.image)}
 
 
 def children_state(store: Store, rec: Record, table: reservations.UuidTable | None = None) -> tuple[Any, ...]:
@@ -176,6 +189,7 @@ async def sync_children(store: Store, key: str) -> None:
         apps, core = client.AppsV1Api(store.api), client.CoreV1Api(store.api)
         want: set[int] = set()
         blocked = set(waiting_for_drains(store, rec))
+        modes: dict[int, tuple[str, str]] = {}  # replica -> (node, how its booking is enforced)
         if rec.admitted and not rec.going:
             obj = desired_object(rec)
             if obj is None:
@@ -197,13 +211,16 @@ async def sync_children(store: Store, key: str) -> None:
                 gated = reservations.gated(store, key, p)
                 booked = inputs["booked"]
 
-                def make(exclusive: bool, inputs: dict[str, Any] = inputs, gated: bool = gated,
+                def make(exclusive: bool, enforce: str, inputs: dict[str, Any] = inputs, gated: bool = gated,
                          tmpl: str | None = tmpl) -> dict[str, Any]:
-                    return builders.deployment(**{**inputs, "claim_template": tmpl},
+                    return builders.deployment(**{**inputs, "claim_template": tmpl}, enforce=enforce,
                                                exclusive=exclusive and not tmpl, gated=gated and not exclusive)
 
                 held = store.cache.whole.get((key, p.replica))
-                if await apply_deployment(apps, make, ex, rec.body) and not tmpl:
+                whole, enforced = await apply_deployment(apps, make, ex, rec.body, enforcement.mode(store, p.node))
+                modes[p.replica] = (p.node, enforcement_of_pod(whole and not tmpl, not whole and not tmpl, enforced,
+                                                               inputs["mps"] is not None))
+                if whole and not tmpl:
                     store.cache.whole[(key, p.replica)] = p.node
                 else:
                     store.cache.whole.pop((key, p.replica), None)
@@ -223,6 +240,8 @@ async def sync_children(store: Store, key: str) -> None:
                     if d.replica == p.replica and (d.where != where or d.booked not in ("", booked)):
                         d.stopped = True
             await apply_service(core, builders.service(obj), rec.body)
+            if await enforcement.report_modes(store, rec, modes):
+                metrics.not_enforced(rec.key)
         for r in sorted(rec.children - want):
             await delete_child(store, rec, apps, r)
         rec.synced = state

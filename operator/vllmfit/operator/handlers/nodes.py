@@ -19,7 +19,7 @@ from vllmfit.operator import metrics
 from vllmfit.operator.admission import bounded
 from vllmfit.operator.binding import reservations
 from vllmfit.operator.booking import learning, report
-from vllmfit.operator.booking.measured import forget, in_use, started
+from vllmfit.operator.booking.measured import forget, in_use, ready, started
 from vllmfit.operator.booking.record import OVER_BUDGET
 from vllmfit.operator.booking.report import now
 from vllmfit.operator.booking.state import Store
@@ -180,6 +180,7 @@ def close_loop(store: Store, node: str, fx: Effects, held: dict[tuple[str, int, 
     Returns whether a measured booking came back down. Hold the lock."""
     att = store.cache.replica_usage.get(node)
     measured = []
+    fresh: set[tuple[str, int]] = set()  # replicas whose start ends with this report: they teach
     if att is not None:
         forget(store, node)
         for (key, replica, index), n in sorted(in_use(store, node).items()):
@@ -189,10 +190,11 @@ def close_loop(store: Store, node: str, fx: Effects, held: dict[tuple[str, int, 
             samples = store.cache.footprints.setdefault(node, {})
             prev = samples.get((key, replica, index))
             samples[(key, replica, index)] = sample
-            if observed.stable(prev, sample):
+            if (observed.stable(prev, sample) or ready(store, key, replica)) and (key, replica) not in store.cache.started:
                 store.cache.started.add((key, replica))
+                fresh.add((key, replica))
             measured.append(observed.Measured(key, replica, node, index, n, started(store, key, replica)))
-        teach(store, node, measured)
+        teach(store, node, [m for m in measured if (m.deployment, m.replica) in fresh], fx)
     change = observed.change(store.books.ledger, measured, kept=held)
     before = {k: builders.gpus_of(store.books.ledger, k) for k in change.bookings}
     observed.apply(store.books.ledger, change)  # the ledger's measured change, 2 of 2
@@ -217,23 +219,40 @@ async def after_measuring(store: Store, node: str, shrank: bool, fx: Effects, t:
         await retry_waiting(store, fx)  # a booking came back down: room for what waits
 
 
-def teach(store: Store, node: str, measured: list[observed.Measured]) -> None:
-    """A replica's first finished start on a GPU teaches a learned record of its configuration."""
+OVERRUN = "Overrun"
+"""A replica used more at its start than a start may teach (memory.learned.overrun_bound)."""
+
+
+def teach(store: Store, node: str, measured: list[observed.Measured], fx: Effects) -> None:
+    """A replica's start (the footprint it settled at) teaches a learned record of its configuration,
+    kept for its namespace (cluster-wide in the operator's own); an over-run beyond the bound flags the
+    deployment (Event) and teaches nothing."""
     for m in measured:
-        if not m.started:
-            continue
         rec = store.cache.records.get(m.deployment)
         req = rec and (rec.request or rec.admitted_request)
         slot = store.books.ledger.slot(node, m.index)
         mine = [b for b in store.books.ledger.bookings_of(m.deployment, m.replica) if b.node == node and b.index == m.index]
-        if req is None or slot is None or not mine:
+        if rec is None or req is None or slot is None or not mine:
             continue
         s = placement.settings_from_spec(req.spec)
         fp = mine[0].footprint
         predicted = fp.predicted - fp.learned  # the memory model's own figure, not an earlier correction
-        new = memory.learned.record(req.model.name, slot.gpu.product, s, predicted, m.used_bytes,
-                                    f"{m.deployment} replica {m.replica} on {node} GPU {m.index}")
-        merged = memory.learned.learn(store.cache.learned, new)
+        source = f"{m.deployment} replica {m.replica} on {node} GPU {m.index}"
+        if m.used_bytes - predicted > (bound := memory.learned.overrun_bound(predicted)):
+            text = (f"{source} used {memory.fmt_gib(m.used_bytes)} at its start, "
+                    f"{memory.fmt_gib(m.used_bytes - predicted)} over the predicted {memory.fmt_gib(predicted)}: beyond "
+                    f"the {memory.fmt_gib(bound)} a start may teach, so this deployment is flagged and its "
+                    "configuration keeps its prediction for everyone else")
+            rec.conditions = report.set_condition(rec.conditions, OVERRUN, "True", "OverrunNotLearned", text, now(),
+                                                  rec.generation)
+            fx.events.append((rec.body, "Warning", "OverrunNotLearned", text))
+            fx.mark.add(m.deployment)
+            continue
+        ns = "" if rec.namespace == learning.namespace(store) else rec.namespace
+        at = int(datetime.now(UTC).timestamp())
+        new = memory.learned.record(req.model.name, slot.gpu.product, s, predicted, m.used_bytes, source,
+                                    namespace=ns, learned_at=at)
+        merged = memory.learned.learn(memory.learned.current(store.cache.learned, at), new)
         if merged != store.cache.learned:
             store.cache.learned = merged
             store.cache.learned_dirty = True  # written by learning.save after the handler's writes

@@ -12,6 +12,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
 
 from vllmfit.backends import dra
+from vllmfit.operator import metrics
 from vllmfit.operator.admission import bounded
 from vllmfit.operator.binding import reservations
 from vllmfit.operator.booking import draining, pods, report
@@ -89,6 +90,8 @@ async def on_pod(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -
             post_event(rec.body, "Normal", "Ready", new.message)
         elif new.status != "True" and new.reason not in SETTLING and (old is None or old.reason != new.reason):
             post_event(rec.body, "Warning", new.reason, new.message)
+            if new.reason == "OverLimit":
+                metrics.over_limit(key)
 
 
 async def on_gated_pod(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:

@@ -13,12 +13,12 @@ import copy
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from vllmfit.backends import binding
+from vllmfit.backends import binding, enforcement
 from vllmfit.backends.binding import GPU_RESOURCE
 from vllmfit.core import defaults, limits, memory
 from vllmfit.core.placement import Booking, Ledger
 from vllmfit.core.spec import api, extraargs, names, validate
-from vllmfit.operator.rendering import podtemplate
+from vllmfit.operator.rendering import podtemplate, verifier
 
 PORT = 8000
 MANAGED_BY = defaults.MANAGED_BY_LABEL
@@ -89,8 +89,10 @@ def deployment_name(name: str, replica: int) -> str:
     return f"{name}-{replica}"
 
 
-def vllm_args(spec: api.VLLMDeploymentSpec, model_name: str, flags: api.Flags) -> list[str]:
-    """`vllm serve` arguments: the model, the computed flags, the spec's settings, extraArgs last."""
+def vllm_args(spec: api.VLLMDeploymentSpec, model_name: str, flags: api.Flags, revision: str = "") -> list[str]:
+    """`vllm serve` arguments: the model, the computed flags, the spec's settings, extraArgs last.
+    `revision`: the Hub commit the model's config was read at, pinned (`--revision`) unless extraArgs
+    pins one (a commit too: vllmfit.core.spec.argclasses.COMMIT)."""
     out = [model_name, "--host=0.0.0.0", f"--port={PORT}", *flags.args(),
            f"--tensor-parallel-size={spec.tensor_parallel_size}",
            f"--pipeline-parallel-size={spec.pipeline_parallel_size}",
@@ -105,6 +107,8 @@ def vllm_args(spec: api.VLLMDeploymentSpec, model_name: str, flags: api.Flags) -
         out.append(memory.cpu_offload_arg(spec.cpu_offload_bytes))
     if spec.max_num_batched_tokens and not any(a.startswith("--max-num-batched-tokens") for a in out):
         out.append(f"--max-num-batched-tokens={spec.max_num_batched_tokens}")
+    if revision and not extraargs.values_of(spec.extra_args, "--revision"):
+        out.append(f"--revision={revision}")
     return out + list(spec.extra_args)
 
 
@@ -138,7 +142,8 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
                *, exclusive: bool, weights_bytes: int = 0, pins: Sequence[str] | None = None,
                gated: bool = False, claim_template: str | None = None,
                runtime_class: str | None = binding.RUNTIME_CLASS, booked: str = "",
-               mps: binding.Mps | None = None) -> dict[str, Any]:
+               mps: binding.Mps | None = None, verify: verifier.Check | None = None,
+               enforce: str = enforcement.NONE, revision: str = "") -> dict[str, Any]:
     """The Deployment running one replica, pinned to its node and GPUs, with the spec's
     podTemplate merged in (podtemplate.merge). The startup probe allows for loading
     `weights_bytes` (the replica's checkpoint) unless the template sets its timing. `booked`
@@ -148,7 +153,9 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
     shared: no GPU limits; NVIDIA_VISIBLE_DEVICES names the GPUs and the nvidia runtime class
     makes the NVIDIA container runtime inject exactly those (docs/operator.md, "GPU pinning").
     `mps`: the optional MPS binding; a shared replica then gets CUDA_MPS_PINNED_DEVICE_MEM_LIMIT from
-    `booked` (binding.Mps).
+    `booked` (binding.Mps). `verify`: the model cache the tenant can write is checked by a last init
+    container before vLLM starts (verifier.check_for). `enforce`: how a sharing replica's booking is
+    enforced on its node (vllmfit.backends.enforcement), on its pods as enforcement.ANNOTATION.
     """
     spec = obj.spec
     name = obj.metadata.name
@@ -163,7 +170,7 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
     for part in resources.values():
         part.pop(GPU_RESOURCE, None)
     gpu = binding.bind(replica, n_gpus, exclusive=exclusive, pins=pins, gated=gated, claim_template=claim_template,
-                       runtime_class=runtime_class, mps=mps, booked=booked_bytes(booked))
+                       runtime_class=runtime_class, mps=mps, booked=booked_bytes(booked), enforce=enforce)
     if gpu.limits:
         resources.setdefault("limits", {}).update(gpu.limits)
     if gpu.claims:
@@ -177,7 +184,7 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
         "name": "vllm",
         "image": spec.image,
         "command": ["vllm", "serve"],
-        "args": vllm_args(spec, model_name, flags),
+        "args": vllm_args(spec, model_name, flags, revision),
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "env": env,
         "resources": resources,
@@ -197,7 +204,13 @@ def deployment(obj: api.VLLMDeployment, replica: api.ReplicaPlacement, flags: ap
     pod_meta: dict[str, Any] = {"labels": pod_labels, "annotations": {ANNOTATION_PLACEMENT: where, **gpu.annotations}}
     if booked:
         pod_meta["annotations"][ANNOTATION_BOOKED] = booked
+    held = enforcement.of_pod(gpu.mode == binding.PIN_DEVICE_PLUGIN, gpu.mode == binding.PIN_VISIBLE_DEVICES,
+                              enforce, mps is not None)
+    if held in enforcement.ENFORCED:  # what holds it to its booking (an OverLimit reads it)
+        pod_meta["annotations"][enforcement.ANNOTATION] = held
     podtemplate.merge(pod, pod_meta, spec.pod_template)
+    if verify is not None:  # last: what the tenant's own init containers wrote is verified too
+        pod["initContainers"] = [*pod.get("initContainers", []), verifier.init_container(verify, spec, env)]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
