@@ -151,3 +151,11 @@ async def test_store_resolves_hub_models_and_maps_errors(server: HubServer) -> N
     with pytest.raises(ModelResolutionError) as e:
         await store.request_for(obj("acme/gated"))
     assert not e.value.transient
+
+
+def test_the_models_it_remembers_are_bounded(server: HubServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hub.limits, "MAX_HUB_MODELS", 1)  # spec.model is tenant input: the least recent goes
+    hub.resolve_model("acme/tiny-chat")
+    hub.resolve_model("acme/single-file")
+    assert list(hub._cache) == [("acme/single-file", server.url)]
+    assert hub.resolve_model("acme/tiny-chat").name == "acme/tiny-chat"  # read again (from the HF cache)

@@ -105,3 +105,20 @@ crashes the process (SIGSEGV) at about 30,000 levels; a Kubernetes object nests 
 MAX_KV_GRANT_REQUESTS = 4096
 """The largest number of full-length requests the cluster's default KV grant may name
 (--default-kv-requests): vLLM's largest default maxNumSeqs is 1024."""
+
+MAX_SELECTIONS = 512
+"""Entries of one ledger's selection cache (core.placement.census.Selections): the nodes each
+nodeSelector / required node affinity matches, and the per-set summaries, taints and policy lines
+a refusal counts. Keyed by what tenants write, so bounded: the least recently used entry goes
+first, and is computed again when asked for. At 1,000 nodes an entry of every node is about
+60 KB, so the cache holds at most about 30 MB whatever reviews ask."""
+
+MAX_SELECTIONS_KEPT = 32
+"""Of a ledger's selection cache, the most recently used entries a node's change carries over
+(each updated with that one node, census.still_matching); the others are dropped and computed
+again when asked for. Bounds the work a node joining, leaving or changing its labels does on the
+operator's loop to this many set updates, whatever number of selectors reviews have asked for."""
+
+MAX_HUB_MODELS = 256
+"""Models read from the Hugging Face Hub kept in memory (sources.hub; the least recently used
+goes first and is read again from the HF cache on disk). Keyed by the `spec.model` tenants write."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import httpx2
@@ -27,12 +29,14 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
+from vllmfit.core import limits
 from vllmfit.core.errors import one_line
 from vllmfit.core.model.config import params_from_index, parse_hf_config
 from vllmfit.core.model.facts import ModelArch, ModelConfigError
 
 DEFAULT_TIMEOUT_S = 10.0
-_cache: dict[tuple[str, str], ModelArch] = {}
+_cache: OrderedDict[tuple[str, str], ModelArch] = OrderedDict()  # bounded: limits.MAX_HUB_MODELS, least recent first
+_cache_lock = threading.Lock()  # resolve_model runs in threads
 
 
 class HubError(Exception):
@@ -89,10 +93,12 @@ def _read_json(path: str, repo: str, filename: str) -> dict[str, Any]:
 
 def resolve_model(name: str, token: str | None = None) -> ModelArch:
     """The ModelArch of Hugging Face repo `name` ("org/model"). Blocking (call it in a thread
-    from async code); successes are remembered for the life of the process."""
+    from async code); the last limits.MAX_HUB_MODELS successes are remembered."""
     key = (name, endpoint())
-    if key in _cache:
-        return _cache[key]
+    with _cache_lock:
+        if key in _cache:
+            _cache.move_to_end(key)
+            return _cache[key]
     try:
         config = _read_json(_download(name, "config.json", token), name, "config.json")
     except EntryNotFoundError:
@@ -108,5 +114,8 @@ def resolve_model(name: str, token: str | None = None) -> ModelArch:
                                params_source="safetensors-index" if params else "computed")
     except ModelConfigError as e:
         raise HubError(f"{name}: {e}") from None
-    _cache[key] = arch
+    with _cache_lock:
+        _cache[key] = arch
+        while len(_cache) > limits.MAX_HUB_MODELS:
+            _cache.popitem(last=False)
     return arch

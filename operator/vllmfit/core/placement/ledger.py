@@ -10,7 +10,7 @@ from typing import Any
 from vllmfit.core.memory import DEFAULT_KV_GRANT, KvGrant
 from vllmfit.core.model.facts import GpuType
 from vllmfit.core.placement import affinity
-from vllmfit.core.placement.census import BY_PRODUCT, Census, NodeSet, still_matching
+from vllmfit.core.placement.census import BY_PRODUCT, Census, NodeSet, Selections, still_matching
 from vllmfit.core.placement.decision import Booking, Decision
 from vllmfit.core.placement.headroom import Index
 from vllmfit.core.placement.inputs import GpuKey, GpuSlot, NodeInfo
@@ -58,7 +58,7 @@ class Ledger:
         self.census = Census()  # the nodes by what a refusal counts (core.placement.census; read only)
         self._groups: dict[tuple[GpuType, int], Index] = {}
         self._group_key: dict[tuple[GpuType, int], dict[str, int]] = {}  # (type, n) -> node -> its key
-        self._selected: dict[tuple[object, ...], NodeSet] = {}  # (nodeSelector, affinity) -> matches
+        self._selected = Selections()  # (nodeSelector, affinity) -> matches, and summaries (one per node state)
         self._stale: set[tuple[str, GpuType]] = set()  # (node, type) whose group keys lag its bookings
         self._load(list(nodes))
 
@@ -70,7 +70,7 @@ class Ledger:
         selection = (old := self.nodes.get(node.name)) is None or not old.selected_as(node)  # not only foreign use
         self._unindex_node(node.name)
         self.nodes[node.name] = node
-        if selection:  # each selection's matches with this node looked at again (a new dict: snapshots keep theirs)
+        if selection:  # each selection's matches with this node looked at again (a new cache: snapshots keep theirs)
             self._selected = still_matching(self._selected, node.name, old, node, self.node_set)
         types: dict[GpuType, list[int]] = {}
         for s in node.gpus:
@@ -168,15 +168,20 @@ class Ledger:
         if not selector and terms is None:
             return None
         key = (tuple(sorted((selector or {}).items())), terms)
-        cache = self._selected  # one cache object per node state: the same answer for every sharer
-        found = cache.get(key)
-        if found is None:
-            found = cache[key] = self.node_set(
-                n
-                for n, nd in self.nodes.items()
-                if affinity.selected(n, nd.labels, key[0], terms)
-            )
-        return found
+        return self._selected.remembered(key, lambda: self.node_set(  # type: ignore[no-any-return]
+            n for n, nd in self.nodes.items() if affinity.selected(n, nd.labels, key[0], terms)))
+
+    @property
+    def selections(self) -> Selections:
+        """Its selection cache (census.Selections): read it, never change it (`remembered` does)."""
+        return self._selected
+
+    def remembered(self, key: tuple[object, ...], build: Any) -> Any:
+        """A value computed from this ledger's nodes alone (never from its bookings), `build()`
+        once per node state and remembered in its bounded selection cache (census.Selections):
+        shared by its snapshots and scratch copies, dropped when a node changes. `key[0]`: a
+        string naming the kind of value (core.placement.summary)."""
+        return self._selected.remembered(key, build)
 
     # accounting
     def used_bytes(self, node: str, index: int) -> int:

@@ -97,16 +97,15 @@ def schedulable(ledger: Ledger, matching: NodeSet | None, spec: VLLMDeploymentSp
     if not ledger.census.refusing:  # the nodes that may refuse a pod at all (tainted, cordoned, no safe binding)
         return matching  # none: every node takes the spec's pods, whatever it tolerates
     tol = tolerations_of(spec)
-    key = ("taints", tol, matching)  # a NodeSet hashes its frozenset, computed once
-    cache = ledger._selected  # cleared with the ledger's own selections whenever a node changes
-    if key in cache:
-        return cache[key] if cache[key] is not _ALL else matching
-    names = ledger.nodes if matching is None else matching.names
-    barred = {n for n in ledger.census.refusing  # the few nodes that may refuse: no walk of every node
-              if (matching is None or n in matching.members) and ledger.nodes[n].refuses(tol)}
-    result = matching if not barred else ledger.node_set(n for n in names if n not in barred)
-    cache[key] = _ALL if result is None else result
-    return result
+    def build() -> NodeSet:
+        names = ledger.nodes if matching is None else matching.names
+        barred = {n for n in ledger.census.refusing  # the few nodes that may refuse: no walk of every node
+                  if (matching is None or n in matching.members) and ledger.nodes[n].refuses(tol)}
+        result = matching if not barred else ledger.node_set(n for n in names if n not in barred)
+        return _ALL if result is None else result
+
+    found = ledger.remembered(("taints", tol, matching), build)  # a NodeSet hashes its frozenset, computed once
+    return matching if found is _ALL else found  # type: ignore[no-any-return]
 
 
 _ALL = NodeSet((), frozenset(), ())  # cache marker: every node (matching None) takes the spec's pods
