@@ -253,7 +253,7 @@ async def test_a_booking_whose_status_cannot_be_written_because_the_object_is_go
         rec = store.cache.upsert(obj)
         req = placement.request_from_object(common.parse(obj), catalog.model(QWEN7))
         fx = common.Effects()
-        async with store.books.lock:
+        async with store.books.transaction(counted=False):
             decide.apply_decision(store, rec, req, placement.decide(store.books.ledger, req), fx)
         assert rec.admitted and fx.sync == {"ns/gone"}
         await writes.finish(store, fx, strict=False, hold=False)

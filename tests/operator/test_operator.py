@@ -501,7 +501,8 @@ async def test_a_status_written_by_the_previous_active_replica_is_booked_not_dou
     obj = vd("old", QWEN7, maxModelLen=32768, kvCache={"concurrency": 8})
     rec = peer.cache.upsert(obj)
     req = await peer.request_for(common.parse(obj))
-    decide.apply_decision(peer, rec, req, pl.decide(peer.books.ledger, req), common.Effects())
+    with peer.books.step():
+        decide.apply_decision(peer, rec, req, pl.decide(peer.books.ledger, req), common.Effects())
     obj["status"] = report.status(rec, peer.books.ledger)
     obj["metadata"]["annotations"] = {"vllmfit.dev/last-handled-configuration": json.dumps(
         {"spec": obj["spec"], "metadata": {}})}

@@ -77,7 +77,8 @@ def admitted_status(store: Store, name: str, **spec: Any) -> dict[str, Any]:
     store.books.ledger.book(d)
     rec = store.cache.upsert(body(name, **spec))
     fx = common.Effects()
-    decide.apply_decision(store, rec, req, d, fx)
+    with store.books.step():  # one change, as a handler's transaction applies it
+        decide.apply_decision(store, rec, req, d, fx)
     return report.status(rec, store.books.ledger)
 
 
@@ -122,7 +123,8 @@ def test_an_update_that_does_not_fit_keeps_the_admitted_spec() -> None:
     big = obj("x", maxModelLen=32768, kvCache={"concurrency": 16})
     req = placement.request_from_object(big, catalog.model(QWEN7))
     fx = common.Effects()
-    decide.apply_decision(store, rec, req, placement.decide(store.books.ledger, req), fx)
+    with store.books.step():
+        decide.apply_decision(store, rec, req, placement.decide(store.books.ledger, req), fx)
     st = report.status(rec, store.books.ledger)
     assert st["phase"] == "Admitted" and st["flags"] == flags.model_dump(by_alias=True, mode="json")
     assert store.books.ledger.bookings_of("ns/x") == before
@@ -155,7 +157,8 @@ async def test_replan_moves_the_newest_off_an_overfull_gpu_and_keeps_the_oldest(
     store, old_a = overfull_gpu_a()
     used = store.books.ledger.used_bytes("gpu-a", 0)
     fx = common.Effects()
-    await decide.replan(store, "gpu-a", fx, "node gpu-a changed")
+    async with store.books.transaction():
+        await decide.replan(store, "gpu-a", fx, "node gpu-a changed")
     assert store.books.ledger.bookings_of("ns/a") == old_a  # the oldest stays
     moved = store.books.ledger.bookings_of("ns/bb")
     assert {b.node for b in moved} == {"gpu-b"}
@@ -190,7 +193,8 @@ async def test_a_replan_past_its_time_limit_evicts_without_moving_and_never_bloc
     ticker = asyncio.create_task(tick())
     fx = common.Effects()
     try:
-        await decide.replan(store, "gpu-a", fx, "node gpu-a changed")
+        async with store.books.transaction():
+            await decide.replan(store, "gpu-a", fx, "node gpu-a changed")
     finally:
         release.set()
         ticker.cancel()
@@ -211,7 +215,8 @@ async def test_removing_a_node_makes_what_fits_nowhere_unschedulable() -> None:
     store.cache.records["ns/a"].children = {0}
     store.books.ledger.remove_node("gpu-a")
     fx = common.Effects()
-    await decide.replan(store, "gpu-a", fx, "node gpu-a was removed")
+    async with store.books.transaction():
+        await decide.replan(store, "gpu-a", fx, "node gpu-a was removed")
     rec = store.cache.records["ns/a"]
     assert not rec.admitted and rec.outcome == "Unschedulable" and rec.waiting
     assert store.books.ledger.bookings_of("ns/a") == []
