@@ -76,6 +76,35 @@ async def test_a_transaction_that_changes_nothing_publishes_nothing() -> None:
     assert store.books.committed is committed and store.books.version == version and store.books.changes == changes
 
 
+async def test_another_task_never_reads_a_transaction_half_done() -> None:
+    """A handler's transaction awaits a decision in a worker thread halfway through its change;
+    the loop's other tasks (the reservation pass, another handler's reads) run meanwhile."""
+    import asyncio
+
+    store = Store()
+    store.rebuild([node("gpu-a", 1), node("gpu-b", 1)], [])
+    halfway, go_on = asyncio.Event(), asyncio.Event()
+
+    async def handler() -> None:
+        async with store.books.transaction() as ledger:
+            ledger.remove_node("gpu-a")
+            assert list(store.books.ledger.nodes) == ["gpu-b"]  # its own change, seen by its own task
+            halfway.set()
+            await go_on.wait()
+
+    task = asyncio.create_task(handler())
+    await halfway.wait()
+    assert sorted(store.books.ledger.nodes) == ["gpu-a", "gpu-b"]  # another task: the ledger before it
+    with pytest.raises(RuntimeError):
+        store.books.writing.release("k")  # and it cannot change the open transaction's ledger
+    with pytest.raises(RuntimeError):
+        with store.books.step():
+            pass
+    go_on.set()
+    await task
+    assert sorted(store.books.ledger.nodes) == ["gpu-b"] == sorted(store.books.committed.nodes)
+
+
 def test_the_writers_ledger_is_reached_for_change_only_inside_a_transaction() -> None:
     store = Store()
     with pytest.raises(RuntimeError, match="transaction"):

@@ -31,8 +31,8 @@ class Ledger:
     container (a few attribute copies at any size) and whichever side changes one first copies
     it (`_changing`): maps are layers (only their changes are copied), sorted indices one GPU
     type or group size at a time, bookings one node at a time. A snapshot never changes, and
-    `decide` on one works on a scratch copy. Lazy indices (`group_index`, `matching`) are
-    published whole, so threads reading one snapshot never see one half-built. Indices:
+    `decide` on one works on a scratch copy. Lazy group indices are published whole; selections
+    (`matching`) live in a locked, bounded cache per node state (census.Selections). Indices:
     - per GPU type: (headroom, node, index) sorted, for single-GPU placements;
     - per (GPU type, n), built on first use: (key, node) sorted, where key is the n-th largest
       headroom among the node's (non-MIG) GPUs of that type: the largest need an n-GPU group
@@ -121,8 +121,7 @@ class Ledger:
             self.group_index(t, size)  # each type's whole-node groups (set_node), in the order nodes give them
 
     def remove_node(self, name: str) -> list[str]:
-        """Forget a node. Returns the deployments that had bookings on it (they must move; their
-        bookings stay until released or re-placed by `replan`)."""
+        """Forget a node. Returns the deployments booked there (they must move: `replan`)."""
         self._changing("nodes", "acct")
         self._unindex_node(name)
         old = self.nodes.pop(name, None)
@@ -172,15 +171,12 @@ class Ledger:
             n for n, nd in self.nodes.items() if affinity.selected(n, nd.labels, key[0], terms)))
 
     @property
-    def selections(self) -> Selections:
-        """Its selection cache (census.Selections): read it, never change it (`remembered` does)."""
+    def selections(self) -> Selections:  # read it; `remembered` adds to it
         return self._selected
 
     def remembered(self, key: tuple[object, ...], build: Any) -> Any:
-        """A value computed from this ledger's nodes alone (never from its bookings), `build()`
-        once per node state and remembered in its bounded selection cache (census.Selections):
-        shared by its snapshots and scratch copies, dropped when a node changes. `key[0]`: a
-        string naming the kind of value (core.placement.summary)."""
+        """A value of this ledger's nodes alone (never its bookings): `build()` once per node state,
+        kept in its bounded selection cache (census.Selections; `key[0]` names the kind of value)."""
         return self._selected.remembered(key, build)
 
     # accounting
@@ -432,9 +428,7 @@ class Ledger:
     def group_index(self, t: GpuType, n: int) -> Index:
         """(n-th largest headroom, node) sorted, for nodes with at least n GPUs of type t."""
         found = self._groups.get((t, n)) if not self._stale else self._fresh().get((t, n))
-        if found is None:
-            # Built whole, then published in one assignment (no thread sees it half built); a
-            # ledger that changed its accounting since it was shared has its own tables (_changing).
+        if found is None:  # built whole, then published in one assignment (no thread sees it half built)
             keys, head = {}, self._head  # the nodes with n GPUs of type t: their _node_group_key
             for node, types in self._by_type.items():
                 ix = types.get(t)

@@ -32,18 +32,32 @@ class Books:
     the memory the ledger holds for stopped replicas (drains). One per operator process."""
 
     def __init__(self, kv_grant: memory.KvGrant = memory.DEFAULT_KV_GRANT) -> None:
-        self.ledger = Ledger(kv_grant=kv_grant)  # the writer's: read it anywhere on the loop; change it in a transaction
-        self.committed: Ledger = self.ledger.snapshot()  # what readers and reviews see
+        self._ledger = Ledger(kv_grant=kv_grant)  # the writer's (`ledger`); changed only in a transaction
+        self.committed: Ledger = self._ledger.snapshot()  # what readers and reviews see
         self.version = 0  # counts the published changes (a decision names the one it saw)
-        self._published: tuple[Ledger, int] = (self.ledger, self.ledger.version)
+        self._published: tuple[Ledger, int] = (self._ledger, self._ledger.version)
         self.lock = asyncio.Lock()  # held by the open transaction (read `locked()`; take it through `transaction`)
         self._open: Ledger | None = None  # the open transaction's ledger before it (what a rollback restores)
+        self._owner: object = None  # the task that opened it
         self.ready = asyncio.Event()  # set once the start-up rebuild restored the ledger
         self.changes = 0  # transactions entered (resync skips if it moved)
         self.drains = draining.Drains()  # stopped replicas whose pods may still hold memory
         self.refused: set[str] = set()  # nodes whose data was refused at start-up, not read well since
         self.stale = 0  # optimistic commits refused because the ledger moved (metrics, tests)
         self.deciding = 0  # reconciles between their first decision and their commit (`alone`)
+
+    @property
+    def ledger(self) -> Ledger:
+        """The writer's ledger, to read on the operator's loop. Inside the open transaction (its
+        own task) it is the transaction's ledger with its change so far; to every other task it
+        is the ledger before that transaction, so no reader sees a change half done."""
+        if self._open is not None and _task() is not self._owner:
+            return self._open
+        return self._ledger
+
+    @ledger.setter
+    def ledger(self, ledger: Ledger) -> None:  # tests set up a ledger directly; production: `replace`
+        self._ledger = ledger
 
     @contextlib.asynccontextmanager
     async def transaction(self, *, counted: bool = True) -> AsyncIterator[Ledger]:
@@ -56,67 +70,67 @@ class Books:
         reads a consistent view or changes only caches the resync reads again, only when the
         ledger changed."""
         async with self.lock:
-            before = self.ledger
+            before = self._ledger
             try:
                 with self._opened() as work:
                     yield work
             finally:
-                if counted or self.ledger is not before:
+                if counted or self._ledger is not before:
                     self.changes += 1
 
     @contextlib.contextmanager
     def step(self) -> Iterator[Ledger]:
         """A change with no await in it (the start-up rebuild, the resync's correction, a status
-        adopted): part of the open transaction when there is one, else a transaction of its own
-        (on the loop, with no await, nothing can come between)."""
-        if self._open is not None:
-            yield self.ledger
+        adopted): part of the open transaction when its own task opened one, else a transaction of
+        its own (on the loop, with no await, nothing can come between)."""
+        if self._open is not None and _task() is self._owner:
+            yield self._ledger
             return
         if self.lock.locked():
-            raise RuntimeError("the ledger's lock is held outside a transaction")
+            raise RuntimeError("another task holds the ledger's transaction; take Books.transaction()")
         with self._opened() as work:
             yield work
 
     @contextlib.contextmanager
     def _opened(self) -> Iterator[Ledger]:
-        base = self.ledger
-        work = self.ledger = base.fork()
-        self._open = base
+        base = self._ledger
+        work = self._ledger = base.fork()
+        self._open, self._owner = base, _task()
         try:
             yield work
         except BaseException:
-            self.ledger = base  # roll back: the fork (and anything built on it) is dropped
+            self._ledger = base  # roll back: the fork (and anything built on it) is dropped
             raise
         else:
-            if self.ledger is work and work.version == base.version:
-                self.ledger = base  # nothing changed: the fork is dropped, nothing is published
+            if self._ledger is work and work.version == base.version:
+                self._ledger = base  # nothing changed: the fork is dropped, nothing is published
             self.publish()
         finally:
-            self._open = None
+            self._open = self._owner = None
 
     changing = transaction  # the name most handlers use
 
     @property
     def writing(self) -> Ledger:
         """The open transaction's ledger, the only one production code changes; RuntimeError
-        outside a transaction."""
-        if self._open is None:
+        outside a transaction (or in a task that did not open it)."""
+        if self._open is None or _task() is not self._owner:
             raise RuntimeError("the ledger changes only inside Books.transaction()")
-        return self.ledger
+        return self._ledger
 
     def replace(self, ledger: Ledger) -> None:
         """Inside a transaction: make `ledger` (built apart, e.g. a fork re-planned in a thread,
         a rebuild from the API) the transaction's result; committed with it, or dropped."""
-        if self._open is None:
+        if self._open is None or _task() is not self._owner:
             raise RuntimeError("the ledger is replaced only inside Books.transaction()")
-        self.ledger = ledger
+        self._ledger = ledger
 
     def publish(self) -> None:
         """Make the writer's ledger as it is now the committed snapshot (when it changed since the
         last publication). A transaction's commit calls it; never while a change is half done."""
-        if self._published != (self.ledger, self.ledger.version):
-            self.committed = self.ledger.snapshot()
-            self._published = (self.ledger, self.ledger.version)
+        if self._published != (self._ledger, self._ledger.version):
+            self.committed = self._ledger.snapshot()
+            self._published = (self._ledger, self._ledger.version)
             self.version += 1
 
     def alone(self) -> bool:
@@ -165,3 +179,11 @@ class Books:
             if ledger.slot(b.node, b.index) is None or ledger.headroom_bytes(b.node, b.index) < 0:
                 return True
         return False
+
+
+def _task() -> object:
+    """The asyncio task running now (None outside one: a step at start-up, a test)."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
