@@ -97,9 +97,8 @@ async def test_another_task_never_reads_a_transaction_half_done() -> None:
     assert sorted(store.books.ledger.nodes) == ["gpu-a", "gpu-b"]  # another task: the ledger before it
     with pytest.raises(RuntimeError):
         store.books.writing.release("k")  # and it cannot change the open transaction's ledger
-    with pytest.raises(RuntimeError):
-        with store.books.step():
-            pass
+    with pytest.raises(RuntimeError), store.books.step():
+        pass
     go_on.set()
     await task
     assert sorted(store.books.ledger.nodes) == ["gpu-b"] == sorted(store.books.committed.nodes)
