@@ -507,8 +507,8 @@ async def test_a_status_written_by_the_previous_active_replica_is_booked_not_dou
     obj["metadata"]["annotations"] = {"vllmfit.dev/last-handled-configuration": json.dumps(
         {"spec": obj["spec"], "metadata": {}})}
     obj["metadata"]["finalizers"] = ["vllmfit.dev/finalizer"]
+    from bookkit import child
     from kubernetes_asyncio import client
-    from test_lifecycle import child
 
     written = {"apiVersion": "apps/v1", "kind": "Deployment", "spec": {}, **child(obj, "gpu-a:0")}
     written["metadata"]["ownerReferences"][0]["apiVersion"] = obj["apiVersion"]
