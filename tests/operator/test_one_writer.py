@@ -27,7 +27,7 @@ from vllmfit.sources import catalog
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "operator" / "vllmfit" / "operator"
 WRITER = ROOT / "booking" / "books.py"
-MUTATORS = {"set_node", "remove_node", "book", "restore", "release", "_add"}
+MUTATORS = {"set_node", "remove_node", "book", "restore", "release", "add_bookings"}
 CHANGES_WHAT_IT_IS_GIVEN = {"hold", "revive", "charge", "carry", "apply", "correct", "recharge", "put_node",
                             "overlay_dra", "replan"}  # functions that change the ledger passed to them
 

@@ -52,7 +52,7 @@ class Ledger:
         self._used: Any = {}  # GpuKey -> booked bytes
         self._by_deployment: Any = {}  # key -> its bookings (a list never changed in place)
         self._beyond: set[str] = set()  # deployments with a booking that holds KV beyond its caps
-        self._head: Any = {}  # GpuKey -> headroom as indexed; it and the maps above: dicts until shared
+        self.heads: Any = {}  # GpuKey -> headroom as indexed (others read it); these maps: dicts until shared
         self._free: dict[GpuType, Index] = {}
         self._by_type: dict[str, dict[GpuType, list[int]]] = {}  # node -> type -> indices (non-MIG)
         self.census = Census()  # the nodes by what a refusal counts (core.placement.census; read only)
@@ -98,7 +98,7 @@ class Ledger:
             return
         self.version += len(nodes)
         entries: dict[GpuType, list[tuple[int, str, int]]] = {}
-        slots, on_gpu, used, head = self._slots, self._on_gpu, self._used, self._head
+        slots, on_gpu, used, head = self._slots, self._on_gpu, self._used, self.heads
         budget: dict[tuple[int, int], int] = {}  # (id(policy), id(type)) -> budget: the same for most GPUs
         for node in nodes:
             self.nodes[node.name] = node
@@ -233,19 +233,19 @@ class Ledger:
         need: dict[GpuKey, int] = {}
         for b in new:
             need[(b.node, b.index)] = need.get((b.node, b.index), 0) + b.footprint.total
-        bad = sorted(k for k, v in need.items() if (h := self._head.get(k)) is None or v > h)  # _head: current
+        bad = sorted(k for k, v in need.items() if (h := self.heads.get(k)) is None or v > h)  # heads: current
         if bad:
-            self._add(decision.key, old)
+            self.add_bookings(decision.key, old)
             raise OverBudget(f"{decision.key} no longer fits on {bad[0][0]} GPU {bad[0][1]}; decide again")
-        self._add(decision.key, new)
+        self.add_bookings(decision.key, new)
 
     def restore(self, key: str, bookings: Iterable[Booking]) -> None:
         """Re-add bookings read back from a VLLMDeployment's status (operator start-up), unchecked."""
         self._changing()
         self.release(key)
-        self._add(key, list(bookings))
+        self.add_bookings(key, list(bookings))
 
-    def _add(self, key: str, bookings: list[Booking]) -> None:
+    def add_bookings(self, key: str, bookings: list[Booking]) -> None:
         if not bookings:
             return
         self._changing("acct", "deps")
@@ -326,7 +326,7 @@ class Ledger:
                 self._by_type = dict(self._by_type)  # values are replaced whole, never changed in place
                 self.census = self.census.copy()  # small: a few entries per GPU type
             elif unit == "acct":
-                self._used, self._head = _Layer.over(self._used), _Layer.over(self._head)
+                self._used, self.heads = _Layer.over(self._used), _Layer.over(self.heads)
                 # dict() is one step under the GIL, while a thread may publish a lazy index there
                 self._free, self._groups, self._group_key = dict(self._free), dict(self._groups), dict(self._group_key)
             elif unit == "deps":
@@ -369,12 +369,12 @@ class Ledger:
     # indices
     def _index(self, key: GpuKey, h: int | None = None) -> None:
         s = self._slots[key]
-        h = self._head[key] = self.headroom_bytes(*key) if h is None else h
+        h = self.heads[key] = self.headroom_bytes(*key) if h is None else h
         self._free_list(s.gpu).add((h, key[0], key[1]))
 
     def _unindex(self, key: GpuKey) -> None:
         s = self._slots.get(key)
-        h = self._head.pop(key, None)
+        h = self.heads.pop(key, None)
         if s is None or h is None:
             return
         lst = self._free_list(s.gpu)
@@ -386,19 +386,19 @@ class Ledger:
         """The headroom of the GPUs of `bookings` indexed anew (a GPU twice: the second finds it done)."""
         for b in bookings:
             s = self._slots.get(key := (b.node, b.index))
-            if s is None or (old := self._head.get(key)) == (h := s.budget_bytes - self._used.get(key, 0) - s.foreign_bytes):
+            if s is None or (old := self.heads.get(key)) == (h := s.budget_bytes - self._used.get(key, 0) - s.foreign_bytes):
                 continue
             lst = self._free_list(s.gpu)  # _unindex, then _index at h
             if old is not None:
                 lst.remove((old, key[0], key[1]))
             lst.add((h, key[0], key[1]))
-            self._head[key] = h
+            self.heads[key] = h
             if not s.mig:  # its node's group keys are refreshed when a group index is read next (_fresh)
                 self._stale.add((s.node, s.gpu))
 
     def _refresh_groups(self, node: str, t: GpuType) -> None:
-        heads = sorted([self._head[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
-        for (gt, n), keys in self._group_key.items():  # each n's key is heads[n - 1] (_node_group_key)
+        heads = sorted([self.heads[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
+        for (gt, n), keys in self._group_key.items():  # each n's key is heads[n - 1] (node_group_key)
             if (gt is t or (gt.product == t.product and gt == t)) and (  # equal types may be distinct objects
                     keys.get(node) != (key := heads[n - 1] if len(heads) >= n else None)):
                 self._set_group_key(t, n, node, key)
@@ -410,8 +410,8 @@ class Ledger:
             self._refresh_groups(node, t)
         return self._groups
 
-    def _node_group_key(self, node: str, t: GpuType, n: int) -> int | None:
-        heads = sorted([self._head[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
+    def node_group_key(self, node: str, t: GpuType, n: int) -> int | None:
+        heads = sorted([self.heads[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
         return heads[n - 1] if len(heads) >= n else None
 
     def _set_group_key(self, t: GpuType, n: int, node: str, key: int | None) -> None:
@@ -429,7 +429,7 @@ class Ledger:
         """(n-th largest headroom, node) sorted, for nodes with at least n GPUs of type t."""
         found = self._groups.get((t, n)) if not self._stale else self._fresh().get((t, n))
         if found is None:  # built whole, then published in one assignment (no thread sees it half built)
-            keys, head = {}, self._head  # the nodes with n GPUs of type t: their _node_group_key
+            keys, head = {}, self.heads  # the nodes with n GPUs of type t: their node_group_key
             for node, types in self._by_type.items():
                 ix = types.get(t)
                 if ix is not None and len(ix) >= n:

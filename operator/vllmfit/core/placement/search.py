@@ -122,10 +122,10 @@ def _pick(
     if n == 1:
         if few:
             entries = Index(
-                (ledger._head[(nd, s.index)], nd, s.index)
+                (ledger.heads[(nd, s.index)], nd, s.index)
                 for nd in (nodes.names if nodes else ())
                 for s in ledger.nodes[nd].gpus
-                if s.gpu == t and (nd, s.index) in ledger._head
+                if s.gpu == t and (nd, s.index) in ledger.heads
             )
             hit = entries.first(need, spread)
         else:
@@ -135,7 +135,7 @@ def _pick(
         groups = Index(
             (k, nd)
             for nd in (nodes.names if nodes else ())
-            if (k := ledger._node_group_key(nd, t, n)) is not None
+            if (k := ledger.node_group_key(nd, t, n)) is not None
         )
         top = groups.first(need, spread)
     else:
@@ -143,7 +143,7 @@ def _pick(
     if top is None:
         return None
     node = top[1]
-    heads = sorted((ledger._head[(node, i)], i) for i in ledger.type_indices(node, t))
+    heads = sorted((ledger.heads[(node, i)], i) for i in ledger.type_indices(node, t))
     fit = [(h, i) for h, i in heads if h >= need]
     chosen = sorted(fit, key=lambda e: (-e[0], e[1]))[:n] if spread else fit[:n]
     return node, tuple(sorted(i for _, i in chosen)), top[0]
@@ -161,13 +161,13 @@ def _search(
     n = s.gpus
     every = ledger.gpu_types() if nodes is None else nodes.types
     types = tuple(every) if n == 1 else tuple(t for t in every if not _is_mig_type(ledger, t))
-    free = ledger._free if n == 1 and nodes is None else None  # most searches: one GPU, any node
+    free = n == 1 and nodes is None  # most searches: one GPU, any node
     best: _Candidate | None = None
     model = req.model
     order: tuple[Any, ...] | None = None  # the best hit's _order (smaller is better), its sizing and hit
     for t, full in _fitting(model, s, types):
-        if free is not None:  # _pick's answer, inline: the type's first GPU with room (types are free's keys)
-            e = free[t].first(full.footprint.total, spread)
+        if free:  # _pick's answer, inline: the type's first GPU with room (types are the free indices')
+            e = ledger.free_index(t).first(full.footprint.total, spread)
             hit = None if e is None else (e[1], (e[2],), e[0])
         else:
             hit = _pick(ledger, t, n, full.footprint.total, nodes, spread)
@@ -175,7 +175,7 @@ def _search(
             sized = full
             if s.kv_grow:  # the KV cache grows into the room of the group's tightest GPU (a default
                 # grant: up to its caps, which `full` already holds, so best fit picks where they fit)
-                room = min(ledger._head[(hit[0], i)] for i in hit[1])
+                room = min(ledger.heads[(hit[0], i)] for i in hit[1])
                 grown = _sized(req.model, s, t, room)
                 sized = grown if grown.fits else full
             o = _order(sized, hit[2] - sized.footprint.total, hit[0], hit[1], spread)
@@ -202,7 +202,7 @@ def _search(
 
 def _is_mig_type(ledger: Ledger, t: GpuType) -> bool:
     e = ledger.free_index(t).lowest()
-    return e is not None and ledger._slots[(e[1], e[2])].mig
+    return e is not None and (sl := ledger.slot(e[1], e[2])) is not None and sl.mig
 
 
 def _order(sizing: Sizing, score: int, node: str, gpus: tuple[int, ...], spread: bool) -> tuple[Any, ...]:
