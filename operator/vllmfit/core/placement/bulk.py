@@ -150,7 +150,7 @@ class _Stream:
         elif self.cached_whole:  # the node's n GPUs of the type, each lowered by need: the least of them too
             key = entry[0] - self.need
             new = (key, c.node)
-        else:  # Ledger._node_group_key: the n-th largest headroom of the node's GPUs of the type
+        else:  # Ledger.node_group_key: the n-th largest headroom of the node's GPUs of the type
             heads = self.nodes[c.node] = [(h - self.need if i in c.gpus else h, i) for h, i in self._node(c.node)]
             key = sorted((h for h, _ in heads), reverse=True)[self.n - 1]
             new = (key, c.node)
