@@ -57,7 +57,7 @@ def deep_copy(led: Ledger) -> Ledger:
     new._on_gpu = {n: {i: dict(b) for i, b in g.items()} for n, g in led._on_gpu.items()}
     new._used = _flat(led._used)
     new._by_deployment = {k: list(v) for k, v in _flat(led._by_deployment).items()}
-    new._head = _flat(led._head)
+    new.heads = _flat(led.heads if hasattr(led, "heads") else led._head)  # _head: a tree before it was public
     new._free = {k: list(v) for k, v in led._free.items()}
     new._by_type = {k: dict(v) for k, v in led._by_type.items()}
     new.census = led.census.copy()

@@ -23,6 +23,7 @@ QUICK = {  # benchmark -> the arguments of its quick mode
     "snapshot_cost.py": ["--nodes", "20", "--deployments", "40"],
     "node_report.py": ["--quick"],
     "fair_share.py": ["--quick"],
+    "selection_cache.py": ["--nodes", "20", "--reviews", "200", "--joins", "3"],
 }
 ELSEWHERE = {"operator_scale.py": "tests/test_operator_scale_bench.py",
              "review_probe.py": "tests/test_operator_scale_bench.py"}  # operator_scale.py --reviews

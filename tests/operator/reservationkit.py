@@ -1,6 +1,7 @@
 """GPU nodes with the agent's inventory, the reservation pods vllmfit asked for, and the pod a
-ReplicaSet would create: shared by test_reservations.py and test_dra.py (a helpers module: test
-modules never import each other)."""
+ReplicaSet would create, a device plugin that hands reservations their GPUs, and a shared pair of
+deployments: shared by test_reservations.py, test_dra.py, test_lifecycle.py and test_closed_loop.py
+(a helpers module: test modules never import each other)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import json
 import uuid as uuidlib
 from typing import Any
 
-from opkit import DEPLOYMENTS, H100, PODS, Cluster, node
+from opkit import DEPLOYMENTS, H100, PODS, Cluster, node, vd
 
 from vllmfit.backends import reservation as rsv
 from vllmfit.core import defaults
 
+QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 U = [f"GPU-{i}{i}{i}{i}{i}{i}{i}{i}-0000-4000-8000-00000000000{i}" for i in range(4)]
 
 
@@ -52,3 +54,43 @@ async def replica_pod(cluster: Cluster, deployment: str, *, owned: bool = False)
                                        "annotations": dict(tpl["metadata"].get("annotations") or {}), **owner},
                           "spec": json.loads(json.dumps(tpl["spec"])), "status": {"phase": "Pending"}})
     return name
+
+
+class DevicePlugin:
+    """Hands each unbound reservation pod a free GPU of its node (first free in `order`) and
+    reports it as the reservation container would: its own pod's annotation."""
+
+    def __init__(self, cluster: Cluster, uuids: dict[str, list[str]], order: dict[str, list[int]] | None = None):
+        self.cluster, self.uuids, self.order = cluster, uuids, order or {}
+
+    def held(self, node_name: str) -> set[str]:
+        return {p["metadata"]["annotations"].get(rsv.ANNOTATION_UUID) for p in reservations(self.cluster)
+                if p["spec"].get("nodeName") == node_name} - {None}
+
+    async def serve(self) -> list[str]:
+        given = []
+        for p in reservations(self.cluster):
+            if p["spec"].get("nodeName"):
+                continue
+            n = p["metadata"]["annotations"][rsv.ANNOTATION_NODE]
+            free = [i for i in self.order.get(n, range(len(self.uuids[n]))) if self.uuids[n][i] not in self.held(n)]
+            u = self.uuids[n][free[0]]
+            await self.cluster.patch_pod(p["metadata"]["name"], {
+                "metadata": {"annotations": {rsv.ANNOTATION_UUID: u}},
+                "spec": {"nodeName": n}, "status": {"phase": "Running"}})
+            given.append(u)
+        return given
+
+
+def gates(cluster: Cluster, pod: str) -> list[dict[str, Any]]:
+    return (cluster.get(PODS, pod) or {}).get("spec", {}).get("schedulingGates") or []
+
+
+async def shared_pair(cluster: Cluster, gpu: int = 1) -> None:
+    """a and b admitted on gpu-a GPU `gpu` of two: a shared GPU, held by one reservation."""
+    await cluster.create(gpu_node("gpu-a", 2))
+    pin = {"nodeName": "gpu-a", "gpuIndices": [gpu]}
+    await cluster.create(vd("a", QWEN7, placement=pin))
+    await cluster.create(vd("b", QWEN7, maxModelLen=8192, placement=pin))
+    await cluster.phase("a", "Admitted")
+    await cluster.phase("b", "Admitted")

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from opkit import DEPLOYMENTS, H100, Cluster, Operator, node, vd
-from test_reservations import DevicePlugin, U, gates, replica_pod
+from reservationkit import DevicePlugin, U, gates, replica_pod
 
 from vllmfit import main as cli_main
 from vllmfit.core import defaults, memory

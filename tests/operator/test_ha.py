@@ -39,7 +39,7 @@ async def test_a_new_leader_catches_up_and_sweeps_before_it_admits(cluster: Clus
     # takes the lead and sweeps, and a sweep before the orphan exists finds nothing to sweep
     # (the test's own race, seen twice in CI: "timed out waiting for old-0 swept")
     await client.AppsV1Api(cluster.api).create_namespaced_deployment("default", orphan)
-    async with store.books.lock:  # a standby: not leading, and it never saw the old leader admit a
+    async with store.books.transaction(counted=False):  # a standby: not leading, and it never saw the old leader admit a
         store.leading = False
         store.cache.records.pop("default/a")
         store.books.ledger.release("default/a")
@@ -82,7 +82,7 @@ async def test_a_new_leader_keeps_what_the_old_leader_admitted_after_its_last_lo
     await cluster.phase("a", "Admitted")
     await cluster.until(lambda: cluster.get(DEPLOYMENTS, "a-0"), what="a-0 written")
     admitted = cluster.status("a")
-    async with store.books.lock:  # the old leader dies; the standby never saw a
+    async with store.books.transaction(counted=False):  # the old leader dies; the standby never saw a
         store.rebuild(*before_a)
         store.leading = False
     assert not store.books.ledger.bookings_of("default/a") and "default/a" not in store.cache.records

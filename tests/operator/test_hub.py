@@ -171,3 +171,11 @@ def test_the_pod_loads_the_commit_whose_config_was_sized(server: HubServer) -> N
     spec = api.VLLMDeploymentSpec.model_validate({"model": "acme/tiny-chat", "extraArgs": ["--revision", other]})
     args = builders.vllm_args(spec, pinned.name, flags, pinned.revision)
     assert args.count("--revision") == 1 and not any(a.startswith("--revision=") for a in args)
+
+
+def test_the_models_it_remembers_are_bounded(server: HubServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hub.limits, "MAX_HUB_MODELS", 1)  # spec.model is tenant input: the least recent goes
+    hub.resolve_model("acme/tiny-chat")
+    hub.resolve_model("acme/single-file")
+    assert list(hub._cache) == [("acme/single-file", server.url, "")]
+    assert hub.resolve_model("acme/tiny-chat").name == "acme/tiny-chat"  # read again (from the HF cache)

@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 import pytest
+from bookkit import child
 from opkit import DEPLOYMENTS, PODS, Cluster, Operator, node, vd
 
 from vllmfit.operator.handlers.writes import settle_drains
@@ -127,7 +128,7 @@ async def test_the_pods_carry_the_placement_the_evidence_is_read_from(cluster: C
 
 async def test_a_lost_reservation_is_reported_and_asked_again_and_a_failed_one_is_replaced(
         cluster: Cluster, operator: Operator) -> None:
-    from test_reservations import asked, reservations, shared_pair
+    from reservationkit import asked, reservations, shared_pair
 
     await shared_pair(cluster)  # two on one GPU: a reservation
     await cluster.until(lambda: asked(cluster) == [("gpu-a", 1)], what="a reservation for gpu-a GPU 1")
@@ -150,7 +151,7 @@ async def test_a_gracefully_evicted_reservation_is_reported_when_its_deletion_st
     pod terminates for its grace period); the first event already shows it terminating. It is
     lost then, not when the pod leaves the API (KMock keeps a deleted pod while it has a
     finalizer, as the API server keeps it until the kubelet says its containers stopped)."""
-    from test_reservations import asked, reservations, shared_pair
+    from reservationkit import asked, reservations, shared_pair
 
     await shared_pair(cluster)
     await cluster.until(lambda: asked(cluster) == [("gpu-a", 1)], what="a reservation for gpu-a GPU 1")
@@ -166,8 +167,8 @@ async def test_a_gracefully_evicted_reservation_is_reported_when_its_deletion_st
 
 
 def _restart_inputs() -> tuple[dict[str, Any], dict[str, Any]]:
-    from test_state import admitted_status, body
-    from test_state import node as bare_node
+    from bookkit import admitted_status, body
+    from bookkit import node as bare_node
 
     from vllmfit.operator.booking.state import Store
 
@@ -175,16 +176,6 @@ def _restart_inputs() -> tuple[dict[str, Any], dict[str, Any]]:
     live.rebuild([bare_node("gpu-a", 1)], [])
     st = admitted_status(live, "a")
     return body("a", st), bare_node("gpu-a", 1)
-
-
-def child(owner: dict[str, Any], where: str, uid: str | None = None) -> dict[str, Any]:
-    name = owner["metadata"]["name"]
-    return {"metadata": {"name": f"{name}-0", "namespace": owner["metadata"]["namespace"],
-                         "labels": {builders.MANAGED_BY: "vllmfit", builders.LABEL_DEPLOYMENT: name,
-                                    builders.LABEL_REPLICA: "0"},
-                         "annotations": {builders.ANNOTATION_PLACEMENT: where},
-                         "ownerReferences": [{"kind": "VLLMDeployment", "name": name, "controller": True,
-                                              "uid": uid or owner["metadata"]["uid"]}]}}
 
 
 def test_a_status_alone_books_nothing_at_restart() -> None:
@@ -235,10 +226,10 @@ async def test_a_booking_whose_status_cannot_be_written_because_the_object_is_go
         km: Any, cluster: Cluster) -> None:
     """404 on the status write that books a deployment is a failed write, not success: its
     Deployment is not written (the object was deleted between the decision and the write)."""
+    from bookkit import body as vd_body
+    from bookkit import node as bare_node
     from kubernetes_asyncio import client
     from opkit import km_url
-    from test_state import body as vd_body
-    from test_state import node as bare_node
 
     from vllmfit.core import placement
     from vllmfit.operator.booking.state import Store
@@ -253,7 +244,7 @@ async def test_a_booking_whose_status_cannot_be_written_because_the_object_is_go
         rec = store.cache.upsert(obj)
         req = placement.request_from_object(common.parse(obj), catalog.model(QWEN7))
         fx = common.Effects()
-        async with store.books.lock:
+        async with store.books.transaction(counted=False):
             decide.apply_decision(store, rec, req, placement.decide(store.books.ledger, req), fx)
         assert rec.admitted and fx.sync == {"ns/gone"}
         await writes.finish(store, fx, strict=False, hold=False)

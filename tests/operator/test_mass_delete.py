@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 from typing import Any
 
-from test_per_event_cost import two_nodes
+from bookkit import two_nodes
 
 from vllmfit.core.memory import Footprint
 from vllmfit.operator.booking import draining

@@ -504,13 +504,14 @@ async def test_a_status_written_by_the_previous_active_replica_is_booked_not_dou
     obj = vd("old", QWEN7, maxModelLen=32768, kvCache={"concurrency": 8})
     rec = peer.cache.upsert(obj)
     req = await peer.request_for(common.parse(obj))
-    decide.apply_decision(peer, rec, req, pl.decide(peer.books.ledger, req), common.Effects())
+    with peer.books.step():
+        decide.apply_decision(peer, rec, req, pl.decide(peer.books.ledger, req), common.Effects())
     obj["status"] = report.status(rec, peer.books.ledger)
     obj["metadata"]["annotations"] = {"vllmfit.dev/last-handled-configuration": json.dumps(
         {"spec": obj["spec"], "metadata": {}})}
     obj["metadata"]["finalizers"] = ["vllmfit.dev/finalizer"]
+    from bookkit import child
     from kubernetes_asyncio import client
-    from test_lifecycle import child
 
     written = {"apiVersion": "apps/v1", "kind": "Deployment", "spec": {}, **child(obj, "gpu-a:0")}
     written["metadata"]["ownerReferences"][0]["apiVersion"] = obj["apiVersion"]

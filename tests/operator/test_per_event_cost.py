@@ -15,22 +15,14 @@ import asyncio
 from typing import Any
 
 import pytest
+from bookkit import node, two_nodes
 from kubernetes_asyncio import client
 from opkit import Cluster, km_url, vd
-from test_state import admitted_status, node
 
 from vllmfit.operator.binding import reservations
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers import writes
 from vllmfit.operator.handlers.vllmdeployments import reconcile
-
-
-def two_nodes() -> Store:
-    store = Store()
-    store.rebuild([node("gpu-a", 1), node("gpu-b", 1)], [])
-    for name in ("a", "bb", "ccc"):  # about 32 GiB each: two to a GPU
-        admitted_status(store, name, maxModelLen=32768, kvCache={"concurrency": 8})
-    return store
 
 
 def test_after_an_event_only_the_records_on_the_nodes_that_changed_are_looked_at() -> None:

@@ -3,29 +3,20 @@ repairs them (issue 14, items 5 and 13)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
+from bookkit import resync
 from kubernetes_asyncio import client
 from opkit import DEPLOYMENTS, VD, Cluster, Operator, node, vd
 
 from vllmfit.core.spec import api
-from vllmfit.operator.handlers import startup
 
 pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
 
 QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
 BIG = {"maxModelLen": 32768, "kvCache": {"concurrency": 8}}  # one per H100
 BIGGER = {"maxModelLen": 32768, "kvCache": {"concurrency": 16}}  # only on an empty H100
-
-
-async def resync(store: Any) -> None:
-    for _ in range(200):  # it skips while a status write or a change is in flight
-        if await startup.resync_once(store):
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("resync never ran")
 
 
 async def drop(cluster: Cluster, name: str) -> None:

@@ -13,42 +13,21 @@ import kubernetes_validate
 import pytest
 from kubernetes_asyncio import client
 from opkit import DEPLOYMENTS, PODS, VD, Cluster, Operator, vd
-from reservationkit import U, asked, gpu_node, replica_pod, reservations
+from reservationkit import (
+    QWEN7,
+    DevicePlugin,
+    U,
+    asked,
+    gates,
+    gpu_node,
+    replica_pod,
+    reservations,
+    shared_pair,
+)
 
 from vllmfit.backends import reservation as rsv
 
 pytestmark = pytest.mark.looptime  # hang guards and waits in virtual seconds (issue 29): no wall time
-
-QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
-class DevicePlugin:
-    """Hands each unbound reservation pod a free GPU of its node (first free in `order`) and
-    reports it as the reservation container would: its own pod's annotation."""
-
-    def __init__(self, cluster: Cluster, uuids: dict[str, list[str]], order: dict[str, list[int]] | None = None):
-        self.cluster, self.uuids, self.order = cluster, uuids, order or {}
-
-    def held(self, node_name: str) -> set[str]:
-        return {p["metadata"]["annotations"].get(rsv.ANNOTATION_UUID) for p in reservations(self.cluster)
-                if p["spec"].get("nodeName") == node_name} - {None}
-
-    async def serve(self) -> list[str]:
-        given = []
-        for p in reservations(self.cluster):
-            if p["spec"].get("nodeName"):
-                continue
-            n = p["metadata"]["annotations"][rsv.ANNOTATION_NODE]
-            free = [i for i in self.order.get(n, range(len(self.uuids[n]))) if self.uuids[n][i] not in self.held(n)]
-            u = self.uuids[n][free[0]]
-            await self.cluster.patch_pod(p["metadata"]["name"], {
-                "metadata": {"annotations": {rsv.ANNOTATION_UUID: u}},
-                "spec": {"nodeName": n}, "status": {"phase": "Running"}})
-            given.append(u)
-        return given
-
-
-def gates(cluster: Cluster, pod: str) -> list[dict[str, Any]]:
-    return (cluster.get(PODS, pod) or {}).get("spec", {}).get("schedulingGates") or []
-
 
 def visible(cluster: Cluster, deployment: str) -> str:
     env = cluster.get(DEPLOYMENTS, deployment)["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -254,16 +233,6 @@ async def test_a_neighbour_of_a_whole_node_replica_needs_no_reservation_even_aft
         assert cluster.get(DEPLOYMENTS, "second-0")["spec"] == before
     finally:
         await op.stop()
-
-
-async def shared_pair(cluster: Cluster, gpu: int = 1) -> None:
-    """a and b admitted on gpu-a GPU `gpu` of two: a shared GPU, held by one reservation."""
-    await cluster.create(gpu_node("gpu-a", 2))
-    pin = {"nodeName": "gpu-a", "gpuIndices": [gpu]}
-    await cluster.create(vd("a", QWEN7, placement=pin))
-    await cluster.create(vd("b", QWEN7, maxModelLen=8192, placement=pin))
-    await cluster.phase("a", "Admitted")
-    await cluster.phase("b", "Admitted")
 
 
 async def test_sharing_replicas_are_written_where_their_runtime_class_exists(cluster: Cluster,

@@ -11,10 +11,10 @@ from typing import Any
 
 import kmock
 import pytest
+from bookkit import resync
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from opkit import NODES, VD, Cluster, Operator, node, vd
-from test_repair import resync
 
 from vllmfit.core.memory import Footprint
 from vllmfit.core.placement import Booking, Ledger

@@ -64,7 +64,8 @@ def admitted_store(bodies: list[dict[str, Any]]) -> state.Store:
         req = placement.request_from_object(parse(body), catalog.model(body["spec"]["model"]))
         d = placement.decide(store.books.ledger, req)
         assert d.admitted, d.message
-        apply_decision(store, rec, req, d, Effects())
+        with store.books.step():
+            apply_decision(store, rec, req, d, Effects())
     store.leading = True
     store.books.publish()
     store.books.ready.set()
@@ -113,7 +114,7 @@ async def test_a_dry_run_update_review_never_shows_a_half_changed_ledger(held_de
         assert [(m["node"], m["index"]) for m in written["memory"]] == [(b.node, b.index) for b in booked]
         # a resync meanwhile reads back what was written (nodes and statuses as listed)
         listed = {**a, "status": written}
-        async with store.books.lock:
+        async with store.books.transaction(counted=False):
             store.resync([node("gpu-a", 1)], [listed])
     finally:
         go.set()

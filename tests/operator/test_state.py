@@ -9,6 +9,7 @@ import threading
 from typing import Any
 
 import pytest
+from bookkit import GIB, H100, QWEN7, admitted_status, body, node, obj
 
 from vllmfit.core import defaults, placement
 from vllmfit.core.observe import inventory
@@ -19,30 +20,6 @@ from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers import common, decide, nodes
 from vllmfit.sources import catalog
 from vllmfit.sources.resolve import ModelResolutionError
-
-H100 = "NVIDIA-H100-80GB-HBM3"
-QWEN7 = "Qwen/Qwen2.5-7B-Instruct"
-GIB = 1 << 30
-
-
-def obj(name: str = "x", **spec: Any) -> api.VLLMDeployment:
-    return api.VLLMDeployment.model_validate({"metadata": {"name": name, "namespace": "ns",
-                                                           "creationTimestamp": f"2030-01-01T00:00:0{len(name)}Z"},
-                                              "spec": {"model": QWEN7, **spec}})
-
-
-def body(name: str, status: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
-    b = {"apiVersion": "vllmfit.dev/v1alpha1", "kind": "VLLMDeployment",
-         "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "generation": 1,
-                      "creationTimestamp": f"2030-01-01T00:00:{len(name):02d}Z"},
-         "spec": {"model": QWEN7, **spec}}
-    if status is not None:
-        b["status"] = status
-    return b
-
-
-def node(name: str, gpus: int = 1) -> dict[str, Any]:
-    return {"metadata": {"name": name, "labels": {"nvidia.com/gpu.product": H100, "nvidia.com/gpu.count": str(gpus)}}}
 
 
 async def test_request_for_catalog_inline_and_unknown_models() -> None:
@@ -65,20 +42,6 @@ async def test_default_image_applies_only_when_the_spec_names_none() -> None:
     store.options.default_image = "registry.local/vllm:v0.21.0"
     assert (await store.request_for(obj())).spec.image == "registry.local/vllm:v0.21.0"
     assert (await store.request_for(obj(image="vllm/vllm-openai:v0.19.0"))).spec.image == "vllm/vllm-openai:v0.19.0"
-
-
-def admitted_status(store: Store, name: str, **spec: Any) -> dict[str, Any]:
-    """What the operator would have written for `name` after admitting it on `store`'s ledger. One request
-    of the context as its KV cache (with no kvCache it would take the room left: issue 24)."""
-    spec = {"kvCache": {"concurrency": 1}, **spec}
-    req = placement.request_from_object(obj(name, **spec), catalog.model(QWEN7))
-    d = placement.decide(store.books.ledger, req)
-    assert d.admitted
-    store.books.ledger.book(d)
-    rec = store.cache.upsert(body(name, **spec))
-    fx = common.Effects()
-    decide.apply_decision(store, rec, req, d, fx)
-    return report.status(rec, store.books.ledger)
 
 
 def test_rebuild_restores_the_same_ledger_from_statuses_and_nodes() -> None:
@@ -122,7 +85,8 @@ def test_an_update_that_does_not_fit_keeps_the_admitted_spec() -> None:
     big = obj("x", maxModelLen=32768, kvCache={"concurrency": 16})
     req = placement.request_from_object(big, catalog.model(QWEN7))
     fx = common.Effects()
-    decide.apply_decision(store, rec, req, placement.decide(store.books.ledger, req), fx)
+    with store.books.step():
+        decide.apply_decision(store, rec, req, placement.decide(store.books.ledger, req), fx)
     st = report.status(rec, store.books.ledger)
     assert st["phase"] == "Admitted" and st["flags"] == flags.model_dump(by_alias=True, mode="json")
     assert store.books.ledger.bookings_of("ns/x") == before
@@ -155,7 +119,8 @@ async def test_replan_moves_the_newest_off_an_overfull_gpu_and_keeps_the_oldest(
     store, old_a = overfull_gpu_a()
     used = store.books.ledger.used_bytes("gpu-a", 0)
     fx = common.Effects()
-    await decide.replan(store, "gpu-a", fx, "node gpu-a changed")
+    async with store.books.transaction():
+        await decide.replan(store, "gpu-a", fx, "node gpu-a changed")
     assert store.books.ledger.bookings_of("ns/a") == old_a  # the oldest stays
     moved = store.books.ledger.bookings_of("ns/bb")
     assert {b.node for b in moved} == {"gpu-b"}
@@ -190,7 +155,8 @@ async def test_a_replan_past_its_time_limit_evicts_without_moving_and_never_bloc
     ticker = asyncio.create_task(tick())
     fx = common.Effects()
     try:
-        await decide.replan(store, "gpu-a", fx, "node gpu-a changed")
+        async with store.books.transaction():
+            await decide.replan(store, "gpu-a", fx, "node gpu-a changed")
     finally:
         release.set()
         ticker.cancel()
@@ -211,7 +177,8 @@ async def test_removing_a_node_makes_what_fits_nowhere_unschedulable() -> None:
     store.cache.records["ns/a"].children = {0}
     store.books.ledger.remove_node("gpu-a")
     fx = common.Effects()
-    await decide.replan(store, "gpu-a", fx, "node gpu-a was removed")
+    async with store.books.transaction():
+        await decide.replan(store, "gpu-a", fx, "node gpu-a was removed")
     rec = store.cache.records["ns/a"]
     assert not rec.admitted and rec.outcome == "Unschedulable" and rec.waiting
     assert store.books.ledger.bookings_of("ns/a") == []

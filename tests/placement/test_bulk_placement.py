@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from placement_fakes import H100, check_invariant, node, request
-from test_placement_reasons import clusters, fleets
+from placement_fakes import H100, check_invariant, clusters, fleets, node, request
 
 from vllmfit.core import placement
 from vllmfit.core.placement import bulk, place, search

@@ -98,7 +98,7 @@ def _nodes(spec: list) -> list[placement.NodeInfo]:
 
 
 def _state(led: placement.Ledger) -> tuple:
-    return (led.version, dict(led.nodes), dict(led._slots), dict(led._used), dict(led._head),
+    return (led.version, dict(led.nodes), dict(led._slots), dict(led._used), dict(led.heads),
             {k: list(v) for k, v in led._free.items()}, {k: list(v) for k, v in led._groups.items()},
             {k: dict(v) for k, v in led._group_key.items()}, dict(led._by_type), dict(led._on_gpu),
             (led.census.classes, led.census.sizes, led.census.refusing), led.over_budget())

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from placement_fakes import H100, node, request
-from test_placement_reasons import SPECS, fleets
+from placement_fakes import H100, SPECS, fleets, node, request
 
 from vllmfit.core import defaults, memory, placement
 from vllmfit.core.placement import place

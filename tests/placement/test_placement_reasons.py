@@ -9,7 +9,7 @@ import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from placement_fakes import A100_40, H100, L4, LLAMA_8B, MIG, node, request
+from placement_fakes import H100, L4, LLAMA_8B, SPECS, clusters, fleets, node, request
 
 from vllmfit.core import memory, placement
 from vllmfit.core.defaults import GIB
@@ -105,31 +105,6 @@ def test_a_pinned_node_keeps_its_own_line() -> None:
 # --- the indexed path gives exactly the node-by-node causes -----------------------------------------
 
 
-KINDS = [H100, L4, MIG]
-SPECS = [
-    {"maxModelLen": 16384, "maxNumSeqs": 8},
-    {"maxModelLen": 131072, "maxNumSeqs": 8},
-    {"tensorParallelSize": 2, "maxModelLen": 65536, "maxNumSeqs": 16},
-    {"tensorParallelSize": 4, "maxModelLen": 131072, "maxNumSeqs": 32, "maxNumBatchedTokens": 8192},
-    {"maxModelLen": 32768, "placement": {"nodeSelector": {"pool": "a"}}},
-    {"tensorParallelSize": 2, "placement": {"nodeSelector": {"pool": "b"}}},
-]
-
-
-@st.composite
-def clusters(draw):
-    out = []
-    for k in range(draw(st.integers(1, 20))):
-        kinds = draw(st.lists(st.sampled_from(KINDS), min_size=0, max_size=5))
-        slots = []
-        for i, t in enumerate(kinds):
-            mig = t is MIG
-            slots.append(placement.GpuSlot(f"n{k:02d}", 2000 + i if mig else i, t, mig=mig,
-                                           foreign_bytes=draw(st.sampled_from([0, 4 * GIB, 40 * GIB, 70 * GIB]))))
-        out.append(placement.NodeInfo(f"n{k:02d}", {"pool": draw(st.sampled_from("ab"))}, tuple(slots)))
-    return out
-
-
 @settings(max_examples=60, deadline=None)
 @given(clusters(), st.integers(0, 5), st.sampled_from(SPECS))
 def test_indexed_causes_equal_node_by_node_causes(nodes, filled, spec) -> None:
@@ -147,36 +122,6 @@ def test_indexed_causes_equal_node_by_node_causes(nodes, filled, spec) -> None:
 
 
 # --- counted from the node set's summary (issue 32): single-type nodes, policies, taints ------------
-
-
-@st.composite
-def fleets(draw):
-    """Mostly single-type nodes (as real node pools are), some mixed, some with an invalid budget
-    policy, tainted or cordoned; every node's GPU type a distinct but equal object, as nodes read
-    one by one have them."""
-    import dataclasses
-
-    from vllmfit.core.placement.taints import Taint
-
-    out = []
-    for k in range(draw(st.integers(1, 24))):
-        kind = draw(st.sampled_from([H100, L4, A100_40, "mixed", "none"]))
-        if kind == "mixed":
-            kinds = draw(st.lists(st.sampled_from(KINDS), min_size=1, max_size=4))
-        elif kind == "none":
-            kinds = []
-        else:
-            kinds = [dataclasses.replace(kind)] * draw(st.integers(1, 8))
-        slots = tuple(placement.GpuSlot(f"n{k:02d}", 2000 + i if t is MIG else i, t, mig=t is MIG,
-                                        foreign_bytes=draw(st.sampled_from([0, 4 * GIB, 40 * GIB])))
-                      for i, t in enumerate(kinds))
-        extra = draw(st.sampled_from(["", "", "error", "taint", "cordon"]))
-        out.append(placement.NodeInfo(
-            f"n{k:02d}", {"pool": draw(st.sampled_from("ab"))}, slots,
-            error="budget policy: budget utilization 2 (node pool label) is outside [0, 1]" if extra == "error" else None,
-            taints=(Taint("gpu", "x", "NoSchedule"),) if extra == "taint" else (),
-            unschedulable=extra == "cordon"))
-    return out
 
 
 @settings(max_examples=80, deadline=None)

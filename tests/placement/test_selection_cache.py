@@ -1,4 +1,4 @@
-"""The ledger's selection cache (`Ledger._selected`: nodeSelector and affinity matches, the nodes a
+"""The ledger's selection cache (`Ledger.selections`: nodeSelector and affinity matches, the nodes a
 spec's tolerations keep out, per-set node counts and policy lines) survives a node change that
 changes only foreign use (what the node agent reports most often; issue 32: a fleet-size walk of
 every node per report); any other change keeps each nodeSelector's / affinity's matches with that
@@ -70,10 +70,11 @@ def test_cached_selections_equal_a_fresh_ledgers_after_any_node_change(changes: 
 def test_a_change_of_foreign_use_alone_keeps_the_cache() -> None:
     ledger = placement.Ledger([_node("n0", "x", 0, False, False, False, False)])
     _answers(ledger)
-    cache = ledger._selected
+    cache = ledger.selections
     ledger.set_node(_node("n0", "x", 2, False, False, False, False))
-    assert ledger._selected is cache and cache
+    assert ledger.selections is cache and len(cache)
     ledger.set_node(_node("n0", "y", 2, False, False, False, False))
-    assert ledger._selected is not cache  # a new dict: the nodeSelector matches carried over with n0 looked at again,
-    assert all(not isinstance(k[0], str) for k in ledger._selected)  # the per-set counts, taints and policies dropped
+    assert ledger.selections is not cache  # a new cache: the nodeSelector matches carried over with n0 looked at again,
+    kept = ledger.selections.recent(len(ledger.selections))  # the per-set counts, taints and policies dropped
+    assert kept and all(not isinstance(k[0], str) for k, _ in kept)
     assert ledger.matching({"pool": "x"}).names == () and ledger.matching({"pool": "y"}).names == ("n0",)

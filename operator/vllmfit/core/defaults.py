@@ -181,6 +181,10 @@ Triton keep under ~/.cache work without root (the image's /root is not readable 
 # Bounded work (issue 14): every placement decision of the operator and the webhook runs off the
 # event loop with a time limit; a spec that takes longer is denied with a message. The worst spec
 # within core.limits takes about 0.1 s on a 1,000-node ledger (benchmarks/webhook_latency.py).
+METRICS_COPY_TIMEOUT_S = 5.0
+"""How long a scrape (on the metrics server's thread) waits for the operator's loop to copy what
+the gauges read; past it the scrape serves the last copy (the loop is busy, not gone)."""
+
 DECIDE_TIMEOUT_S = 10.0
 """The operator's limit for one decision (create, update, a waiting spec retried)."""
 DECIDE_WORKERS = 4

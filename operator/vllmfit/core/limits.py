@@ -124,3 +124,20 @@ LEARNED_OVERRUN_MIN_BYTES = 4 * GIB
 LEARNED_OVERRUN_FRACTION_DENOMINATOR = 4
 MAX_EPOCH_SECONDS = 1 << 40
 """A timestamp read from outside (a learned record's learnedAt), in seconds since the epoch."""
+
+MAX_SELECTIONS = 512
+"""Entries of one ledger's selection cache (core.placement.census.Selections): the nodes each
+nodeSelector / required node affinity matches, and the per-set summaries, taints and policy lines
+a refusal counts. Keyed by what tenants write, so bounded: the least recently used entry goes
+first, and is computed again when asked for. At 1,000 nodes an entry of every node is about
+60 KB, so the cache holds at most about 30 MB whatever reviews ask."""
+
+MAX_SELECTIONS_KEPT = 32
+"""Of a ledger's selection cache, the most recently used entries a node's change carries over
+(each updated with that one node, census.still_matching); the others are dropped and computed
+again when asked for. Bounds the work a node joining, leaving or changing its labels does on the
+operator's loop to this many set updates, whatever number of selectors reviews have asked for."""
+
+MAX_HUB_MODELS = 256
+"""Models read from the Hugging Face Hub kept in memory (sources.hub; the least recently used
+goes first and is read again from the HF cache on disk). Keyed by the `spec.model` tenants write."""

@@ -5,7 +5,12 @@ One registry: prometheus_client's default REGISTRY. Two kinds of metric:
 - read from the operator's state at scrape time by `StoreCollector` (the committed ledger, the
   records, the agent's attributions, the reservation pods and DRA claims), so a gauge can never
   disagree with what the operator decides on, and the handlers need no call to keep them current.
-  The collector is given the state it reads (`register(store)`); nothing here holds it;
+  The scrape runs on the metrics server's thread, but what it reads of the object cache (which
+  the operator's loop changes) is copied on that loop (`View.of`, asked for with
+  run_coroutine_threadsafe), so a scrape never walks a dict the loop is changing; the committed
+  ledger is an immutable snapshot, read as it is. The collector is given the state it reads
+  (`register(store)`, on the operator's loop); the collector itself is kept in the global
+  REGISTRY (prometheus_client's), given back by `unregister`;
 - events counted where they happen: ADMISSIONS (each decision), RECONCILE / RECONCILE_ERRORS
   (handlers), NODE_DATA_REFUSED (node data refused), WEBHOOK (each admission review, by outcome;
   observed through `observe_review`, which the webhook calls through its `observer` hook).
@@ -18,10 +23,13 @@ states) except NODE_DATA_REFUSED's node. docs/metrics.md gives the bound of each
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import platform
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +38,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from vllmfit import __version__
+from vllmfit.core import defaults
 
 disable_created_metrics()  # no *_created series: they double the series and no query here needs them
 
@@ -99,19 +108,77 @@ def _timestamp(text: str | None) -> float | None:
         return None
 
 
+@dataclass(frozen=True)
+class View:
+    """What one scrape reads of the operator's state, copied on the operator's loop: the
+    committed ledger (immutable), and copies of what the loop changes in the object cache."""
+
+    ledger: Any  # the committed snapshot
+    attributions: tuple[tuple[str, Any], ...]  # (node, Attribution), sorted; each replaced whole, never changed
+    phases: tuple[tuple[str, str, tuple[Any, ...]], ...]  # (key, phase, observed), sorted
+    reservations: dict[str, int]  # state -> reservation pods
+    claims: dict[str, int]  # state -> ResourceClaims
+    ready: bool
+
+    @classmethod
+    def of(cls, store: Any) -> View:
+        """Copy it, on the operator's loop (or wherever nothing else changes the store)."""
+        from vllmfit.operator.booking import report
+
+        cache = store.cache
+        states = dict.fromkeys(RESERVATION_STATES, 0)
+        for r in list(cache.reservations.values()):
+            if r.terminating:
+                states["terminating"] += 1
+            elif r.reported:
+                states["held"] += 1
+            elif r.name in cache.reservation_waits:
+                states["unschedulable"] += 1
+            else:
+                states["pending"] += 1
+        cs = dict.fromkeys(CLAIM_STATES, 0)
+        for c in list(cache.claims.values()):
+            cs["allocated" if (c.get("status") or {}).get("allocation") else "pending"] += 1
+        return cls(store.books.committed, tuple(sorted(cache.attributions.items())),
+                   tuple((k, report.phase(rec), tuple(rec.observed)) for k, rec in sorted(cache.records.items())),
+                   states, cs, store.books.ready.is_set())
+
+
 class StoreCollector(Collector):
     """The ledger, the records and what the agents and the backends report, read at scrape time
-    from `store` (booking.state.Store)."""
+    from `store` (booking.state.Store) through a `View` copied on `loop`, the operator's loop (none:
+    copied in place, as tests that scrape on the loop do)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.store = store
+        self.loop = loop
+        self.last: View | None = None  # served when the loop does not answer in time
+
+    def view(self) -> View:
+        loop = self.loop
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if loop is None or here is loop or not loop.is_running():
+            self.last = View.of(self.store)
+            return self.last
+
+        async def copy() -> View:
+            return View.of(self.store)
+
+        try:
+            self.last = asyncio.run_coroutine_threadsafe(copy(), loop).result(defaults.METRICS_COPY_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            if self.last is None:
+                raise
+        return self.last
 
     def collect(self) -> Iterator[Any]:
         from vllmfit.core.observe.attribution import split_unit_index
-        from vllmfit.operator.booking import report
 
-        store = self.store
-        ledger = store.books.committed  # a committed snapshot: never half-changed
+        view = self.view()
+        ledger = view.ledger  # a committed snapshot: never half-changed
 
         def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, doc, labels=labels)
@@ -148,7 +215,7 @@ class StoreCollector(Collector):
                      ["version", "python_version"])
 
         units: dict[tuple[str, int], Any] = {}
-        for node, att in sorted(store.cache.attributions.items()):
+        for node, att in view.attributions:
             for index, u in att.units.items():
                 units[(node, index)] = u
             ts = _timestamp(getattr(att, "sampled_at", None))
@@ -169,37 +236,24 @@ class StoreCollector(Collector):
                 observed.add_metric(labels, u.used_bytes)
             for b in ledger.bookings_on(slot.node, slot.index):
                 pred.add_metric([*_split(b.deployment), str(b.replica), b.node, gpu], b.footprint.predicted)
-        for node, att in sorted(store.cache.attributions.items()):
+        for node, att in view.attributions:
             for deployment, by_unit in sorted(att.by_deployment.items()):
                 for unit, n in sorted(by_unit.items()):
                     g, mig = split_unit_index(unit)
                     obs.add_metric([*_split(deployment), node, str(unit if mig is not None else g)], n)
-        for key, rec in sorted(store.cache.records.items()):
+        for key, ph, observations in view.phases:
             ns, name = _split(key)
-            phase.add_metric([ns, name, report.phase(rec)], 1)
-            for o in rec.observed:
+            phase.add_metric([ns, name, ph], 1)
+            for o in observations:
                 labels = [ns, name, o.node, str(o.index)]
                 drift.add_metric(labels, o.drift_bytes)
                 if o.predicted_bytes > 0:
                     ratio.add_metric(labels, o.drift_bytes / o.predicted_bytes)
-        states = dict.fromkeys(RESERVATION_STATES, 0)
-        for r in store.cache.reservations.values():
-            if r.terminating:
-                states["terminating"] += 1
-            elif r.reported:
-                states["held"] += 1
-            elif r.name in store.cache.reservation_waits:
-                states["unschedulable"] += 1
-            else:
-                states["pending"] += 1
-        for state, n in states.items():
+        for state, n in view.reservations.items():
             reservations.add_metric([state], n)
-        cs = dict.fromkeys(CLAIM_STATES, 0)
-        for c in store.cache.claims.values():
-            cs["allocated" if (c.get("status") or {}).get("allocation") else "pending"] += 1
-        for state, n in cs.items():
+        for state, n in view.claims.items():
             claims.add_metric([state], n)
-        ready.add_metric([], 1 if store.books.ready.is_set() else 0)
+        ready.add_metric([], 1 if view.ready else 0)
         info.add_metric([__version__, platform.python_version()], 1)
         yield from (capacity, budget, booked, foreign, used, head, observed, pred, obs, drift, ratio, phase,
                     sampled, reservations, claims, ready, info)
@@ -207,8 +261,13 @@ class StoreCollector(Collector):
 
 def register(store: Any) -> StoreCollector:
     """Add a collector of `store` to the registry; give it back with `unregister` when that
-    operator stops (tests run many operators in one process, one at a time)."""
-    collector = StoreCollector(store)
+    operator stops (tests run many operators in one process, one at a time). Called on the
+    operator's loop: the collector copies what it reads there."""
+    try:
+        loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    collector = StoreCollector(store, loop)
     REGISTRY.register(collector)
     for outcome in ("allowed", "denied"):  # the series alerts divide by exist from the start
         WEBHOOK.labels("validate", outcome)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
 
@@ -28,12 +30,14 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
+from vllmfit.core import limits
 from vllmfit.core.errors import one_line
 from vllmfit.core.model.config import params_from_index, parse_hf_config
 from vllmfit.core.model.facts import ModelArch, ModelConfigError
 
 DEFAULT_TIMEOUT_S = 10.0
-_cache: dict[tuple[str, str, str], ModelArch] = {}
+_cache: OrderedDict[tuple[str, str, str], ModelArch] = OrderedDict()  # bounded: limits.MAX_HUB_MODELS, least recent first
+_cache_lock = threading.Lock()  # resolve_model runs in threads
 
 
 class HubError(Exception):
@@ -100,10 +104,12 @@ def _commit(path: str) -> str | None:
 def resolve_model(name: str, token: str | None = None, revision: str | None = None) -> ModelArch:
     """The ModelArch of Hugging Face repo `name` ("org/model") at `revision` (a commit; None: the
     default branch, whose commit the ModelArch then names: `revision`). Blocking (call it in a thread
-    from async code); successes are remembered for the life of the process."""
+    from async code); the last limits.MAX_HUB_MODELS successes are remembered."""
     key = (name, endpoint(), revision or "")
-    if key in _cache:
-        return _cache[key]
+    with _cache_lock:
+        if key in _cache:
+            _cache.move_to_end(key)
+            return _cache[key]
     try:
         path = _download(name, "config.json", token, revision)
         config = _read_json(path, name, "config.json")
@@ -123,5 +129,8 @@ def resolve_model(name: str, token: str | None = None, revision: str | None = No
         raise HubError(f"{name}: {e}") from None
     if commit := _commit(path):
         arch = replace(arch, revision=commit)  # what the pod loads is what was read: --revision=<commit>
-    _cache[key] = arch
+    with _cache_lock:
+        _cache[key] = arch
+        while len(_cache) > limits.MAX_HUB_MODELS:
+            _cache.popitem(last=False)
     return arch

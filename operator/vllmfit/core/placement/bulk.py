@@ -90,11 +90,11 @@ class _Stream:
         allowed = None if nodes is None or few else nodes.members
         entries: Index
         if n == 1:
-            entries = Index((ledger._head[(nd, sl.index)], nd, sl.index) for nd in nodes.names
-                             for sl in ledger.nodes[nd].gpus if sl.gpu == t and (nd, sl.index) in ledger._head) \
+            entries = Index((ledger.heads[(nd, sl.index)], nd, sl.index) for nd in nodes.names
+                             for sl in ledger.nodes[nd].gpus if sl.gpu == t and (nd, sl.index) in ledger.heads) \
                 if few and nodes is not None else ledger.free_index(t)
         else:
-            entries = Index((k, nd) for nd in nodes.names if (k := ledger._node_group_key(nd, t, n)) is not None) \
+            entries = Index((k, nd) for nd in nodes.names if (k := ledger.node_group_key(nd, t, n)) is not None) \
                 if few and nodes is not None else ledger.group_index(t, n)
         return cls(ledger, t, n, full, entries, allowed, spread)
 
@@ -131,7 +131,7 @@ class _Stream:
         """[(headroom, index)] of the node's GPUs of this type, as the replicas taken left them."""
         found = self.nodes.get(node)
         if found is None:
-            head = self.ledger._head
+            head = self.ledger.heads
             found = self.nodes[node] = [(head[(node, i)], i) for i in self.ledger.type_indices(node, self.t)]
         return found
 
@@ -150,7 +150,7 @@ class _Stream:
         elif self.cached_whole:  # the node's n GPUs of the type, each lowered by need: the least of them too
             key = entry[0] - self.need
             new = (key, c.node)
-        else:  # Ledger._node_group_key: the n-th largest headroom of the node's GPUs of the type
+        else:  # Ledger.node_group_key: the n-th largest headroom of the node's GPUs of the type
             heads = self.nodes[c.node] = [(h - self.need if i in c.gpus else h, i) for h, i in self._node(c.node)]
             key = sorted((h for h, _ in heads), reverse=True)[self.n - 1]
             new = (key, c.node)

@@ -17,10 +17,15 @@ the ledger copies it whole when it changes its node table while shared (Ledger._
 from __future__ import annotations
 
 import bisect
+import itertools
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import Any
 
+from vllmfit.core import limits
 from vllmfit.core.model.facts import GpuType
 from vllmfit.core.placement import affinity
 from vllmfit.core.placement.inputs import NodeInfo
@@ -94,33 +99,88 @@ def _add(counts: dict, key: object, sign: int) -> None:  # type: ignore[type-arg
         del counts[key]
 
 
-def still_matching(cache: dict[Key, object], name: str, old: NodeInfo | None, new: NodeInfo | None,
-                   node_set: Callable[[Iterable[str]], NodeSet]) -> dict[Key, object]:
+class Selections:
+    """A ledger's selection cache: values computed from its nodes alone (a nodeSelector's /
+    required affinity's matches, `Ledger.matching`; the per-set summaries, taints and policy lines
+    of core.placement.summary and search), for one state of its nodes. A ledger that changes its
+    nodes makes a new one (`still_matching`); one never changes what it holds for a key, so the
+    snapshots and scratch copies of one node state may share it, whatever thread they run on.
+
+    Bounded (limits.MAX_SELECTIONS: the keys are what tenants write; the least recently used
+    entry goes first) and safe across threads: every read and insert holds its lock, and what
+    the writer's loop walks is a copy (`recent`), never the table a review thread inserts into."""
+
+    __slots__ = ("_entries", "_lock", "limit")
+
+    def __init__(self, entries: Iterable[tuple[Key, Any]] = (), limit: int = limits.MAX_SELECTIONS) -> None:
+        self._entries: OrderedDict[Key, Any] = OrderedDict(entries)
+        self._lock = threading.Lock()
+        self.limit = limit
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: Key, default: Any = None) -> Any:
+        with self._lock:
+            found = self._entries.get(key, _MISSING)
+            if found is _MISSING:
+                return default
+            self._entries.move_to_end(key)
+            return found
+
+    def put(self, key: Key, value: Any) -> Any:
+        """Remember `value` for `key` (the least recently used entry goes past the limit); returns it."""
+        with self._lock:
+            self._entries[key] = value
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.limit:
+                self._entries.popitem(last=False)
+        return value
+
+    def remembered(self, key: Key, build: Callable[[], Any]) -> Any:
+        """The value for `key`, `build()` (outside the lock) and remembered when absent. Two
+        threads may both build one; they build the same value, and either is kept."""
+        found = self.get(key, _MISSING)
+        return self.put(key, build()) if found is _MISSING else found
+
+    def recent(self, n: int) -> list[tuple[Key, Any]]:
+        """A copy of the `n` most recently used entries, oldest first."""
+        with self._lock:
+            return list(itertools.islice(reversed(self._entries.items()), n))[::-1]
+
+
+_MISSING = object()
+
+
+def still_matching(cache: Selections, name: str, old: NodeInfo | None, new: NodeInfo | None,
+                   node_set: Callable[[Iterable[str]], NodeSet]) -> Selections:
     """A ledger's selection cache after node `name` changed from `old` to `new` (None: absent) in
-    what a selection reads (labels, taints, GPUs): a new dict (a snapshot may share the old one)
-    holding each nodeSelector's / required affinity's matches (`Ledger.matching`: keys (selector
-    items, terms)) with that one node looked at again, not every node walked (issue 32); the other
-    entries (per-set summaries, taints, policies) are dropped: they may count the node. `node_set`:
-    the ledger's, on its node table as it is now."""
-    out: dict[Key, object] = {}
-    for key, found in cache.items():
+    what a selection reads (labels, taints, GPUs): a new cache (a snapshot keeps the old one)
+    holding the nodeSelector matches / required affinity matches (`Ledger.matching`: keys
+    (selector items, terms)) among the limits.MAX_SELECTIONS_KEPT most recently used entries,
+    with that one node looked at again, not every node walked (issue 32); the other entries (per-set
+    summaries, taints, policies, and the selections used less recently) are dropped: they may count
+    the node, and are computed again when asked for. `node_set`: the ledger's, on its node table as
+    it is now. Walks a copy (`Selections.recent`): review threads may insert into `cache` meanwhile."""
+    out: list[tuple[Key, NodeSet]] = []
+    for key, found in cache.recent(limits.MAX_SELECTIONS_KEPT):
         if isinstance(key[0], str) or not isinstance(found, NodeSet):
             continue
         sel, terms = key
         now = new is not None and affinity.selected(name, new.labels, sel, terms)  # type: ignore[arg-type]
         was = name in found.members
         if not now and not was:
-            out[key] = found
+            out.append((key, found))
         elif now and was and old is not None and new is not None and _types(old) == _types(new):
-            out[key] = found  # the same names and GPU types
+            out.append((key, found))  # the same names and GPU types
         elif now and not was and new is not None:
             names = list(found.names)
             bisect.insort(names, name)
             types = sorted(set(found.types) | _types(new), key=BY_PRODUCT)
-            out[key] = NodeSet(tuple(names), found.members | {name}, tuple(types))
+            out.append((key, NodeSet(tuple(names), found.members | {name}, tuple(types))))
         else:  # left the set, or its GPU types changed: the set's types counted again
-            out[key] = node_set(found.members - {name} if not now else found.members)
-    return out
+            out.append((key, node_set(found.members - {name} if not now else found.members)))
+    return Selections(out, cache.limit)
 
 
 def _types(node: NodeInfo) -> set[GpuType]:

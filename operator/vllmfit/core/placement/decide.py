@@ -53,7 +53,7 @@ def decide(
             )
         return d
     finally:
-        ledger._add(req.key, own)
+        ledger.add_bookings(req.key, own)
 
 
 def quick(ledger: Ledger, req: Request, most_replicas: int) -> bool:

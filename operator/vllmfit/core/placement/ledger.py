@@ -10,7 +10,7 @@ from typing import Any
 from vllmfit.core.memory import DEFAULT_KV_GRANT, KvGrant
 from vllmfit.core.model.facts import GpuType
 from vllmfit.core.placement import affinity
-from vllmfit.core.placement.census import BY_PRODUCT, Census, NodeSet, still_matching
+from vllmfit.core.placement.census import BY_PRODUCT, Census, NodeSet, Selections, still_matching
 from vllmfit.core.placement.decision import Booking, Decision
 from vllmfit.core.placement.headroom import Index
 from vllmfit.core.placement.inputs import GpuKey, GpuSlot, NodeInfo
@@ -31,8 +31,8 @@ class Ledger:
     container (a few attribute copies at any size) and whichever side changes one first copies
     it (`_changing`): maps are layers (only their changes are copied), sorted indices one GPU
     type or group size at a time, bookings one node at a time. A snapshot never changes, and
-    `decide` on one works on a scratch copy. Lazy indices (`group_index`, `matching`) are
-    published whole, so threads reading one snapshot never see one half-built. Indices:
+    `decide` on one works on a scratch copy. Lazy group indices are published whole; selections
+    (`matching`) live in a locked, bounded cache per node state (census.Selections). Indices:
     - per GPU type: (headroom, node, index) sorted, for single-GPU placements;
     - per (GPU type, n), built on first use: (key, node) sorted, where key is the n-th largest
       headroom among the node's (non-MIG) GPUs of that type: the largest need an n-GPU group
@@ -52,13 +52,13 @@ class Ledger:
         self._used: Any = {}  # GpuKey -> booked bytes
         self._by_deployment: Any = {}  # key -> its bookings (a list never changed in place)
         self._beyond: set[str] = set()  # deployments with a booking that holds KV beyond its caps
-        self._head: Any = {}  # GpuKey -> headroom as indexed; it and the maps above: dicts until shared
+        self.heads: Any = {}  # GpuKey -> headroom as indexed (others read it); these maps: dicts until shared
         self._free: dict[GpuType, Index] = {}
         self._by_type: dict[str, dict[GpuType, list[int]]] = {}  # node -> type -> indices (non-MIG)
         self.census = Census()  # the nodes by what a refusal counts (core.placement.census; read only)
         self._groups: dict[tuple[GpuType, int], Index] = {}
         self._group_key: dict[tuple[GpuType, int], dict[str, int]] = {}  # (type, n) -> node -> its key
-        self._selected: dict[tuple[object, ...], NodeSet] = {}  # (nodeSelector, affinity) -> matches
+        self._selected = Selections()  # (nodeSelector, affinity) -> matches, and summaries (one per node state)
         self._stale: set[tuple[str, GpuType]] = set()  # (node, type) whose group keys lag its bookings
         self._load(list(nodes))
 
@@ -70,7 +70,7 @@ class Ledger:
         selection = (old := self.nodes.get(node.name)) is None or not old.selected_as(node)  # not only foreign use
         self._unindex_node(node.name)
         self.nodes[node.name] = node
-        if selection:  # each selection's matches with this node looked at again (a new dict: snapshots keep theirs)
+        if selection:  # each selection's matches with this node looked at again (a new cache: snapshots keep theirs)
             self._selected = still_matching(self._selected, node.name, old, node, self.node_set)
         types: dict[GpuType, list[int]] = {}
         for s in node.gpus:
@@ -98,7 +98,7 @@ class Ledger:
             return
         self.version += len(nodes)
         entries: dict[GpuType, list[tuple[int, str, int]]] = {}
-        slots, on_gpu, used, head = self._slots, self._on_gpu, self._used, self._head
+        slots, on_gpu, used, head = self._slots, self._on_gpu, self._used, self.heads
         budget: dict[tuple[int, int], int] = {}  # (id(policy), id(type)) -> budget: the same for most GPUs
         for node in nodes:
             self.nodes[node.name] = node
@@ -121,8 +121,7 @@ class Ledger:
             self.group_index(t, size)  # each type's whole-node groups (set_node), in the order nodes give them
 
     def remove_node(self, name: str) -> list[str]:
-        """Forget a node. Returns the deployments that had bookings on it (they must move; their
-        bookings stay until released or re-placed by `replan`)."""
+        """Forget a node. Returns the deployments booked there (they must move: `replan`)."""
         self._changing("nodes", "acct")
         self._unindex_node(name)
         old = self.nodes.pop(name, None)
@@ -168,15 +167,17 @@ class Ledger:
         if not selector and terms is None:
             return None
         key = (tuple(sorted((selector or {}).items())), terms)
-        cache = self._selected  # one cache object per node state: the same answer for every sharer
-        found = cache.get(key)
-        if found is None:
-            found = cache[key] = self.node_set(
-                n
-                for n, nd in self.nodes.items()
-                if affinity.selected(n, nd.labels, key[0], terms)
-            )
-        return found
+        return self._selected.remembered(key, lambda: self.node_set(  # type: ignore[no-any-return]
+            n for n, nd in self.nodes.items() if affinity.selected(n, nd.labels, key[0], terms)))
+
+    @property
+    def selections(self) -> Selections:  # read it; `remembered` adds to it
+        return self._selected
+
+    def remembered(self, key: tuple[object, ...], build: Any) -> Any:
+        """A value of this ledger's nodes alone (never its bookings): `build()` once per node state,
+        kept in its bounded selection cache (census.Selections; `key[0]` names the kind of value)."""
+        return self._selected.remembered(key, build)
 
     # accounting
     def used_bytes(self, node: str, index: int) -> int:
@@ -232,19 +233,19 @@ class Ledger:
         need: dict[GpuKey, int] = {}
         for b in new:
             need[(b.node, b.index)] = need.get((b.node, b.index), 0) + b.footprint.total
-        bad = sorted(k for k, v in need.items() if (h := self._head.get(k)) is None or v > h)  # _head: current
+        bad = sorted(k for k, v in need.items() if (h := self.heads.get(k)) is None or v > h)  # heads: current
         if bad:
-            self._add(decision.key, old)
+            self.add_bookings(decision.key, old)
             raise OverBudget(f"{decision.key} no longer fits on {bad[0][0]} GPU {bad[0][1]}; decide again")
-        self._add(decision.key, new)
+        self.add_bookings(decision.key, new)
 
     def restore(self, key: str, bookings: Iterable[Booking]) -> None:
         """Re-add bookings read back from a VLLMDeployment's status (operator start-up), unchecked."""
         self._changing()
         self.release(key)
-        self._add(key, list(bookings))
+        self.add_bookings(key, list(bookings))
 
-    def _add(self, key: str, bookings: list[Booking]) -> None:
+    def add_bookings(self, key: str, bookings: list[Booking]) -> None:
         if not bookings:
             return
         self._changing("acct", "deps")
@@ -325,7 +326,7 @@ class Ledger:
                 self._by_type = dict(self._by_type)  # values are replaced whole, never changed in place
                 self.census = self.census.copy()  # small: a few entries per GPU type
             elif unit == "acct":
-                self._used, self._head = _Layer.over(self._used), _Layer.over(self._head)
+                self._used, self.heads = _Layer.over(self._used), _Layer.over(self.heads)
                 # dict() is one step under the GIL, while a thread may publish a lazy index there
                 self._free, self._groups, self._group_key = dict(self._free), dict(self._groups), dict(self._group_key)
             elif unit == "deps":
@@ -368,12 +369,12 @@ class Ledger:
     # indices
     def _index(self, key: GpuKey, h: int | None = None) -> None:
         s = self._slots[key]
-        h = self._head[key] = self.headroom_bytes(*key) if h is None else h
+        h = self.heads[key] = self.headroom_bytes(*key) if h is None else h
         self._free_list(s.gpu).add((h, key[0], key[1]))
 
     def _unindex(self, key: GpuKey) -> None:
         s = self._slots.get(key)
-        h = self._head.pop(key, None)
+        h = self.heads.pop(key, None)
         if s is None or h is None:
             return
         lst = self._free_list(s.gpu)
@@ -385,19 +386,19 @@ class Ledger:
         """The headroom of the GPUs of `bookings` indexed anew (a GPU twice: the second finds it done)."""
         for b in bookings:
             s = self._slots.get(key := (b.node, b.index))
-            if s is None or (old := self._head.get(key)) == (h := s.budget_bytes - self._used.get(key, 0) - s.foreign_bytes):
+            if s is None or (old := self.heads.get(key)) == (h := s.budget_bytes - self._used.get(key, 0) - s.foreign_bytes):
                 continue
             lst = self._free_list(s.gpu)  # _unindex, then _index at h
             if old is not None:
                 lst.remove((old, key[0], key[1]))
             lst.add((h, key[0], key[1]))
-            self._head[key] = h
+            self.heads[key] = h
             if not s.mig:  # its node's group keys are refreshed when a group index is read next (_fresh)
                 self._stale.add((s.node, s.gpu))
 
     def _refresh_groups(self, node: str, t: GpuType) -> None:
-        heads = sorted([self._head[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
-        for (gt, n), keys in self._group_key.items():  # each n's key is heads[n - 1] (_node_group_key)
+        heads = sorted([self.heads[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
+        for (gt, n), keys in self._group_key.items():  # each n's key is heads[n - 1] (node_group_key)
             if (gt is t or (gt.product == t.product and gt == t)) and (  # equal types may be distinct objects
                     keys.get(node) != (key := heads[n - 1] if len(heads) >= n else None)):
                 self._set_group_key(t, n, node, key)
@@ -409,8 +410,8 @@ class Ledger:
             self._refresh_groups(node, t)
         return self._groups
 
-    def _node_group_key(self, node: str, t: GpuType, n: int) -> int | None:
-        heads = sorted([self._head[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
+    def node_group_key(self, node: str, t: GpuType, n: int) -> int | None:
+        heads = sorted([self.heads[(node, i)] for i in self._by_type.get(node, {}).get(t, [])], reverse=True)
         return heads[n - 1] if len(heads) >= n else None
 
     def _set_group_key(self, t: GpuType, n: int, node: str, key: int | None) -> None:
@@ -427,10 +428,8 @@ class Ledger:
     def group_index(self, t: GpuType, n: int) -> Index:
         """(n-th largest headroom, node) sorted, for nodes with at least n GPUs of type t."""
         found = self._groups.get((t, n)) if not self._stale else self._fresh().get((t, n))
-        if found is None:
-            # Built whole, then published in one assignment (no thread sees it half built); a
-            # ledger that changed its accounting since it was shared has its own tables (_changing).
-            keys, head = {}, self._head  # the nodes with n GPUs of type t: their _node_group_key
+        if found is None:  # built whole, then published in one assignment (no thread sees it half built)
+            keys, head = {}, self.heads  # the nodes with n GPUs of type t: their node_group_key
             for node, types in self._by_type.items():
                 ix = types.get(t)
                 if ix is not None and len(ix) >= n:

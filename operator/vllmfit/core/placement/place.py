@@ -53,7 +53,7 @@ def _check_pinned(
         return None, f"{node.name}: {gpu_label(missing[0])} does not exist (GPUs: {have})", []
     if len(set(idx)) != len(idx):
         return None, f"{node.name}: gpuIndices {list(idx)} repeats a GPU", []
-    slots = [ledger._slots[(node.name, i)] for i in idx]
+    slots = [sl for i in idx if (sl := ledger.slot(node.name, i)) is not None]  # each exists (above)
     if len(slots) > 1 and any(sl.mig for sl in slots):
         return None, f"{node.name}: MIG slices cannot form a tensor/pipeline-parallel group", []
     warnings = []
@@ -63,7 +63,7 @@ def _check_pinned(
             f"({', '.join(sorted({sl.gpu.product for sl in slots}))}); the smallest sets the limit"
         )
     small = min(slots, key=lambda sl: (sl.capacity_bytes, sl.gpu.product))
-    heads = [ledger._head[(node.name, i)] for i in idx]
+    heads = [ledger.heads[(node.name, i)] for i in idx]
     avail = min(heads)
     if s.kv_grow:  # a growing KV cache: its request first, then the room its grant may take
         try:
@@ -228,7 +228,7 @@ def _kv_too_large(ledger: Ledger, req: Request, s: Settings) -> str | None:
     if not (s.kv_tokens or s.kv_bytes or (s.kv_concurrency and s.typical_len)) or not ledger.nodes:
         return None
     policies: dict[GpuType, memory.BudgetPolicy] = {}
-    for sl in ledger._slots.values():
+    for sl in (sl for nd in ledger.nodes.values() for sl in nd.gpus):
         if sl.gpu not in policies or sl.budget_bytes > policies[sl.gpu].budget(sl.capacity_bytes):
             policies[sl.gpu] = sl.policy
     if not policies:
@@ -305,7 +305,7 @@ def _place_replicas(
     bulk_rs = s  # the settings of the replicas placed in bulk
     try:
         if out.placed:
-            ledger._add(pending, Decision(pending, "Admitted", tuple(out.placed.values())).bookings())
+            ledger.add_bookings(pending, Decision(pending, "Admitted", tuple(out.placed.values())).bookings())
         for replica in range(spec.replicas):
             if replica in out.placed:
                 continue
@@ -319,7 +319,7 @@ def _place_replicas(
             if queue is not None:
                 cand = queue.pop() if queue else None
                 if cand is None:  # the next one fits nowhere: book the bulk-placed ones, as one by one would have
-                    ledger._add(pending, Decision(pending, "Admitted", tuple(unbooked)).bookings())
+                    ledger.add_bookings(pending, Decision(pending, "Admitted", tuple(unbooked)).bookings())
             elif pin.node_name:
                 cand, why, warn = _pinned(ledger, req, rs, spread)
                 if cand is None and pin.allow_reschedule:
@@ -351,7 +351,7 @@ def _place_replicas(
             if queue is not None:
                 unbooked.append(alloc)
             elif replica < spec.replicas - 1:
-                ledger._add(pending, Decision(pending, "Admitted", (alloc,)).bookings())
+                ledger.add_bookings(pending, Decision(pending, "Admitted", (alloc,)).bookings())
     finally:
         ledger.release(pending)
     return out

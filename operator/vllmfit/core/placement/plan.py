@@ -102,11 +102,11 @@ def _grant(ledger: Ledger, req: Request, d: Decision, policy: memory.Policy) -> 
                for r in d.replicas)
     grown = _sized(req.model, s, t, room)
     if not grown.fits or grown.footprint.kv_cache <= z0.footprint.kv_cache:
-        ledger._add(req.key, own)
+        ledger.add_bookings(req.key, own)
         return d
     replicas = tuple(replace(r, sizing=grown) for r in d.replicas)
     warnings = tuple(dict.fromkeys([*(w for w in d.warnings if w not in z0.warnings), *grown.warnings]))
     out = replace(d, replicas=replicas, flags=grown.flags, warnings=warnings)
-    ledger._add(req.key, out.bookings())
+    ledger.add_bookings(req.key, out.bookings())
     return out
 

@@ -207,7 +207,7 @@ def _node_cause(ledger: Ledger, req: Request, s: Settings, name: str) -> _Why:
             small = small or _Why("small", t.product, node=name, text=text)
             continue
         heads = sorted(
-            ((ledger._head[(name, sl.index)], sl.index) for sl in node.gpus if sl.gpu == t),
+            ((ledger.heads[(name, sl.index)], sl.index) for sl in node.gpus if sl.gpu == t),
             key=lambda e: (-e[0], e[1]),
         )
         if len(heads) < n:
@@ -226,7 +226,7 @@ def _node_cause(ledger: Ledger, req: Request, s: Settings, name: str) -> _Why:
 def _best_group(ledger: Ledger, node: str, product: str, n: int) -> tuple[int, ...]:
     """The n GPUs of `product` on `node` with the most headroom (ties: lower index), sorted."""
     heads = sorted(
-        ((ledger._head[(node, sl.index)], sl.index) for sl in ledger.nodes[node].gpus
+        ((ledger.heads[(node, sl.index)], sl.index) for sl in ledger.nodes[node].gpus
          if sl.gpu.product == product and (n == 1 or not sl.mig)),
         key=lambda e: (-e[0], e[1]),
     )

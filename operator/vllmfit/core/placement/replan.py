@@ -51,7 +51,7 @@ def replan(
     lost: dict[str, set[int]] = {}  # deployment -> replicas that must move
     for key in ledger.deployments():
         for b in ledger.bookings_of(key):
-            if (b.node, b.index) not in ledger._slots:
+            if ledger.slot(b.node, b.index) is None:
                 lost.setdefault(key, set()).add(b.replica)
     for key, reps in lost.items():
         _release_replicas(ledger, key, reps)
@@ -79,7 +79,7 @@ def replan(
             ledger.book(d)
             result.moves[key] = d
         else:
-            ledger._add(key, rest)
+            ledger.add_bookings(key, rest)
             fixes = tuple(_suggest(ledger, req, policy))
             result.waiting[key] = replace(d, suggestions=fixes)
     return result
@@ -88,7 +88,7 @@ def replan(
 def _release_replicas(ledger: Ledger, key: str, replicas: set[int]) -> None:
     rest = [b for b in ledger.bookings_of(key) if b.replica not in replicas]
     ledger.release(key)
-    ledger._add(key, rest)
+    ledger.add_bookings(key, rest)
 
 
 def _evictions(ledger: Ledger, requests: Mapping[str, Request]) -> list[tuple[str, int]]:

@@ -47,7 +47,7 @@ def _granted(ledger: Ledger, model: ModelArch, s: Settings, t: GpuType, node: st
     the request. docs/memory-model.md, "The KV request"."""
     if not s.kv_grow or not ledger.kv_grant.grants:
         return request
-    room = grant_room(ledger, s, node, gpus, request.footprint.total, min(ledger._head[(node, i)] for i in gpus))
+    room = grant_room(ledger, s, node, gpus, request.footprint.total, min(ledger.heads[(node, i)] for i in gpus))
     grown = _sized(model, s, t, room)
     return grown if grown.fits and grown.footprint.kv_cache >= request.footprint.kv_cache else request
 
@@ -59,7 +59,7 @@ def grant_room(ledger: Ledger, s: Settings, node: str, gpus: tuple[int, ...], re
     if not ledger.kv_grant.grants:
         return min(room, request)
     if s.kv_default is not None:
-        share = ledger.kv_grant.share(min(ledger._slots[(node, i)].budget_bytes for i in gpus))
+        share = ledger.kv_grant.share(min(ledger.slot(node, i).budget_bytes for i in gpus))
         if share is not None:
             return min(room, max(share, request))
     return room
@@ -124,16 +124,15 @@ def schedulable(ledger: Ledger, matching: NodeSet | None, spec: VLLMDeploymentSp
     if not ledger.census.refusing:  # the nodes that may refuse a pod at all (tainted, cordoned, no safe binding)
         return matching  # none: every node takes the spec's pods, whatever it tolerates
     tol = tolerations_of(spec)
-    key = ("taints", tol, matching)  # a NodeSet hashes its frozenset, computed once
-    cache = ledger._selected  # cleared with the ledger's own selections whenever a node changes
-    if key in cache:
-        return cache[key] if cache[key] is not _ALL else matching
-    names = ledger.nodes if matching is None else matching.names
-    barred = {n for n in ledger.census.refusing  # the few nodes that may refuse: no walk of every node
-              if (matching is None or n in matching.members) and ledger.nodes[n].refuses(tol)}
-    result = matching if not barred else ledger.node_set(n for n in names if n not in barred)
-    cache[key] = _ALL if result is None else result
-    return result
+    def build() -> NodeSet:
+        names = ledger.nodes if matching is None else matching.names
+        barred = {n for n in ledger.census.refusing  # the few nodes that may refuse: no walk of every node
+                  if (matching is None or n in matching.members) and ledger.nodes[n].refuses(tol)}
+        result = matching if not barred else ledger.node_set(n for n in names if n not in barred)
+        return _ALL if result is None else result
+
+    found = ledger.remembered(("taints", tol, matching), build)  # a NodeSet hashes its frozenset, computed once
+    return matching if found is _ALL else found  # type: ignore[no-any-return]
 
 
 _ALL = NodeSet((), frozenset(), ())  # cache marker: every node (matching None) takes the spec's pods
@@ -150,10 +149,10 @@ def _pick(
     if n == 1:
         if few:
             entries = Index(
-                (ledger._head[(nd, s.index)], nd, s.index)
+                (ledger.heads[(nd, s.index)], nd, s.index)
                 for nd in (nodes.names if nodes else ())
                 for s in ledger.nodes[nd].gpus
-                if s.gpu == t and (nd, s.index) in ledger._head
+                if s.gpu == t and (nd, s.index) in ledger.heads
             )
             hit = entries.first(need, spread)
         else:
@@ -163,7 +162,7 @@ def _pick(
         groups = Index(
             (k, nd)
             for nd in (nodes.names if nodes else ())
-            if (k := ledger._node_group_key(nd, t, n)) is not None
+            if (k := ledger.node_group_key(nd, t, n)) is not None
         )
         top = groups.first(need, spread)
     else:
@@ -171,7 +170,7 @@ def _pick(
     if top is None:
         return None
     node = top[1]
-    heads = sorted((ledger._head[(node, i)], i) for i in ledger.type_indices(node, t))
+    heads = sorted((ledger.heads[(node, i)], i) for i in ledger.type_indices(node, t))
     fit = [(h, i) for h, i in heads if h >= need]
     chosen = sorted(fit, key=lambda e: (-e[0], e[1]))[:n] if spread else fit[:n]
     return node, tuple(sorted(i for _, i in chosen)), top[0]
@@ -189,13 +188,13 @@ def _search(
     n = s.gpus
     every = ledger.gpu_types() if nodes is None else nodes.types
     types = tuple(every) if n == 1 else tuple(t for t in every if not _is_mig_type(ledger, t))
-    free = ledger._free if n == 1 and nodes is None else None  # most searches: one GPU, any node
+    free = n == 1 and nodes is None  # most searches: one GPU, any node
     best: _Candidate | None = None
     model = req.model
     order: tuple[Any, ...] | None = None  # the best hit's _order (smaller is better), its sizing and hit
     for t, full in _fitting(model, s, types):
-        if free is not None:  # _pick's answer, inline: the type's first GPU with room (types are free's keys)
-            e = free[t].first(full.footprint.total, spread)
+        if free:  # _pick's answer, inline: the type's first GPU with room (types are the free indices')
+            e = ledger.free_index(t).first(full.footprint.total, spread)
             hit = None if e is None else (e[1], (e[2],), e[0])
         else:
             hit = _pick(ledger, t, n, full.footprint.total, nodes, spread)
@@ -225,7 +224,7 @@ def _search(
 
 def _is_mig_type(ledger: Ledger, t: GpuType) -> bool:
     e = ledger.free_index(t).lowest()
-    return e is not None and ledger._slots[(e[1], e[2])].mig
+    return e is not None and (sl := ledger.slot(e[1], e[2])) is not None and sl.mig
 
 
 def _order(sizing: Sizing, score: int, node: str, gpus: tuple[int, ...], spread: bool) -> tuple[Any, ...]:

@@ -1,7 +1,7 @@
 """What a set of nodes has, summed once per set of nodes instead of once per GPU per review (issue 32).
 
 Derived, read-only views of a ledger's nodes: built on first use and kept in the ledger's
-selection cache (`Ledger._selected`), whose entries here are dropped whenever a node is added,
+selection cache (`Ledger.remembered`: bounded, one per node state), whose entries here are dropped whenever a node is added,
 changed or removed (a change of foreign use alone keeps them: nothing here reads it,
 `NodeInfo.selected_as`; the matches themselves are updated, census.still_matching), so
 they are as current as the nodes themselves. For every node (no selector), they are
@@ -62,10 +62,11 @@ def nodes_of_set(ledger: Ledger, matching: NodeSet | None, gpus: int) -> NodesOf
     for one GPU only, as placement uses them). Cached until a node changes; building it reads one
     value each node computed once (NodeInfo.one_type)."""
     multi = gpus > 1
-    key = ("summary", matching, multi)
-    cached = ledger._selected.get(key)
-    if cached is not None:
-        return cached  # type: ignore[return-value]
+    return ledger.remembered(("summary", matching, multi),  # type: ignore[no-any-return]
+                             lambda: _nodes_of_set(ledger, matching, multi))
+
+
+def _nodes_of_set(ledger: Ledger, matching: NodeSet | None, multi: bool) -> NodesOfSet:
     out = NodesOfSet(members=None if matching is None else matching.members)
     if matching is None:  # every node: from the ledger's census, kept as nodes change (no walk)
         for k, count in sorted(ledger.census.of(multi).items(), key=_census_order):
@@ -79,7 +80,6 @@ def nodes_of_set(ledger: Ledger, matching: NodeSet | None, gpus: int) -> NodesOf
                 out.apart.add(k[2])  # type: ignore[arg-type]
             else:
                 out.nogpu = count
-        ledger._selected[key] = out  # type: ignore[assignment]
         return out
     pairs: dict[tuple[GpuType, int], int] = {}
     nodes = ledger.nodes
@@ -99,7 +99,6 @@ def nodes_of_set(ledger: Ledger, matching: NodeSet | None, gpus: int) -> NodesOf
             pairs[one] = pairs.get(one, 0) + 1  # type: ignore[index]
     for (t, c), count in pairs.items():
         out.single.setdefault(t, {})[c] = count
-    ledger._selected[key] = out  # type: ignore[assignment]
     return out
 
 
@@ -112,11 +111,8 @@ def policy_line(ledger: Ledger, matching: NodeSet | None) -> str:
     """The budget policies of the nodes of `matching` (None: all) that have a valid one, and what
     they hold back of each GPU product: 'budget policy (default) 0.9 x capacity - 2.0 GiB holds
     back 9.9 GiB of each NVIDIA-H100-80GB-HBM3'. Cached until a node changes."""
-    key = ("policy", matching)
-    if key not in ledger._selected:
-        ledger._selected[key] = _policy_line(ledger, (  # type: ignore[assignment]
-            n for n in (ledger.nodes if matching is None else matching.names) if not ledger.nodes[n].error))
-    return ledger._selected[key]  # type: ignore[return-value]
+    return ledger.remembered(("policy", matching), lambda: _policy_line(  # type: ignore[no-any-return]
+        ledger, (n for n in (ledger.nodes if matching is None else matching.names) if not ledger.nodes[n].error)))
 
 
 def _policy_line(ledger: Ledger, names: Iterable[str]) -> str:
@@ -134,11 +130,11 @@ def _policy_line(ledger: Ledger, names: Iterable[str]) -> str:
 def barred(ledger: Ledger, matching: NodeSet, spec: VLLMDeploymentSpec) -> tuple[dict[str, int], int]:
     """The nodes outside `matching`: ({a cordon's or taint's words: nodes}, how many others, those
     a selector or affinity excludes). Cached per tolerations until a node changes."""
-    key = ("barred", matching, tolerations_of(spec))
-    if key not in ledger._selected:
+    def build() -> tuple[dict[str, int], int]:
         why, _ = count_barred(ledger, ledger.census.refusing, matching.members, spec)  # only these may refuse
-        ledger._selected[key] = (why, len(ledger.nodes) - len(matching.members) - sum(why.values()))  # type: ignore[assignment]
-    return ledger._selected[key]  # type: ignore[return-value]
+        return why, len(ledger.nodes) - len(matching.members) - sum(why.values())
+
+    return ledger.remembered(("barred", matching, tolerations_of(spec)), build)  # type: ignore[no-any-return]
 
 
 def count_barred(ledger: Ledger, names: Iterable[str], allowed: Collection[str],

@@ -209,7 +209,7 @@ def rebook(store: Store, r: rsv.Reservation) -> tuple[set[str], str | None]:
     reservation is deleted, and another one is asked for."""
     node, i = r.node, r.index
     j = rsv.mismatch(r, slot_uuids(store, node))
-    ledger = store.books.ledger
+    ledger = store.books.writing
     if j is None or not ledger.bookings_on(node, i) or ledger.bookings_on(node, j):
         return set(), None
     if any(o.name != r.name and not o.terminating and rsv.serves(o, slot_uuids(store, node)) == i
@@ -290,7 +290,7 @@ async def sync(store: Store) -> None:
 
 async def _sync_once(store: Store) -> None:
     """One pass of `sync` (hold child_locks[LOCK])."""
-    async with store.books.lock:
+    async with store.books.transaction(counted=False):
         t0 = perf_counter()
         want = wanted(store)
         reservations = list(store.cache.reservations.values())
@@ -311,7 +311,7 @@ async def _sync_once(store: Store) -> None:
             if e.status != 409:
                 logger.error("reservation %s for %s GPU %d: %s %s", name, node, i, e.status, e.reason)
                 continue
-        async with store.books.lock:
+        async with store.books.transaction(counted=False):
             store.cache.reservations.setdefault(name, rsv.Reservation(name, node, i))
             store.cache.pins_dirty.add(node)
             store.cache.retiring.discard(name)  # a new pod of a name vllmfit deleted before
@@ -323,7 +323,7 @@ async def _sync_once(store: Store) -> None:
             if e.status != 404:
                 logger.error("deleting reservation %s: %s %s", name, e.status, e.reason)
                 continue
-        async with store.books.lock:
+        async with store.books.transaction(counted=False):
             if (gone := store.cache.reservations.pop(name, None)) is not None:
                 store.cache.pins_dirty.add(gone.node)
 
@@ -434,7 +434,7 @@ def start_condition(store: Store, key: str, pod: str, verdict: Any) -> None:
 
 
 async def ungate(store: Store) -> None:
-    async with store.books.lock:
+    async with store.books.transaction(counted=False):
         todo = openable(store)
     core = client.CoreV1Api(store.api)
     for ns, name, rest in todo:
@@ -445,5 +445,5 @@ async def ungate(store: Store) -> None:
             if e.status not in (404, 422):
                 logger.error("pod %s/%s: removing the scheduling gate failed: %s %s", ns, name, e.status, e.reason)
             continue
-        async with store.books.lock:
+        async with store.books.transaction(counted=False):
             store.cache.gated.pop((ns, name), None)

@@ -48,7 +48,7 @@ def correct(ledger: Ledger, nodes: Mapping[str, NodeInfo], bookings: Mapping[str
     removed, a deployment whose bookings differ restored, one not in `bookings` released.
     `keep`: nodes left as they are (the DRA nodes: Store.overlay_dra sets them after). A status
     that books one GPU twice for one replica is released and restored like any other (the ledger
-    counts such a replica once: Ledger._add)."""
+    counts such a replica once: Ledger.add_bookings)."""
     return _patch(ledger.fork(), nodes, bookings, keep)
 
 

@@ -7,10 +7,11 @@ the Kopf handlers through Kopf's memo (handlers.common.store_of), to the webhook
 constructor (admission.webhook.setup), to the metrics collector explicitly (metrics.register).
 
 - One decision path over snapshots (docs/operator.md, "One writer, committed snapshots").
-  `Books.ledger` is the writer's ledger: it changes only while `Books.lock` is held (`changing()`,
-  or `async with books.lock`), by the handler that holds it, the one writer. Releasing the lock
-  publishes `Books.committed`: a frozen snapshot (Ledger.snapshot, structural sharing) of the
-  ledger as that critical section left it, numbered by `Books.version`. Every decision runs on a
+  `Books.ledger` is the writer's ledger: it changes only inside `Books.transaction()` (or
+  `Books.step()`, a change with no await), on the fork it yields (`Books.writing`), by the handler
+  that holds it, the one writer. The transaction commits all of its change or, when anything in it
+  raises, none; a commit publishes `Books.committed`: a frozen snapshot (Ledger.snapshot,
+  structural sharing) of the ledger as that transaction left it, numbered by `Books.version`. Every decision runs on a
   snapshot, never on the changing ledger, and every reader outside the lock reads `committed`;
   the status writer computes a status while holding the lock (the records and the ledger
   together, as a critical section left them). So nothing ever reads a half-changed ledger.
@@ -245,11 +246,13 @@ class Store:
         """node -> the GPUs ResourceSlices of the configured driver publish there (cached)."""
         return self.cache.devices(self.options.dra_driver)
 
-    def effective_node(self, name: str, info: placement.NodeInfo | None) -> placement.NodeInfo | None:
+    def effective_node(self, name: str, info: placement.NodeInfo | None,
+                       ledger: Ledger | None = None) -> placement.NodeInfo | None:
         """The GPUs of a node as the ledger should see them: on a DRA node, from its slices, with
         the memory every claim vllmfit did not make consumes as foreign use (and the agent's UUIDs
         and indices when it runs there); None on a DRA node when capacity requests are not kept
-        (nothing can be shared there). Elsewhere what the Node object says."""
+        (nothing can be shared there). Elsewhere what the Node object says. `ledger`: the one its
+        bookings are read from (the writer's by default)."""
         if self.backend_of(name) != "dra":
             return info
         devs = self.devices().get(name) or []
@@ -257,8 +260,9 @@ class Store:
             return None
         uses = dra.consumption(self.cache.claims.values(), {d.key: d for d in devs})
         booked: dict[tuple[str, int], int] = {}
-        for key in self.books.ledger.deployments():
-            for b in self.books.ledger.bookings_of(key):
+        ledger = self.books.ledger if ledger is None else ledger
+        for key in ledger.deployments():
+            for b in ledger.bookings_of(key):
                 if b.node == name:
                     booked[(name, b.index)] = booked.get((name, b.index), 0) + b.footprint.total
         agent = info if info is not None and any(s.uuid for s in info.gpus) else None
@@ -275,13 +279,9 @@ class Store:
     def overlay_dra(self, ledger: Ledger) -> int:
         """Put the DRA view of every DRA node into `ledger` (after its bookings are restored);
         returns how many nodes it set or removed (one that is already as it should be is left)."""
-        saved, self.books.ledger = self.books.ledger, ledger
         changed = 0
-        try:
-            for name in sorted(self.dra_nodes()):
-                changed += mirror.put_node(ledger, name, self.effective_node(name, self.cache.node_infos.get(name)))
-        finally:
-            self.books.ledger = saved
+        for name in sorted(self.dra_nodes()):
+            changed += mirror.put_node(ledger, name, self.effective_node(name, self.cache.node_infos.get(name), ledger))
         return changed
 
     # --- model resolution -------------------------------------------------------------------
@@ -311,8 +311,8 @@ class Store:
         admitted VLLMDeployment whose objects exist and match (`children`: vllmfit's Deployments;
         a status whose replicas do not all run where it says is no booking, and the deployment
         is decided again); and a drain for every pod of vllmfit that runs where nothing books
-        it (`vllm_pods`). Returns warnings."""
-        self.books.ledger = Ledger(kv_grant=self.options.kv_grant)
+        it (`vllm_pods`). Returns warnings. The new ledger replaces the writer's in one step."""
+        ledger = Ledger(kv_grant=self.options.kv_grant)
         self.books.drains, self.books.refused = draining.Drains(), set()
         self.cache.records = {}
         self.cache.pins_all = True
@@ -340,7 +340,7 @@ class Store:
                 problems.append(str(e))
                 continue
             self.cache.node_infos[name] = info
-            self.books.ledger.set_node(info)
+            ledger.set_node(info)
         running = None if children is None else draining.children_at(children)
         for body in ordered:
             rec = self.cache.records[key_of(body)]
@@ -356,12 +356,13 @@ class Store:
                     rec.admitted, rec.placement, rec.flags, rec.outcome = False, [], None, "Pending"
                     rec.admitted_request = None
                     continue
-                self.books.ledger.restore(rec.key, bookings)
-        self.overlay_dra(self.books.ledger)
-        covered = {(k, r): (draining.where_of(bs), builders.booked_text(bs)) for k in self.books.ledger.deployments()
-                   for r, bs in draining.by_replica(self.books.ledger.bookings_of(k)).items()}
-        self.books.drains = draining.from_pods(self.books.ledger, vllm_pods, covered)
-        self.books.publish()
+                ledger.restore(rec.key, bookings)
+        self.overlay_dra(ledger)
+        covered = {(k, r): (draining.where_of(bs), builders.booked_text(bs)) for k in ledger.deployments()
+                   for r, bs in draining.by_replica(ledger.bookings_of(k)).items()}
+        self.books.drains = draining.from_pods(ledger, vllm_pods, covered)
+        with self.books.step():
+            self.books.replace(ledger)
         gc.freeze()  # the rebuilt ledger lives on: full collections skip it from now on (docs/placement.md)
         self.books.ready.set()
         return problems
@@ -426,14 +427,15 @@ class Store:
                     rec.admitted_request, rec.written = None, {}
                     continue
                 booked[key] = bookings
-        work, found = mirror.correct(self.books.ledger, infos, booked, keep=self.dra_nodes())
-        found.nodes += self.overlay_dra(work)
-        mirror.recharge(work, self.books.drains, self.books.ledger, found)
+        with self.books.step() as ledger:
+            work, found = mirror.correct(ledger, infos, booked, keep=self.dra_nodes())
+            found.nodes += self.overlay_dra(work)
+            mirror.recharge(work, self.books.drains, ledger, found)
+            if found:
+                self.books.replace(work)  # else the ledger already says what the cluster says: kept
         if found or records.keys() != self.cache.records.keys() or \
                 any(r is not self.cache.records[k] for k, r in records.items()):
             self.cache.pins_all = True  # what the children are written from may have changed
-        if found:
-            self.books.ledger = work  # else the ledger already says what the cluster says: kept
         self.cache.records = records
         self.cache.index_records()
         self.cache.resynced = found
@@ -464,8 +466,9 @@ class Store:
         self.cache.records[key] = new
         self.cache.index_records([new])
         self.cache.pins_dirty.update(p.node for r in (rec, new) if r is not None for p in r.placement)
-        if new.admitted:
-            self.books.ledger.restore(key, placement.bookings_from_status(key, st))
-        else:
-            self.books.ledger.release(key)
+        with self.books.step() as ledger:
+            if new.admitted:
+                ledger.restore(key, placement.bookings_from_status(key, st))
+            else:
+                ledger.release(key)
         return True

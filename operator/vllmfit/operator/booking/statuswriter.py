@@ -114,7 +114,7 @@ class StatusWriter:
         from kubernetes_asyncio.client import CustomObjectsApi
 
         async with self.write_locks[key]:
-            async with self.books.lock:  # the record and the ledger as a critical section left them
+            async with self.books.transaction(counted=False):  # the record and the ledger as a critical section left them
                 rec = self.cache.records.get(key)
                 if rec is None:
                     return

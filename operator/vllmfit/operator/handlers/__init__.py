@@ -3,7 +3,9 @@
 Importing this package registers them in Kopf's default registry (`registry`: every watch in
 one table). Every handler follows the same shape:
   1. outside the lock: parse the object, resolve its model (may call the Hub);
-  2. under `store.books.lock`: decide and book or release, update the records (no I/O, no awaits);
+  2. in one `store.books.transaction()`: decide and book or release, update the records (no API
+     calls; its only awaits are decisions in the worker threads, bounded in time; an exception
+     rolls its ledger change back);
   3. outside the lock: post Events, write the children (Deployments, Service), mark statuses.
 Step 2 collects what step 3 must do in `common.Effects`; `writes.finish` does step 3.
 """

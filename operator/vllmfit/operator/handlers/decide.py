@@ -1,5 +1,5 @@
-"""Decisions -> records: book or release in the ledger and update the records. Called under
-`store.books.lock`; no writes to the API (what must be written is collected in `Effects`)."""
+"""Decisions -> records: book or release in the ledger and update the records. Called inside a
+`store.books.transaction()` (they change `store.books.writing`); no writes to the API (what must be written is collected in `Effects`)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def scale_keep(ledger: placement.Ledger, rec: Record, req: Request) -> list[plac
 
 def apply_decision(store: Store, rec: Record, req: Request, d: Decision, fx: Effects, *, cause: str = "") -> None:
     """Book an admitted decision, or record why not."""
-    ledger, key, t = store.books.ledger, rec.key, now()
+    ledger, key, t = store.books.writing, rec.key, now()
     before = builders.gpus_of(ledger, key)
     rec.observed_generation = rec.generation
     rec.request = req
@@ -166,13 +166,13 @@ async def replan(store: Store, node: str, fx: Effects, cause: str) -> None:
     work = store.books.ledger.fork()  # the next version, built apart (the abandoned worker keeps its own)
     try:
         result = await bounded.run(store.workers, placement.replan, work, known, flags=flags, timeout=defaults.DECIDE_TIMEOUT_S)
-        store.books.ledger = work
+        store.books.replace(work)  # the transaction's result from here on (committed with it, or dropped)
     except bounded.TooCostly:
         why = (f"re-placing it took more than {defaults.DECIDE_TIMEOUT_S:g} s, so it waits for room "
                "and is decided again when room frees up")
         logger.warning("%s: %s", cause, why)
-        result = placement.replan(store.books.ledger, known, flags=flags, place=False, why_not_placed=why)
-    ledger = store.books.ledger
+        result = placement.replan(store.books.writing, known, flags=flags, place=False, why_not_placed=why)
+    ledger = store.books.writing
     for key in result.evicted:
         rec = store.cache.records.get(key)
         fx.mark.update(builders.neighbours(ledger, before.get(key, set())))
@@ -225,10 +225,10 @@ async def update_node(store: Store, name: str, info: placement.NodeInfo | None, 
         slots = [(s.node, s.index) for s in (old.gpus if old else ())]
         before = {k: store.books.ledger.headroom_bytes(*k) for k in slots}
         if info is None:
-            store.books.ledger.remove_node(name)
+            store.books.writing.remove_node(name)
             cause = f"node {name} {gone}"
         else:
-            store.books.ledger.set_node(info)
+            store.books.writing.set_node(info)
             cause = f"node {name} changed ({', '.join(info.warnings) or 'capacity, labels or foreign use'})"
         await replan(store, name, fx, cause)
         grew = info is not None and (old is None or any(

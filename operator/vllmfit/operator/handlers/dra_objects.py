@@ -29,6 +29,6 @@ async def on_claim(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any)
 async def observe_dra(store: Store, observe: Callable[[Store, Any, bool], Any], body: Any, deleted: bool, cause: str) -> None:
     """Record a DRA object in the store under its lock, then refresh the nodes it touched."""
     await store.books.ready.wait()
-    async with store.books.lock:
+    async with store.books.transaction(counted=False):
         names = observe(store, body, deleted)
     await refresh_nodes(store, names, cause)

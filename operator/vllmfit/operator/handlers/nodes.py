@@ -117,7 +117,7 @@ async def on_node(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) 
         # predictions: a measurement never moves a started replica (docs/operator.md); the
         # measured bookings are put back right after, from this inventory
         held = observed.kept(store.books.ledger, name)
-        observed.apply(store.books.ledger, observed.floor(store.books.ledger, name))  # the ledger's measured change, 1 of 2
+        observed.apply(store.books.writing, observed.floor(store.books.ledger, name))  # the ledger's measured change, 1 of 2
         await update_node(store, name, info, fx, "was removed" if type == "DELETED" else "no longer reports GPUs")
         if info is not None:
             attribute(store, name, body, t)
@@ -197,7 +197,7 @@ def close_loop(store: Store, node: str, fx: Effects, held: dict[tuple[str, int, 
         teach(store, node, [m for m in measured if (m.deployment, m.replica) in fresh], fx)
     change = observed.change(store.books.ledger, measured, kept=held)
     before = {k: builders.gpus_of(store.books.ledger, k) for k in change.bookings}
-    observed.apply(store.books.ledger, change)  # the ledger's measured change, 2 of 2
+    observed.apply(store.books.writing, change)  # the ledger's measured change, 2 of 2
     for g in change.grown:
         rec = store.cache.records.get(g.deployment)
         if rec is None:
@@ -273,12 +273,13 @@ async def over_budget(store: Store, node: str, fx: Effects, t: str) -> None:
         req = rec.request or rec.admitted_request
         if req is None:
             continue
-        old_bookings = store.books.ledger.release(key)
-        d = await bounded.decide(store.workers, store.books.ledger, req)
-        if d.admitted and not {(b.node, b.index) for b in d.bookings()} & bad:
+        without = store.books.ledger.fork()  # decided on a copy without it; the writer's ledger unchanged meanwhile
+        without.release(key)
+        d = await bounded.decide(store.workers, without, req)
+        if d.admitted and not {(b.node, b.index) for b in d.bookings()} & bad:  # applied in one step
+            store.books.writing.release(key)
             apply_decision(store, rec, req, d, fx, cause=f"{node}: a GPU it was booked on is over budget (measured)")
-        else:
-            store.books.ledger.restore(key, old_bookings)  # nowhere better: it waits behind the start gate
+        # else nowhere better: it stays, behind the start gate
     # The condition of what is booked here, and of what said it was over budget (it may be booked
     # elsewhere now), from every GPU it is booked on: another node's report leaves it as it is
     # (it was cleared, then set again with an Event, by each report of any other node), and a

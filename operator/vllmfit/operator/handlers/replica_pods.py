@@ -98,7 +98,7 @@ async def on_gated_pod(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: 
     """A replica pod behind the reservation gate: lift it once its GPUs are held."""
     store = store_of(memo)
     await store.books.ready.wait()
-    async with store.books.lock:
+    async with store.books.transaction(counted=False):
         reservations.track(store, body, type == "DELETED")
     if reservations.has_gate(body):
         await reservations.ungate(store)
@@ -129,13 +129,14 @@ async def allocation_failed(store: Store, pod: Mapping[str, Any], message: str) 
             await update_node(store, name, store.effective_node(name, store.cache.node_infos.get(name)), fx, "has no GPUs")
         if req is not None and store.cache.records.get(key) is rec and rec.admitted:
             before = builders.gpus_of(store.books.ledger, key)
-            old = store.books.ledger.release(key)
-            d = await bounded.decide(store.workers, store.books.ledger, req)
+            without = store.books.ledger.fork()  # decided on a copy without it; the writer's ledger unchanged meanwhile
+            old = without.release(key)
+            d = await bounded.decide(store.workers, without, req)
             same = sorted((b.node, b.index) for b in d.bookings()) == sorted((b.node, b.index) for b in old)
-            if d.admitted and not same:
+            if d.admitted and not same:  # applied in one step
+                store.books.writing.release(key)
                 apply_decision(store, rec, req, d, fx, cause="the scheduler could not allocate its claim")
-                draining.hold(store.books.ledger, store.books.drains, key, old)
-            else:
-                store.books.ledger.restore(key, old)  # nowhere better: stay (the scheduler retries), condition kept
+                draining.hold(store.books.writing, store.books.drains, key, old)
+            # else nowhere better: it stays (the scheduler retries), condition kept
             fx.mark.update(builders.neighbours(store.books.ledger, before))
     await finish(store, fx, strict=False)

@@ -144,7 +144,7 @@ async def resync_once(store: Store) -> bool:
     nodes, deployments = await list_cluster(store)
     children, pods = await list_ours(store)
     fx = Effects()
-    async with store.books.lock:
+    async with store.books.transaction(counted=False):
         if store.books.changes != before or store.writer.busy():
             return False
         repair = store.resync(nodes, deployments, children)

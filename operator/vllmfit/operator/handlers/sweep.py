@@ -150,7 +150,7 @@ async def lead(store: Store) -> None:
         try:
             nodes, deployments = await list_cluster(store)
             children, _ = await list_ours(store)  # a status it has not seen books only what runs where it says
-            async with store.books.lock:
+            async with store.books.transaction(counted=False):
                 if not store.writer.busy():
                     store.resync(nodes, deployments, children)
             await sweep(store)

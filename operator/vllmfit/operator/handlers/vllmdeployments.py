@@ -79,7 +79,7 @@ async def reconcile(store: Store, body: Mapping[str, Any], *, force: bool) -> No
                     keep = scale_keep(snapshot, seen, req) if seen is not None else []
                     decided = Decided(based_on, keep, await bounded.decide(store.workers, snapshot, req, keep=keep))
             try:
-                async with store.books.lock:
+                async with store.books.transaction(counted=False):
                     if (done := await commit(store, body, req, problem, force, fx, decided,
                                              under_lock=not optimistic)) is not None:
                         break
@@ -165,7 +165,7 @@ async def commit(store: Store, body: Mapping[str, Any], req: Request | None, pro
     store.books.changes += 1
     lost = rec.admitted and store.books.misplaced(rec.key)  # its node or GPUs are gone (a restart after)
     if lost and not d.admitted:  # nothing to keep serving: it is evicted, as on_node would have
-        draining.hold(store.books.ledger, store.books.drains, rec.key, store.books.ledger.release(rec.key))
+        draining.hold(store.books.writing, store.books.drains, rec.key, store.books.writing.release(rec.key))
         rec.admitted = False
     held = sum(b.footprint.total for b in store.books.ledger.bookings_of(rec.key))
     apply_decision(store, rec, req, d, fx, cause="its GPUs are gone or over budget" if lost else "")
@@ -204,7 +204,7 @@ async def on_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any)
     children = None
     if (body.get("status") or {}).get("memory") and not (rec is not None and rec.mine):
         children = await children_of(store, body)  # a status books only what runs where it says
-    async with store.books.lock:
+    async with store.books.transaction(counted=False):
         took = store.adopt(body, children)
         if took:
             store.books.changes += 1
@@ -247,7 +247,7 @@ async def forget(store: Store, body: Mapping[str, Any]) -> None:
         if store.cache.records.get(key) is not rec:
             return
         before = builders.gpus_of(store.books.ledger, key)
-        for d in draining.hold(store.books.ledger, store.books.drains, key, store.books.ledger.release(key)):
+        for d in draining.hold(store.books.writing, store.books.drains, key, store.books.writing.release(key)):
             d.stopped = True  # its Deployments and bare pods were deleted (sweep)
         store.cache.records.pop(key, None)
         fx.mark.update(builders.neighbours(store.books.ledger, before))

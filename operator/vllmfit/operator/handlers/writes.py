@@ -136,7 +136,7 @@ async def ended_drains(store: Store, keys: set[str] | None = None) -> Effects | 
         for n in done:
             d = store.books.drains.pop(n)
             fx.mark.update(builders.neighbours(store.books.ledger, builders.gpus_of(store.books.ledger, n)))
-            store.books.ledger.release(n)
+            store.books.writing.release(n)
             logger.info("%s replica %d: its pods on %s are gone; its memory is free", d.key, d.replica, d.where)
             if d.key in store.cache.records:
                 fx.sync.add(d.key)  # a replica waiting for this GPU may start now
@@ -247,7 +247,7 @@ async def rebook(store: Store) -> Effects | None:
     reservations that must ask again; returns what must be written then (None: nothing)."""
     fx = Effects()
     try:
-        async with store.books.lock:
+        async with store.books.transaction(counted=False):
             retire = rebook_reported(store, fx)
             if fx.sync or fx.mark or retire:
                 store.books.changes += 1
