@@ -23,10 +23,21 @@ class Booking:
     kv_beyond: int = 0  # KV bytes beyond maxNumSeqs x maxModelLen (kvCache.grow, a grant from before issue 33)
 
 
+@dataclass(frozen=True)
+class Member:
+    """One pod of a multi-node replica after its leader (a LeaderWorkerSet worker): its node, its
+    GPUs and the footprint on each (the pipeline stage its ranks run)."""
+
+    node: str
+    gpus: tuple[int, ...]
+    footprints: tuple[Footprint, ...]
+
+
 @quick_init
 @dataclass(frozen=True)
 class ReplicaAllocation:
-    """One replica: a TP x PP group on one node. `sizing.flags` are this replica's vLLM flags
+    """One replica: a TP x PP group on one node, or across several (`workers`: the pods after the
+    leader, whose node and GPUs are `node` and `gpus`). `sizing.flags` are this replica's vLLM flags
     (maxModelLen and maxNumSeqs equal across replicas; u may differ by GPU product)."""
 
     replica: int
@@ -34,9 +45,16 @@ class ReplicaAllocation:
     gpus: tuple[int, ...]
     sizing: Sizing
     footprints: tuple[Footprint, ...] = ()  # per GPU, aligned with gpus; empty = sizing.footprint on each
+    workers: tuple[Member, ...] = ()  # a multi-node replica's other pods, in rank order
 
     def footprint_on(self, position: int) -> Footprint:
         return self.footprints[position] if self.footprints else self.sizing.footprint
+
+    @property
+    def members(self) -> tuple[Member, ...]:
+        """Every pod of the replica, the leader first (one for a one-node replica)."""
+        leader = Member(self.node, self.gpus, tuple(self.footprint_on(p) for p in range(len(self.gpus))))
+        return (leader, *self.workers)
 
 
 @quick_init
@@ -64,4 +82,9 @@ class Decision:
             Booking(self.key, r.replica, r.node, i, r.footprint_on(p), r.sizing.kv_beyond_caps)
             for r in self.replicas
             for p, i in enumerate(r.gpus)
+        ] + [
+            Booking(self.key, r.replica, m.node, i, fp, r.sizing.kv_beyond_caps)
+            for r in self.replicas
+            for m in r.workers
+            for i, fp in zip(m.gpus, m.footprints)
         ]
