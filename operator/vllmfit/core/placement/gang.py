@@ -186,6 +186,9 @@ def decide(ledger: Ledger, req: Request, s: Settings, matching: NodeSet | None,
     if pin.node_name or pin.gpu_indices:
         why = "placement.nodeName and placement.gpuIndices pin one node; a replica spanning nodes is placed by vllmfit"
         return Decision(req.key, "Rejected", reasons=(why,), message=f"{req.key}: {why}")
+    if ledger.multi_node:
+        why = f"a replica of {s.gpus} GPUs spans nodes here: {ledger.multi_node}"
+        return Decision(req.key, "Unschedulable", reasons=(why,), message=f"{why[0].upper()}{why[1:]}.")
     spread = pin.policy == "spread"
     placed = {r.replica: r for r in keep}
     pending = f"{req.key}\x00pending"

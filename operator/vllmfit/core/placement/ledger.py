@@ -42,6 +42,7 @@ class Ledger:
 
     def __init__(self, nodes: Iterable[NodeInfo] = (), kv_grant: KvGrant = DEFAULT_KV_GRANT):
         self.kv_grant = kv_grant  # the cluster's default KV grant (a spec without kvCache or maxNumSeqs)
+        self.multi_node: str | None = None  # why no replica may span nodes here (None: it may; core.placement.gang)
         self.version = 0
         self.frozen = False
         self._shared = False  # its containers may be shared: copy each before changing it

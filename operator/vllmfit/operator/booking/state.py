@@ -310,7 +310,9 @@ class Store:
         a status whose replicas do not all run where it says is no booking, and the deployment
         is decided again); and a drain for every pod of vllmfit that runs where nothing books
         it (`vllm_pods`). Returns warnings."""
+        multi_node = self.books.ledger.multi_node  # the cluster's capability, discovered at start-up
         self.books.ledger = Ledger(kv_grant=self.options.kv_grant)
+        self.books.ledger.multi_node = multi_node
         self.books.drains, self.books.refused = draining.Drains(), set()
         self.cache.records = {}
         self.cache.pins_all = True
