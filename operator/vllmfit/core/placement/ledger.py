@@ -35,8 +35,7 @@ class Ledger:
     published whole, so threads reading one snapshot never see one half-built. Indices:
     - per GPU type: (headroom, node, index) sorted, for single-GPU placements;
     - per (GPU type, n), built on first use: (key, node) sorted, where key is the n-th largest
-      headroom among the node's (non-MIG) GPUs of that type: the largest need an n-GPU group
-      there can take.
+      headroom among the node's (non-MIG) GPUs of that type: the largest need an n-GPU group there can take.
     Both are `headroom.Index`es: buckets per distinct headroom, each copied when it changes.
     """
 
