@@ -64,51 +64,52 @@ def _per_pod(req: Request, s: Settings, t: GpuType, sizing: Sizing, n: int) -> l
     return [ranks[k * g:(k + 1) * g] for k in range(n)]
 
 
-def _assign(ledger: Ledger, t: GpuType, nodes: Sequence[str], per_pod: list[tuple[Footprint, ...]],
+def _assign(ledger: Ledger, t: GpuType, nodes: frozenset[str] | None, per_pod: list[tuple[Footprint, ...]],
             spread: bool, sizing: Sizing) -> Gang | None:
-    """Each pod onto its own node of `nodes`, the most demanding pod first, each to the node whose
-    chosen GPUs keep the least room (spread: the most); the GPUs of a node chosen the same way."""
+    """Each pod onto its own node of `nodes` (None: any), the most demanding pod first, each to the
+    node the one-node search would pick for its GPUs (`search._pick`'s order: the key is the node's
+    g-th largest headroom; best fit the least that holds the pod, spread the most; then names), and
+    there to the GPUs with the least room that hold it (spread: the most)."""
     used: set[str] = set()
     chosen: dict[int, Member] = {}
     score = 0
-    order = sorted(range(len(per_pod)), key=lambda k: (-max(fp.total for fp in per_pod[k]), k))
-    for k in order:
+    g = len(per_pod[0])
+    index = ledger.group_index(t, g)  # nodes with g GPUs of type t, by their g-th largest headroom
+
+    def free(nd: str) -> bool:
+        return nd not in used and (nodes is None or nd in nodes)
+
+    for k in sorted(range(len(per_pod)), key=lambda k: (-max(fp.total for fp in per_pod[k]), k)):
         need = max(fp.total for fp in per_pod[k])
-        g = len(per_pod[k])
-        best: tuple[int, str, tuple[int, ...]] | None = None
-        for nd in nodes:
-            if nd in used:
-                continue
-            fit = sorted((ledger._head[(nd, i)], i) for i in ledger.type_indices(nd, t)
-                         if ledger._head[(nd, i)] >= need)
-            if len(fit) < g:
-                continue
-            take = fit[-g:] if spread else fit[:g]
-            left = sum(h - need for h, _ in take)
-            key = -left if spread else left
-            if best is None or (key, nd) < (best[0], best[1]):
-                best = (key, nd, tuple(sorted(i for _, i in take)))
-        if best is None:
+        hit = next(index.walk(need, spread, free), None)
+        if hit is None:
             return None
-        used.add(best[1])
-        chosen[k] = Member(best[1], best[2], per_pod[k])
-        score += -best[0] if spread else best[0]
+        key, nd = hit
+        fit = [(h, i) for i in ledger.type_indices(nd, t) if (h := ledger._head[(nd, i)]) >= need]
+        take = sorted(fit, key=lambda e: (-e[0], e[1]))[:g] if spread else sorted(fit)[:g]
+        used.add(nd)
+        chosen[k] = Member(nd, tuple(sorted(i for _, i in take)), per_pod[k])
+        score += key - need
     return Gang(tuple(chosen[k] for k in range(len(per_pod))), sizing, score)
 
 
-def _domains(ledger: Ledger, names: Sequence[str], t: GpuType, g: int) -> dict[tuple[str, ...], list[str]]:
-    out: dict[tuple[str, ...], list[str]] = {}
+def _domains(ledger: Ledger, matching: NodeSet | None) -> list[frozenset[str] | None]:
+    """The candidate nodes grouped by topology domain (`domain`), in order; [None] (every node, no
+    set built) when no node carries a topology label and no selector narrows them."""
+    names = ledger.nodes if matching is None else matching.names
+    out: dict[tuple[str, ...], set[str]] = {}
     for nd in names:
-        if len(ledger.type_indices(nd, t)) >= g:
-            out.setdefault(domain(ledger.nodes[nd].labels), []).append(nd)
-    return out
+        out.setdefault(domain(ledger.nodes[nd].labels), set()).add(nd)
+    if matching is None and len(out) == 1:
+        return [None]
+    return [frozenset(v) for _, v in sorted(out.items())]
 
 
 def place_one(ledger: Ledger, req: Request, s: Settings, matching: NodeSet | None, spread: bool) -> Gang | None:
     """The best gang for one replica on the ledger as it is, or None."""
-    names = sorted(ledger.nodes) if matching is None else list(matching.names)
     stated = req.spec.placement.nodes
     best: Gang | None = None
+    domains = _domains(ledger, matching)
     for t in (ledger.gpu_types() if matching is None else matching.types):
         full = _full_sizing(req.model, s, t)
         if _is_mig_type(ledger, t) or isinstance(full, str):
@@ -117,13 +118,13 @@ def place_one(ledger: Ledger, req: Request, s: Settings, matching: NodeSet | Non
         if n is None:
             continue
         g = s.gpus // n
-        for _, nodes in sorted(_domains(ledger, names, t, g).items()):
-            if len(nodes) < n:
+        for nodes in domains:
+            if nodes is not None and len(nodes) < n:
                 continue
             got = _assign(ledger, t, nodes, _per_pod(req, s, t, full, n), spread, full) if full.fits else None
             if got is None and _shrinkable(s):  # unset values lowered to the n-th roomiest node's room
-                keys = sorted((k for nd in nodes if (k := ledger._node_group_key(nd, t, g)) is not None),
-                              reverse=True)
+                keys = sorted((k for nd in (nodes if nodes is not None else ledger.nodes)
+                               if (k := ledger._node_group_key(nd, t, g)) is not None), reverse=True)
                 sized = _sized(req.model, s, t, keys[n - 1]) if len(keys) >= n else None
                 if sized is not None and sized.fits:
                     got = _assign(ledger, t, nodes, _per_pod(req, s, t, sized, n), spread, sized)
