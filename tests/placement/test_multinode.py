@@ -248,3 +248,14 @@ def test_no_stage_books_more_than_the_sizing_and_the_fullest_is_it(name: str, pp
     assert all(fp.total <= z.footprint.total and fp.kv_cache <= z.footprint.kv_cache for fp in per_stage)
     assert max(fp.weights for fp in per_stage) == z.footprint.weights
     assert all(fp.activation == z.footprint.activation and fp.overhead == z.footprint.overhead for fp in per_stage)
+
+
+def test_a_replica_across_nodes_read_back_from_its_bookings_keeps_its_pods() -> None:
+    """`plan` keeps an admitted deployment's bookings (status.memory) as they are: a replica across
+    nodes comes back as its leader and its worker, in the order it was booked."""
+    first = placement.plan(_cluster(2), [request("big/llama", LLAMA_405B, **BIG)])
+    d = first.decisions["big/llama"]
+    kept = placement.plan(_cluster(2), [request("big/llama", LLAMA_405B, **BIG)],
+                          admitted={"big/llama": d.bookings()}).decisions["big/llama"]
+    assert kept.restored and kept.admitted
+    assert [(m.node, m.gpus) for m in kept.replicas[0].members] == [(m.node, m.gpus) for m in d.replicas[0].members]
