@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vllmfit.core import defaults, memory
+from vllmfit.core import defaults
 from vllmfit.core.memory import Footprint, Settings, Sizing, fmt_gib
 from vllmfit.core.memory.stages import pods, rank_footprints
 from vllmfit.core.model.facts import GpuType
@@ -154,12 +154,12 @@ def why_not(ledger: Ledger, req: Request, s: Settings, matching: NodeSet | None)
                        f" of at most {per_node} GPUs, the most one node has")
             continue
         g = s.gpus // n
-        sizing = full if full.fits or not _shrinkable(s) else _sized(req.model, s, t, memory.UNLIMITED)
-        need = min(max(fp.total for fp in pod) for pod in _per_pod(req, s, t, sizing, n))
+        need = min(max(fp.total for fp in pod) for pod in _per_pod(req, s, t, full, n))  # the full context's
         hosts = [nd for nd in names if len(ledger.type_indices(nd, t)) >= g]
         roomy = [nd for nd in hosts if sum(1 for i in ledger.type_indices(nd, t) if ledger._head[(nd, i)] >= need) >= g]
+        at = f" at maxModelLen {full.flags.max_model_len}" if _shrinkable(s) and full.flags else ""
         out.append(f"needs {n} nodes with {g} {t.product} GPUs each, {fmt_gib(need)} of budget left on each GPU"
-                   f" (tensorParallelSize {s.tp} x pipelineParallelSize {s.pp}); "
+                   f"{at} (tensorParallelSize {s.tp} x pipelineParallelSize {s.pp}); "
                    f"{len(roomy)} of the {len(names)} nodes have that room")
         lines = []
         for nd in names:
