@@ -45,3 +45,21 @@ async def test_with_the_lws_crd_the_refusal_names_the_operators_limit(km: kmock.
         assert startup.NO_LWS_WRITER in st["reasons"][0]
     finally:
         await op.stop()
+
+
+def test_the_webhook_denies_it_with_the_same_reason_on_the_operators_snapshot() -> None:
+    from vllmfit.core import placement
+    from vllmfit.core.spec import api
+    from vllmfit.operator.admission import verdict
+    from vllmfit.sources import catalog
+
+    led = placement.Ledger(placement.node_from_object(node(n, gpus=8), catalog.gpu_for_label)
+                           for n in ("h100-a", "h100-b"))
+    obj = api.VLLMDeployment.model_validate({"metadata": {"name": "llama", "namespace": "default"},
+                                             "spec": {"model": LLAMA_405B, **BIG}})
+    req = placement.request_from_object(obj, catalog.model(LLAMA_405B))
+    ok = verdict.check(led.snapshot(), req)
+    assert ok is not None and ok.allowed  # vllmfit plan's answer: it fits across the two nodes
+    led.multi_node = startup.NO_LWS
+    v = verdict.check(led.snapshot(), req)
+    assert v is not None and not v.allowed and startup.NO_LWS in v.message
