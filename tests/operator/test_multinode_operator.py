@@ -1,14 +1,24 @@
 """The operator and a replica larger than a node: without the LeaderWorkerSet CRD served (discovered
-through the API at start-up) the spec is refused with that reason, and nothing is booked or written;
-a one-node spec on the same nodes is admitted as before."""
+through the API at start-up) the spec is refused with that reason, and nothing is booked or written.
+With it served, the replica runs as one LeaderWorkerSet with the flags `plan` computes, its GPUs
+booked in one step and released when the group's pods are gone; a lost worker places it again."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
 import kmock
 import pytest
-from opkit import DEPLOYMENTS, Cluster, Operator, node, vd
+from opkit import DEPLOYMENTS, Cluster, Operator, budget, node, vd
 
+from vllmfit.core import placement
+from vllmfit.core.spec import api
 from vllmfit.operator.handlers import startup
+from vllmfit.operator.handlers.writes import settle_drains
+from vllmfit.operator.rendering import builders, lws
+from vllmfit.sources import catalog
 
 pytestmark = pytest.mark.looptime
 
@@ -31,20 +41,130 @@ async def test_without_the_lws_crd_a_multi_node_spec_is_refused_with_that_reason
     assert operator.store.books.ledger.bookings_of("default/llama") == []
 
 
-async def test_with_the_lws_crd_the_refusal_names_the_operators_limit(km: kmock.KubernetesEmulator,
-                                                                    cluster: Cluster) -> None:
-    km.resources["leaderworkerset.x-k8s.io/v1/leaderworkersets"] = kmock.ResourceInfo(
-        kind="LeaderWorkerSet", namespaced=True, verbs={"get", "list", "watch", "create", "patch", "delete"})
+LWS = "leaderworkerset.x-k8s.io/v1/leaderworkersets"
+
+
+@pytest.fixture
+async def lws_operator(km: kmock.KubernetesEmulator) -> AsyncIterator[Operator]:
+    """The operator on a cluster that serves LeaderWorkerSets (the CRD registered before it starts)."""
+    km.resources[LWS] = kmock.ResourceInfo(kind="LeaderWorkerSet", namespaced=True,
+                                           verbs={"get", "list", "watch", "create", "patch", "delete"})
     op = Operator(km)
     await op.start()
-    try:
-        for n in ("h100-a", "h100-b"):
-            await cluster.create(node(n, gpus=8))
-        await cluster.create(vd("llama", LLAMA_405B, **BIG))
-        st = await cluster.phase("llama", "Unschedulable")
-        assert startup.NO_LWS_WRITER in st["reasons"][0]
-    finally:
-        await op.stop()
+    yield op
+    await op.stop()
+
+
+def planned(nodes: list[str]) -> placement.Decision:
+    """What `vllmfit plan` decides for the spec on these empty nodes (the core, no operator)."""
+    infos = [placement.node_from_object(node(n, gpus=8), catalog.gpu_for_label) for n in nodes]
+    obj = api.VLLMDeployment.model_validate({"metadata": {"name": "llama", "namespace": "default"},
+                                             "spec": {"model": LLAMA_405B, **BIG}})
+    d = placement.plan(infos, [placement.request_from_object(obj, catalog.model(LLAMA_405B))]).decisions["default/llama"]
+    assert d.admitted and d.flags is not None
+    return d
+
+
+async def group_pods(cluster: Cluster, lws_name: str) -> list[str]:
+    """The pods the LeaderWorkerSet controller would create (leader, then worker), as the kubelet runs them."""
+    obj = await cluster.until(lambda: cluster.get(LWS, lws_name), what=f"LeaderWorkerSet {lws_name}")
+    t = obj["spec"]["leaderWorkerTemplate"]
+    names = []
+    for k, tpl in enumerate((t["leaderTemplate"], t["workerTemplate"])):
+        name = f"{lws_name}-{k}" if k else lws_name
+        node_name = tpl["metadata"]["annotations"][builders.ANNOTATION_PLACEMENT].split(":")[0]
+        await cluster.create({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "uid": str(uuid.uuid4()), "resourceVersion": "1",
+                         "labels": {**tpl["metadata"]["labels"], "leaderworkerset.sigs.k8s.io/name": lws_name},
+                         "annotations": dict(tpl["metadata"]["annotations"]),
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": lws_name,
+                                              "uid": str(uuid.uuid4()), "controller": True}]},
+            "spec": {"nodeName": node_name, "containers": tpl["spec"]["containers"]},
+            "status": {"phase": "Running"},
+        })
+        names.append(name)
+    return names
+
+
+def used(store: Any, nodes: list[str]) -> dict[str, int]:
+    return {n: sum(store.books.committed.used_bytes(n, i) for i in range(8)) for n in nodes}
+
+
+async def test_a_replica_across_nodes_runs_as_one_leader_worker_set_with_plans_flags(
+        cluster: Cluster, lws_operator: Operator) -> None:
+    nodes = ["h100-a", "h100-b"]
+    for n in nodes:
+        await cluster.create(node(n, gpus=8))
+    journal = len(cluster.km.journal)
+    await cluster.create(vd("llama", LLAMA_405B, **BIG))
+    st = await cluster.phase("llama", "Admitted", "Running")
+    d = planned(nodes)
+    (r,) = d.replicas
+    # one LeaderWorkerSet, no Deployment: the leader runs vllm serve with plan's flags, the worker joins it
+    assert cluster.get(DEPLOYMENTS, "llama-0") is None and [o["metadata"]["name"] for o in cluster.objects(LWS)] == [
+        "llama-0"]
+    m = cluster.get(LWS, "llama-0")
+    t = m["spec"]["leaderWorkerTemplate"]
+    assert t["size"] == 2 and m["metadata"]["ownerReferences"][0]["name"] == "llama"
+    leader, worker = t["leaderTemplate"]["spec"], t["workerTemplate"]["spec"]
+    assert leader["containers"][0]["args"] == [*builders.vllm_args(api.VLLMDeploymentSpec.model_validate(
+        {"model": LLAMA_405B, **BIG}), LLAMA_405B, d.flags), "--distributed-executor-backend=ray"]
+    assert [a for a in leader["containers"][0]["args"] if a.startswith("--max-model-len")] == ["--max-model-len=32768"]
+    assert worker["containers"][0]["args"] == [] and worker["containers"][0]["command"][2] == lws.WORKER_SCRIPT
+    term = worker["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term[0]["matchFields"][0]["values"] == [r.workers[0].node]
+    # all 16 GPUs booked, with plan's per-GPU figures, and no status ever showed part of the group
+    book = lws_operator.store.books.committed.bookings_of("default/llama")
+    assert sorted((b.node, b.index, b.footprint.total) for b in book) == sorted(
+        (b.node, b.index, b.footprint.total) for b in d.bookings())
+    assert len(book) == 16 and {b.node for b in book} == set(nodes)
+    assert len(st["memory"]) == 16 and {(g["node"], g["index"]) for g in st["memory"]} == {
+        (n, i) for n in nodes for i in range(8)}
+    (p,) = st["placement"]
+    assert (p["node"], [w["node"] for w in p["workers"]]) == (r.node, [r.workers[0].node])
+    statuses = [((q.data or {}).get("status") or {}).get("memory") for q in list(cluster.km.journal)[journal:]
+                if str(q.method).upper().endswith("PATCH") and "/status" in str(q.url)]
+    assert {len(s) for s in statuses if s} == {16}
+
+    # deleted: the group's memory stays booked until both of its pods are gone
+    pods = await group_pods(cluster, "llama-0")
+    await cluster.delete("llama")
+    await cluster.until(lambda: cluster.get(LWS, "llama-0") is None, what="the LeaderWorkerSet deleted")
+    await cluster.until(lambda: any(x.stopped for x in lws_operator.store.books.drains.values()), what="a drain")
+    await settle_drains(lws_operator.store)
+    budget_all = {n: 8 * budget() for n in nodes}
+    assert all(0 < v <= budget_all[n] for n, v in used(lws_operator.store, nodes).items())
+    await cluster.core.delete_namespaced_pod(pods[0], "default")  # the leader goes first: the worker still holds
+    await settle_drains(lws_operator.store)
+    assert used(lws_operator.store, nodes)[r.workers[0].node] > 0
+    await cluster.core.delete_namespaced_pod(pods[1], "default")
+    await settle_drains(lws_operator.store)
+    await cluster.until(lambda: used(lws_operator.store, nodes) == {n: 0 for n in nodes}, what="the group released")
+
+
+async def test_a_lost_worker_places_the_group_again(cluster: Cluster, lws_operator: Operator) -> None:
+    for n in ("h100-a", "h100-b", "h100-c"):
+        await cluster.create(node(n, gpus=8))
+    await cluster.create(vd("llama", LLAMA_405B, **BIG))
+    st = await cluster.phase("llama", "Admitted", "Running")
+    (p,) = st["placement"]
+    lost = p["workers"][0]["node"]
+    await cluster.delete_node(lost)
+    await cluster.until(lambda: (cluster.status("llama").get("placement") or [{}])[0].get("workers", [{}])[0].get(
+        "node") not in (lost, None), what="the group placed again")
+    (q,) = cluster.status("llama")["placement"]
+    now = {q["node"], q["workers"][0]["node"]}
+    assert lost not in now and len(now) == 2
+    assert {g["node"] for g in cluster.status("llama")["memory"]} == now
+    assert len(cluster.status("llama")["memory"]) == 16
+    m = cluster.get(LWS, "llama-0")
+    assert m["metadata"]["annotations"][builders.ANNOTATION_PLACEMENT] == " + ".join(
+        f"{n}:0,1,2,3,4,5,6,7" for n in sorted(now))
+    w = m["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["affinity"]["nodeAffinity"]
+    assert w["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchFields"][0][
+        "values"] == [q["workers"][0]["node"]]
+    assert {b.node for b in lws_operator.store.books.committed.bookings_of("default/llama")} == now
 
 
 def test_the_webhook_denies_it_with_the_same_reason_on_the_operators_snapshot() -> None:

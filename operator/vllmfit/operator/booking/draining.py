@@ -34,6 +34,7 @@ from vllmfit.core.placement import Booking, Ledger
 from vllmfit.operator.rendering.builders import (
     ANNOTATION_BOOKED,
     ANNOTATION_PLACEMENT,
+    GROUP_JOIN,
     LABEL_DEPLOYMENT,
     LABEL_REPLICA,
     booked_text,
@@ -151,9 +152,17 @@ def is_drain(key: str) -> bool:
 
 
 def where_of(bookings: Iterable[Booking]) -> str:
-    """The placement text of one replica's bookings (builders.placement_text's format)."""
-    bs = sorted(bookings, key=lambda b: b.index)
-    return f"{bs[0].node}:{','.join(str(b.index) for b in bs)}" if bs else ""
+    """The placement text of one replica's bookings (builders.placement_text's format: a replica
+    across nodes, each node's, by node name, joined with GROUP_JOIN)."""
+    by_node: dict[str, list[int]] = {}
+    for b in bookings:
+        by_node.setdefault(b.node, []).append(b.index)
+    return GROUP_JOIN.join(f"{n}:{','.join(str(i) for i in sorted(ix))}" for n, ix in sorted(by_node.items()))
+
+
+def pods_of(where: str) -> list[str]:
+    """The placement text of each pod of a replica at `where` (one, or a group's)."""
+    return where.split(GROUP_JOIN)
 
 
 def by_replica(bookings: Iterable[Booking]) -> dict[int, list[Booking]]:
@@ -251,7 +260,7 @@ def _is_for(meta: Mapping[str, Any], drain: Drain) -> bool:
     booking (or for no known one: a pod from before vllmfit wrote ANNOTATION_BOOKED)."""
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
     return (labels.get(LABEL_DEPLOYMENT) == drain.deployment and labels.get(LABEL_REPLICA) == str(drain.replica)
-            and annotations.get(ANNOTATION_PLACEMENT) == drain.where
+            and annotations.get(ANNOTATION_PLACEMENT) in pods_of(drain.where)  # a group's pod: its own node's
             and (not drain.booked or annotations.get(ANNOTATION_BOOKED, drain.booked) == drain.booked))
 
 
@@ -268,13 +277,24 @@ def set_holds(rs: Mapping[str, Any], drain: Drain) -> bool:
     return spec.get("replicas", 1) != 0 and _is_for((spec.get("template") or {}).get("metadata") or {}, drain)
 
 
+def group_holds(lws: Mapping[str, Any], drain: Drain) -> bool:
+    """Whether this LeaderWorkerSet (as listed) is the drain's replica across nodes: until it is
+    gone (deleted in the foreground: after its StatefulSets and their pods) its group may hold
+    the memory, and its StatefulSets may create a pod."""
+    meta = lws.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    return (labels.get(LABEL_DEPLOYMENT) == drain.deployment and labels.get(LABEL_REPLICA) == str(drain.replica)
+            and (meta.get("annotations") or {}).get(ANNOTATION_PLACEMENT) == drain.where)
+
+
 def ended(drains: Drains, namespace: str, deployment: str, pods: Iterable[Mapping[str, Any]],
-          sets: Iterable[Mapping[str, Any]] = ()) -> list[str]:
+          sets: Iterable[Mapping[str, Any]] = (), groups: Iterable[Mapping[str, Any]] = ()) -> list[str]:
     """The stopped drains of one deployment that no listed pod holds any more, and for which no
-    listed ReplicaSet may create one."""
-    pods, sets = list(pods), list(sets)
+    listed ReplicaSet may create one, nor a listed LeaderWorkerSet (`groups`) still hold its group."""
+    pods, sets, groups = list(pods), list(sets), list(groups)
     return sorted(d.name for d in drains.of(f"{namespace}/{deployment}")
-                  if d.stopped and not any(pod_holds(p, d) for p in pods) and not any(set_holds(r, d) for r in sets))
+                  if d.stopped and not any(pod_holds(p, d) for p in pods) and not any(set_holds(r, d) for r in sets)
+                  and not any(group_holds(g, d) for g in groups))
 
 
 def from_pods(ledger: Ledger, pods: Iterable[Mapping[str, Any]],
@@ -293,7 +313,7 @@ def from_pods(ledger: Ledger, pods: Iterable[Mapping[str, Any]],
             continue
         key, replica, where = ours
         booked = ""
-        if (key, replica) in covered and covered[(key, replica)][0] == where:
+        if (key, replica) in covered and where in pods_of(covered[(key, replica)][0]):
             booked = str((meta.get("annotations") or {}).get(ANNOTATION_BOOKED) or "")
             if booked in ("", covered[(key, replica)][1]):
                 continue

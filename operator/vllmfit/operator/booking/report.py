@@ -68,15 +68,15 @@ async def as_json(call: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
 
 
 def placement_from(decision: Decision, ledger: Ledger) -> list[api.ReplicaPlacement]:
-    out = []
-    for r in decision.replicas:
-        gpus = []
-        for i in r.gpus:
-            slot = ledger.slot(r.node, i)
-            gpus.append(api.GpuRef(index=i, uuid=slot.uuid if slot else None,
-                                   product=slot.gpu.product if slot else ""))
-        out.append(api.ReplicaPlacement(replica=r.replica, node=r.node, gpus=gpus))
-    return out
+    """Each replica's node and GPUs (a replica across nodes: its leader's, and its workers')."""
+
+    def refs(node: str, indices: Iterable[int]) -> list[api.GpuRef]:
+        slots = [(i, ledger.slot(node, i)) for i in indices]
+        return [api.GpuRef(index=i, uuid=s.uuid if s else None, product=s.gpu.product if s else "") for i, s in slots]
+
+    return [api.ReplicaPlacement(replica=r.replica, node=r.node, gpus=refs(r.node, r.gpus),
+                                 workers=[api.PodPlacement(node=m.node, gpus=refs(m.node, m.gpus)) for m in r.workers])
+            for r in decision.replicas]
 
 
 def kv_status(d: Decision) -> api.KvCacheStatus | None:

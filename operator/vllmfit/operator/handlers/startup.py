@@ -215,13 +215,12 @@ STARTUP_DRAINS = "vllmfit_startup_drains"
 
 NO_LWS = (f"a replica across nodes runs as a LeaderWorkerSet ({lws.GROUP}/{lws.VERSION}), which this cluster does "
           "not serve; install LeaderWorkerSet, or fit the replica in one node (fewer GPUs, larger GPUs)")
-NO_LWS_WRITER = ("the operator does not write LeaderWorkerSets yet (vllmfit plan and estimate place and size replicas "
-                 "across nodes); fit the replica in one node (fewer GPUs, larger GPUs)")
 
 
-async def multi_node_refusal(store: Store) -> str:
+async def multi_node_refusal(store: Store) -> str | None:
     """Why a replica may not span nodes on this cluster (start-up): the API does not serve the
-    LeaderWorkerSet resource (404, or 403: vllmfit may not use it), else the operator's own limit."""
+    LeaderWorkerSet resource (404, or 403: vllmfit may not use it); None: it does, and such a
+    replica runs as one LeaderWorkerSet (handlers.children.write_group)."""
     try:
         await client.CustomObjectsApi(store.api).list_cluster_custom_object(lws.GROUP, lws.VERSION, lws.PLURAL,
                                                                             limit=1)
@@ -231,7 +230,7 @@ async def multi_node_refusal(store: Store) -> str:
                         e.reason)
             return NO_LWS
         raise
-    return NO_LWS_WRITER
+    return None
 
 
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:

@@ -25,6 +25,7 @@ MANAGED_BY = defaults.MANAGED_BY_LABEL
 LABEL_DEPLOYMENT = defaults.DEPLOYMENT_LABEL
 LABEL_REPLICA = f"{api.GROUP}/replica"
 ANNOTATION_PLACEMENT = f"{api.GROUP}/placement"
+GROUP_JOIN = " + "  # between the pods' placements of a replica across nodes (placement_text)
 ANNOTATION_PINNING = f"{api.GROUP}/pinning"
 # the bytes a replica's pod template was written for, per GPU ("0=123,1=123"): tells a resized
 # replica's old pod from its new one at the same placement (operator/booking/draining.py)
@@ -109,6 +110,10 @@ def vllm_args(spec: api.VLLMDeploymentSpec, model_name: str, flags: api.Flags) -
 
 
 def placement_text(p: api.ReplicaPlacement) -> str:
+    """ANNOTATION_PLACEMENT: "node:0,1"; a replica across nodes, each pod's by node name, joined
+    with " + " (draining.where_of gives the same text from the bookings)."""
+    if p.workers:
+        return GROUP_JOIN.join(sorted(placement_text(pod) for pod in p.pods()))
     return f"{p.node}:{','.join(str(g.index) for g in p.gpus)}"
 
 

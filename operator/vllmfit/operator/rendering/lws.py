@@ -15,7 +15,7 @@ use the same GPU indices on their nodes (`template_problem`)."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vllmfit.backends.binding import GPU_RESOURCE
@@ -54,9 +54,12 @@ def template_problem(pods: Sequence[api.ReplicaPlacement]) -> str | None:
 
 def leader_worker_set(obj: api.VLLMDeployment, pods: Sequence[api.ReplicaPlacement], flags: api.Flags,
                       model_name: str, *, exclusive: Sequence[bool], weights_bytes: int = 0,
-                      gated: Sequence[bool] = (), booked: Sequence[str] = ()) -> dict[str, Any]:
+                      gated: Sequence[bool] = (), booked: Sequence[str] = (),
+                      binding: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """The LeaderWorkerSet of one replica: `pods` in rank order (the leader first), each with its
-    binding choices (`exclusive`, `gated`, `booked`: per pod, as `builders.deployment` takes them).
+    binding choices (`exclusive`, `gated`, `booked` and `binding`'s further arguments — pins,
+    runtime_class, mps —: per pod, as `builders.deployment` takes them). Its placement annotation
+    is the group's (`builders.placement_text`), each pod's its own node's.
     Raises ValueError with `template_problem`'s line."""
     why = template_problem(pods)
     if why:
@@ -64,7 +67,8 @@ def leader_worker_set(obj: api.VLLMDeployment, pods: Sequence[api.ReplicaPlaceme
     templates, meta = [], {}
     for k, p in enumerate(pods):
         d = builders.deployment(obj, p, flags, model_name, exclusive=exclusive[k], weights_bytes=weights_bytes,
-                                gated=gated[k] if gated else False, booked=booked[k] if booked else "")
+                                gated=gated[k] if gated else False, booked=booked[k] if booked else "",
+                                **(binding[k] if binding else {}))
         tpl = copy.deepcopy(d["spec"]["template"])
         meta = meta or d["metadata"]
         limits = tpl["spec"]["containers"][0]["resources"].get("limits") or {}
@@ -90,7 +94,8 @@ def leader_worker_set(obj: api.VLLMDeployment, pods: Sequence[api.ReplicaPlaceme
              "matchLabelKeys": [GROUP_LABEL], "topologyKey": HOSTNAME}]},
     }
     meta["name"] = name(obj, pods[0].replica)
-    meta["annotations"][builders.ANNOTATION_PLACEMENT] = " + ".join(builders.placement_text(p) for p in pods)
+    meta["annotations"][builders.ANNOTATION_PLACEMENT] = builders.GROUP_JOIN.join(
+        sorted(builders.placement_text(p) for p in pods))
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
