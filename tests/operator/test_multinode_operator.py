@@ -11,7 +11,7 @@ from typing import Any
 
 import kmock
 import pytest
-from opkit import DEPLOYMENTS, Cluster, Operator, budget, node, vd
+from opkit import DEPLOYMENTS, PODS, Cluster, Operator, budget, node, vd
 
 from vllmfit.core import placement
 from vllmfit.core.spec import api
@@ -183,3 +183,72 @@ def test_the_webhook_denies_it_with_the_same_reason_on_the_operators_snapshot() 
     led.multi_node = startup.NO_LWS
     v = verdict.check(led.snapshot(), req)
     assert v is not None and not v.allowed and startup.NO_LWS in v.message
+
+
+async def test_a_restart_rebuilds_the_groups_bookings_from_its_status_and_its_leader_worker_set(
+        km: kmock.KubernetesEmulator, cluster: Cluster, lws_operator: Operator) -> None:
+    nodes = ["h100-a", "h100-b"]
+    for n in nodes:
+        await cluster.create(node(n, gpus=8))
+    await cluster.create(vd("llama", LLAMA_405B, **BIG))
+    await cluster.phase("llama", "Admitted", "Running")
+    before = sorted((b.node, b.index, b.footprint.total)
+                    for b in lws_operator.store.books.committed.bookings_of("default/llama"))
+    pods = await group_pods(cluster, "llama-0")
+    written = cluster.get(LWS, "llama-0")
+    await lws_operator.stop()
+    journal = len(cluster.km.journal)
+    op = Operator(km)  # a new process: the ledger comes back from the status and the LeaderWorkerSet
+    await op.start()
+    try:
+        await cluster.until(lambda: op.store.books.committed.bookings_of("default/llama"), what="bookings rebuilt")
+        assert sorted((b.node, b.index, b.footprint.total)
+                      for b in op.store.books.committed.bookings_of("default/llama")) == before
+        assert not op.store.books.drains  # the group's two pods are covered by the booking, leader and worker
+        assert cluster.get(LWS, "llama-0")["spec"] == written["spec"]  # not swept, the same group
+        assert not [q for q in list(cluster.km.journal)[journal:]
+                    if str(q.method).upper().endswith("DELETE") and "leaderworkersets" in str(q.url)]
+        assert {p["metadata"]["name"] for p in cluster.objects(PODS)} >= set(pods)
+    finally:
+        await op.stop()
+
+
+def test_a_groups_drain_is_held_by_each_of_its_pods_until_both_are_gone() -> None:
+    """Pure: the bookings of a replica across nodes as one placement ("a:0,1 + b:0,1", the text the
+    LeaderWorkerSet carries); each pod carries its own node's part; the drain ends when no pod of
+    either node is left, and at start-up neither pod of a booked group is taken for a stopped one."""
+    from vllmfit.core.memory import Footprint
+    from vllmfit.core.placement import Booking
+    from vllmfit.operator.booking import draining
+
+    gib = 1 << 30
+    key = "default/llama"
+    infos = [placement.node_from_object(node(n, gpus=2), catalog.gpu_for_label) for n in ("a", "b")]
+    led = placement.Ledger(infos)
+    group = [Booking(key, 0, n, i, Footprint(30 * gib, 0, 0, 0, 0, 0)) for n in ("b", "a") for i in (1, 0)]
+    assert draining.where_of(group) == "a:0,1 + b:0,1"
+    pod_pl = api.ReplicaPlacement(replica=0, node="a", gpus=[api.GpuRef(index=0), api.GpuRef(index=1)],
+                                  workers=[api.PodPlacement(node="b", gpus=[api.GpuRef(index=0), api.GpuRef(index=1)])])
+    assert builders.placement_text(pod_pl) == "a:0,1 + b:0,1"
+
+    def pod(where: str) -> dict[str, Any]:
+        return {"metadata": {"namespace": "default", "annotations": {builders.ANNOTATION_PLACEMENT: where},
+                             "labels": {builders.LABEL_DEPLOYMENT: "llama", builders.LABEL_REPLICA: "0"}},
+                "status": {"phase": "Running"}}
+
+    led.restore(key, group)
+    drains = draining.Drains()
+    led.release(key)
+    (d,) = draining.hold(led, drains, key, group)
+    d.stopped = True
+    assert d.where == "a:0,1 + b:0,1" and led.used_bytes("b", 1) == 30 * gib
+    assert draining.ended(drains, "default", "llama", [pod("a:0,1"), pod("b:0,1")]) == []
+    assert draining.ended(drains, "default", "llama", [pod("b:0,1")]) == []  # the worker still holds it
+    group_obj = {"metadata": {"labels": {builders.LABEL_DEPLOYMENT: "llama", builders.LABEL_REPLICA: "0"},
+                              "annotations": {builders.ANNOTATION_PLACEMENT: d.where}}}
+    assert draining.ended(drains, "default", "llama", [], groups=[group_obj]) == []  # its LeaderWorkerSet is not gone
+    assert draining.ended(drains, "default", "llama", []) == [d.name]
+    # at start-up: both pods of a booked group are covered, no drain for either
+    covered = {(key, 0): ("a:0,1 + b:0,1", "")}
+    pods_ = [{**pod(w), "metadata": {**pod(w)["metadata"], "name": w}} for w in ("a:0,1", "b:0,1")]
+    assert draining.from_pods(placement.Ledger(infos), pods_, covered) == {}

@@ -165,6 +165,15 @@ def pods_of(where: str) -> list[str]:
     return where.split(GROUP_JOIN)
 
 
+def pod_part(where: str, booked: str, pod_where: str) -> str | None:
+    """The booked text (builders.booked_text) of the pod at `pod_where` of a replica at `where`
+    booked as `booked` (a group's pod carries its own node's part); None: no pod of it."""
+    pods, parts = pods_of(where), booked.split(GROUP_JOIN)
+    if pod_where not in pods:
+        return None
+    return parts[pods.index(pod_where)] if len(parts) == len(pods) else booked
+
+
 def by_replica(bookings: Iterable[Booking]) -> dict[int, list[Booking]]:
     out: dict[int, list[Booking]] = {}
     for b in bookings:
@@ -259,9 +268,9 @@ def _is_for(meta: Mapping[str, Any], drain: Drain) -> bool:
     the drain's placement (the caller lists one namespace), and for a resize, written for the old
     booking (or for no known one: a pod from before vllmfit wrote ANNOTATION_BOOKED)."""
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    part = pod_part(drain.where, drain.booked, str(annotations.get(ANNOTATION_PLACEMENT)))  # a group's pod: its node's
     return (labels.get(LABEL_DEPLOYMENT) == drain.deployment and labels.get(LABEL_REPLICA) == str(drain.replica)
-            and annotations.get(ANNOTATION_PLACEMENT) in pods_of(drain.where)  # a group's pod: its own node's
-            and (not drain.booked or annotations.get(ANNOTATION_BOOKED, drain.booked) == drain.booked))
+            and part is not None and (not drain.booked or annotations.get(ANNOTATION_BOOKED, part) == part))
 
 
 def pod_holds(pod: Mapping[str, Any], drain: Drain) -> bool:
@@ -313,9 +322,10 @@ def from_pods(ledger: Ledger, pods: Iterable[Mapping[str, Any]],
             continue
         key, replica, where = ours
         booked = ""
-        if (key, replica) in covered and where in pods_of(covered[(key, replica)][0]):
+        part = pod_part(*covered[(key, replica)], where) if (key, replica) in covered else None
+        if part is not None:
             booked = str((meta.get("annotations") or {}).get(ANNOTATION_BOOKED) or "")
-            if booked in ("", covered[(key, replica)][1]):
+            if booked in ("", part):
                 continue
         node, _, gpus = where.partition(":")
         try:

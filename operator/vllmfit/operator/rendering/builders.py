@@ -120,8 +120,13 @@ def placement_text(p: api.ReplicaPlacement) -> str:
 def booked_text(bookings: Iterable[Booking]) -> str:
     """ANNOTATION_BOOKED of one replica's bookings: GPU index = booked bytes, by index. The
     prediction the pods were written for: a booking that grows on measured use (issue 34) changes
-    no pod (a rewrite would restart the vLLM it measured)."""
-    return ",".join(f"{b.index}={b.footprint.predicted}" for b in sorted(bookings, key=lambda b: b.index))
+    no pod (a rewrite would restart the vLLM it measured). A replica across nodes: each node's, by
+    node name, joined with GROUP_JOIN (as placement_text; each of its pods carries its own node's)."""
+    by_node: dict[str, list[Booking]] = {}
+    for b in bookings:
+        by_node.setdefault(b.node, []).append(b)
+    return GROUP_JOIN.join(",".join(f"{b.index}={b.footprint.predicted}" for b in sorted(bs, key=lambda b: b.index))
+                           for _, bs in sorted(by_node.items()))
 
 
 def booked_bytes(text: str) -> list[int]:
