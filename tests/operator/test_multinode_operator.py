@@ -123,6 +123,7 @@ async def test_a_replica_across_nodes_runs_as_one_leader_worker_set_with_plans_f
         (n, i) for n in nodes for i in range(8)}
     (p,) = st["placement"]
     assert (p["node"], [w["node"] for w in p["workers"]]) == (r.node, [r.workers[0].node])
+    assert st["node"] == f"{r.node},{r.workers[0].node}" and st["gpuList"] == "0,1,2,3,4,5,6,7+0,1,2,3,4,5,6,7"
     statuses = [((q.data or {}).get("status") or {}).get("memory") for q in list(cluster.km.journal)[journal:]
                 if str(q.method).upper().endswith("PATCH") and "/status" in str(q.url)]
     assert {len(s) for s in statuses if s} == {16}

@@ -179,8 +179,14 @@ class VLLMDeploymentStatus(_Model):
         description="Label selector of its vLLM pods (the scale subresource's labelSelectorPath, read by HPA).",
     )
     vllm_version: str | None = Field(default=None, description="vLLM version the memory model used.")
-    node: str | None = Field(default=None, description="Node(s) of the replicas, comma-separated (printer column).")
-    gpu_list: str | None = Field(default=None, description="GPU indices, comma-separated (printer column).")
+    node: str | None = Field(
+        default=None, description="Node(s) of the replicas (and of their workers), comma-separated (printer column)."
+    )
+    gpu_list: str | None = Field(
+        default=None,
+        description="GPU indices, comma-separated; replicas separated by ';', a replica's pods across nodes by '+' "
+        "(printer column).",
+    )
     placement: list[ReplicaPlacement] = Field(default_factory=list, description="Where each replica runs.")
     flags: Flags | None = Field(default=None, description="Computed vLLM flags.")
     kv_cache: KvCacheStatus | None = Field(default=None, description="KV cache granted and the concurrency it buys.")

@@ -161,7 +161,8 @@ def status(rec: Record, ledger: Ledger) -> dict[str, Any]:
     """The whole status of a VLLMDeployment, as a merge patch (None removes a field)."""
     gpus = gpu_headroom(ledger, rec.key)
     placement = rec.placement if rec.admitted else []
-    nodes = list(dict.fromkeys(p.node for p in placement))
+    nodes = list(dict.fromkeys(q.node for p in placement for q in p.pods()))  # a group's: its leader's, its workers'
+
     st = api.VLLMDeploymentStatus(
         phase=phase(rec),  # type: ignore[arg-type]
         observed_generation=rec.observed_generation,
@@ -171,7 +172,7 @@ def status(rec: Record, ledger: Ledger) -> dict[str, Any]:
         selector=selector(rec.name),
         vllm_version=rec.vllm_version,
         node=",".join(nodes) or None,
-        gpu_list=";".join(",".join(str(g.index) for g in p.gpus) for p in placement) or None,
+        gpu_list=";".join("+".join(",".join(str(g.index) for g in q.gpus) for q in p.pods()) for p in placement) or None,
         placement=placement,
         flags=rec.flags if rec.admitted else None,
         kv_cache=rec.kv_cache if rec.admitted else None,
