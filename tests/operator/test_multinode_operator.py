@@ -253,3 +253,29 @@ def test_a_groups_drain_is_held_by_each_of_its_pods_until_both_are_gone() -> Non
     covered = {(key, 0): ("a:0,1 + b:0,1", "")}
     pods_ = [{**pod(w), "metadata": {**pod(w)["metadata"], "name": w}} for w in ("a:0,1", "b:0,1")]
     assert draining.from_pods(placement.Ledger(infos), pods_, covered) == {}
+
+
+async def test_a_lost_worker_with_its_group_running_moves_it_once_the_old_pods_are_gone(
+        cluster: Cluster, lws_operator: Operator) -> None:
+    """Break-then-make across nodes: the old leader still holds its node's GPUs, which the group's
+    new placement books again; the old LeaderWorkerSet is deleted, and the new one is written only
+    when no pod of the old group is left."""
+    for n in ("h100-a", "h100-b", "h100-c"):
+        await cluster.create(node(n, gpus=8))
+    await cluster.create(vd("llama", LLAMA_405B, **BIG))
+    st = await cluster.phase("llama", "Admitted", "Running")
+    (p,) = st["placement"]
+    old = f"{p['node']}:0,1,2,3,4,5,6,7"
+    pods = await group_pods(cluster, "llama-0")
+    await cluster.delete_node(p["workers"][0]["node"])
+    await cluster.until(lambda: cluster.get(LWS, "llama-0") is None, what="the old group stopped")
+    (q,) = cluster.status("llama")["placement"]
+    now = " + ".join(sorted(f"{n}:0,1,2,3,4,5,6,7" for n in (q["node"], q["workers"][0]["node"])))
+    assert old in now  # the leader's node is booked again by the group's new placement
+    await settle_drains(lws_operator.store)
+    assert cluster.get(LWS, "llama-0") is None  # the old leader still runs there
+    for pod in pods:
+        await cluster.core.delete_namespaced_pod(pod, "default")
+    await settle_drains(lws_operator.store)
+    m = await cluster.until(lambda: cluster.get(LWS, "llama-0"), what="the group written at its new placement")
+    assert m["metadata"]["annotations"][builders.ANNOTATION_PLACEMENT] == now
