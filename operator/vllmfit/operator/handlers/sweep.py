@@ -75,7 +75,9 @@ async def sweep(store: Store, namespace: str | None = None, only: str | None = N
     else:  # one deployment's (a deletion): only its own, not the namespace's (issue 32, --churn)
         selector = builders.selector(only)
         deps = (await as_json(apps.list_namespaced_deployment, namespace, label_selector=selector)).get("items") or []
-        deps += await list_groups(store, namespace, selector)
+        rec = store.cache.records.get(f"{namespace}/{only}")
+        if only is None or rec is None or rec.groups or any(p.workers for p in rec.placement):
+            deps += await list_groups(store, namespace, selector)  # only where it may have one: one listing less
         pods_ = (await as_json(core.list_namespaced_pod, namespace, label_selector=selector)).get("items") or []
     gone: list[str] = []
     for d in deps:
