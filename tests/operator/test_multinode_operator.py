@@ -279,3 +279,17 @@ async def test_a_lost_worker_with_its_group_running_moves_it_once_the_old_pods_a
     await settle_drains(lws_operator.store)
     m = await cluster.until(lambda: cluster.get(LWS, "llama-0"), what="the group written at its new placement")
     assert m["metadata"]["annotations"][builders.ANNOTATION_PLACEMENT] == now
+
+
+def test_a_reservation_swap_on_a_workers_node_moves_the_workers_gpu() -> None:
+    """The device plugin gave a worker's reservation another GPU of its node: the worker's GPUs
+    in the status change, the leader's (another node) do not."""
+    from vllmfit.backends import reservation as rsv
+
+    def refs(*ix: int) -> list[api.GpuRef]:
+        return [api.GpuRef(index=i) for i in ix]
+
+    p = api.ReplicaPlacement(replica=0, node="a", gpus=refs(0, 1), workers=[api.PodPlacement(node="b", gpus=refs(0, 1))])
+    (q,) = rsv.swap_placement([p], "b", 1, 3, {3: "GPU-3"})
+    assert [g.index for g in q.gpus] == [0, 1] and [(g.index, g.uuid) for g in q.workers[0].gpus] == [(0, None),
+                                                                                                       (3, "GPU-3")]
