@@ -127,6 +127,12 @@ async def test_a_replica_across_nodes_runs_as_one_leader_worker_set_with_plans_f
     statuses = [((q.data or {}).get("status") or {}).get("memory") for q in list(cluster.km.journal)[journal:]
                 if str(q.method).upper().endswith("PATCH") and "/status" in str(q.url)]
     assert {len(s) for s in statuses if s} == {16}
+    # the metrics: the group is replica 0 of llama on each GPU of both nodes, with plan's figures
+    from vllmfit.operator.metrics import StoreCollector
+
+    (fam,) = [f for f in StoreCollector(lws_operator.store).collect() if f.name == "vllmfit_deployment_predicted_bytes"]
+    assert sorted((x.labels["replica"], x.labels["node"], int(x.labels["gpu"]), x.value) for x in fam.samples
+                  if x.labels["name"] == "llama") == sorted(("0", b.node, b.index, b.footprint.total) for b in d.bookings())
 
     # deleted: the group's memory stays booked until both of its pods are gone
     pods = await group_pods(cluster, "llama-0")
