@@ -247,6 +247,7 @@ def test_operator_cluster_role_is_exactly_what_is_used(render):
         ("vllmfit.dev", "vllmdeployments/finalizers", ()): ("update",),
         ("apps", "deployments", ()): ("get", "list", "watch", "create", "patch", "delete"),
         ("", "services", ()): ("get", "list", "watch", "create", "patch", "delete"),
+        ("leaderworkerset.x-k8s.io", "leaderworkersets", ()): ("get", "list", "create", "patch", "delete"),
         ("", "pods", ()): ("get", "list", "watch", "patch"),  # patch: lifting the reservation gate
         ("", "pods/log", ()): ("get",),
         ("node.k8s.io", "runtimeclasses", ()): ("get", "list", "watch"),

@@ -69,8 +69,8 @@ def test_groups_need_enough_gpus_and_gpuless_nodes_are_counted() -> None:
                                          maxNumBatchedTokens=8192))
     assert d.message == (
         "0/3 nodes are available: 1 node(s) had no GPUs, 2 node(s) had fewer than 2 GPUs of one type (at most 1). "
-        "Needs 2 GPUs on one node (tensorParallelSize 2 x pipelineParallelSize 1); nodes have at most 1 GPUs of one "
-        "type, and vllmfit places a deployment within one node (multi-node placement is not supported yet)."
+        "Needs 2 GPUs (tensorParallelSize 2 x pipelineParallelSize 1); nodes have at most 1 GPUs of one "
+        "type, and a replica across nodes keeps each tensor-parallel group of 2 GPUs on one node."
     )  # too few GPUs is not the budget policy's doing: no policy sentence (issue 31)
 
 

@@ -244,16 +244,19 @@ def swap_bookings(bookings: Sequence[Booking], node: str, i: int, j: int) -> lis
 
 def swap_placement(placement: Sequence[api.ReplicaPlacement], node: str, i: int, j: int,
                    uuids: Mapping[int, str | None]) -> list[api.ReplicaPlacement]:
-    out = []
-    for p in placement:
-        if p.node == node:
-            gpus = []
-            for g in p.gpus:
-                k = j if g.index == i else i if g.index == j else g.index
-                gpus.append(g.model_copy(update={"index": k, "uuid": uuids.get(k, g.uuid)}) if k != g.index else g)
-            p = p.model_copy(update={"gpus": gpus})
-        out.append(p)
-    return out
+    """GPUs i and j of `node` swapped in each replica's placement (its leader's or a worker's pod there)."""
+
+    def swapped(gpus: Sequence[api.GpuRef]) -> list[api.GpuRef]:
+        out = []
+        for g in gpus:
+            k = j if g.index == i else i if g.index == j else g.index
+            out.append(g.model_copy(update={"index": k, "uuid": uuids.get(k, g.uuid)}) if k != g.index else g)
+        return out
+
+    return [p.model_copy(update={
+        "gpus": swapped(p.gpus) if p.node == node else p.gpus,
+        "workers": [w.model_copy(update={"gpus": swapped(w.gpus)}) if w.node == node else w for w in p.workers]})
+        for p in placement]
 
 
 @dataclass(frozen=True)

@@ -64,8 +64,8 @@ def configuration_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor parallel size")
     p.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
     p.add_argument("--gpus-per-node", type=int, default=defaults.GPUS_PER_NODE, metavar="N",
-                   help="GPUs of this type one node has (default %(default)s); a deployment is placed within one "
-                        "node (multi-node placement is not supported yet), so tp x pp must be at most N, as in plan")
+                   help="GPUs of this type one node has (default %(default)s); tp x pp beyond N spans several "
+                        "nodes, one pod of N GPUs (or fewer, whole TP groups) per node, as plan places it")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
     p.add_argument("--quantization", default=None,
                    choices=["fp8", "int8", "w8a8", "awq", "gptq", "w4a16", "mxfp4", "compressed-tensors", "bitsandbytes"])
@@ -348,6 +348,10 @@ def estimate_json(est: memory.Estimate) -> dict[str, Any]:
         "suggestions": list(est.suggestions),
         "warnings": list(est.warnings),
         "vllm": None if est.vllm is None else asdict(est.vllm),
+        **({"nodes": est.nodes,  # pp > 1 or several nodes: the nodes a replica spans, each stage's GPUs
+            "stages": [{"stage": k, "weights_bytes": sf.weights, "kv_cache_bytes": sf.kv_cache,
+                        "total_bytes": sf.total} for k, sf in enumerate(est.stages)]}
+           if est.stages or est.nodes > 1 else {}),
     }
 
 

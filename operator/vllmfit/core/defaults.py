@@ -73,8 +73,22 @@ the cluster-wide policy (operator flags --budget-utilization / --budget-reserve)
 
 GPUS_PER_NODE = 8
 """`vllmfit estimate --gpus-per-node`: the GPUs of one type a node has (an HGX/DGX board: 8). A
-deployment is placed within one node (multi-node placement is not supported yet), so `estimate`
-refuses tp x pp beyond it, as `plan` does on a cluster whose nodes have that many."""
+deployment needing more (tp x pp beyond it) spans several such nodes, one pod per node, as `plan`
+places it on a cluster whose nodes have that many."""
+
+TOPOLOGY_LABELS = (
+    "topology.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+    "topology.kubernetes.io/rack",
+    "nvidia.com/gpu.clique",
+)
+"""Node labels whose values every node of one multi-node replica shares where its nodes carry them:
+region, zone, rack, and the NVLink domain (NVIDIA's GPU feature discovery labels a multi-node
+NVLink domain `nvidia.com/gpu.clique`). A node without one of these labels forms a domain of its own
+with the other nodes without it."""
+
+GANG_REASON_NODES = 8
+"""A refused multi-node replica names why, node by node, for at most this many nodes (then how many more)."""
 
 MIN_AUTO_MAX_MODEL_LEN = 2048
 """When maxModelLen is not set and the model's full context does not fit, the context is

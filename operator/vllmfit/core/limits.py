@@ -38,6 +38,9 @@ MAX_TP = 64
 """Tensor parallel size: GPUs of one NVLink domain a pipeline stage spans. Real: 72 GPUs per NVL72 rack."""
 MAX_PP = 16
 """Pipeline stages."""
+MAX_NODES_PER_REPLICA = 64
+"""Nodes one replica spans (spec.placement.nodes, the LeaderWorkerSet's size). Real: 2 to 4 nodes
+of 8 GPUs for the largest models; at most one node per GPU (MAX_TP x MAX_PP)."""
 MAX_REPLICAS = 1000
 """Replicas of one VLLMDeployment."""
 MAX_REPLICA_FIX_DECISIONS = 8

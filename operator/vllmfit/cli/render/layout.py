@@ -269,7 +269,22 @@ def node_title(p: Plan, node: str, full: bool = False) -> str:
 
 
 def placement_text(d: Decision) -> str:
-    return "; ".join(where(r.node, r.gpus) for r in d.replicas) or "-"
+    """Where each replica runs; a replica across nodes as its pods joined by ' + ', the leader first."""
+    return "; ".join(" + ".join(where(m.node, m.gpus) for m in r.members) for r in d.replicas) or "-"
+
+
+def pod_lines(d: Decision) -> list[str]:
+    """A replica across nodes (its first): one line per pod, leader first, with its GPUs' memory
+    (the pipeline stage its ranks run: the stages' weights and KV cache differ)."""
+    r = d.replicas[0] if d.replicas else None
+    if r is None or not r.workers:
+        return []
+    out = []
+    for k, m in enumerate(r.members):
+        fp = max(m.footprints, key=lambda f: f.total)
+        out.append(f"{'leader' if k == 0 else f'worker {k}'} {where(m.node, m.gpus)}: {fp.total / GIB:.1f} GiB per GPU "
+                   f"(weights {fp.weights / GIB:.1f}, KV cache {fp.kv_cache / GIB:.1f})")
+    return out
 
 
 

@@ -30,6 +30,7 @@ from vllmfit.cli.render.layout import (
     looks,
     node_title,
     placement_text,
+    pod_lines,
     spans,
 )
 from vllmfit.core.memory import Estimate, Sizing
@@ -243,6 +244,8 @@ def print_deployment(console: Console, p: Plan, key: str, palette: dict[str, Loo
         if sizing.granted_tokens:
             line += f" = {sizing.granted_tokens} tokens (max concurrency {sizing.max_concurrency:.1f})"
         console.print(line, highlight=False)
+        for pod in pod_lines(d):
+            console.print(f"    {pod}", highlight=False)
         if sizing.grant:
             console.print(f"  {grant_line(sizing)}", highlight=False)
     if d.flags is not None and d.admitted:
@@ -322,6 +325,11 @@ def print_estimate(console: Console, est: Estimate, width: int = BAR_WIDTH) -> N
         )
     if est.vllm is not None and sizing.fits:
         console.print(vllm_table(est))
+    if est.nodes > 1:
+        console.print(f"spans {est.nodes} nodes: one pod of {s.gpus // est.nodes} GPUs per node", highlight=False)
+    for k, sf in enumerate(est.stages):
+        console.print(f"pipeline stage {k}: {gib(sf.total)} GiB per GPU (weights {gib(sf.weights)}, "
+                      f"KV cache {gib(sf.kv_cache)})", highlight=False)
     if sizing.fits:
         console.print(Text(f"fits: {gib(est.headroom_bytes)} GiB of budget left per GPU", style="bold green"))
     else:

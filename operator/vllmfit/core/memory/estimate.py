@@ -8,6 +8,7 @@ from vllmfit.core.memory.budget import BudgetPolicy, default_policy
 from vllmfit.core.memory.fixes import context_note, fixes, larger_gpu, one_node_fixes, one_node_reason
 from vllmfit.core.memory.learned import size  # with a learned over-run of this configuration on top
 from vllmfit.core.memory.sizing import request_only, vllm_startup
+from vllmfit.core.memory.stages import pods, stage_footprints
 from vllmfit.core.memory.types import DEFAULT_KV_GRANT, Estimate, KvGrant, Settings, Sizing, SpecError
 from vllmfit.core.memory.versions import parse_version
 from vllmfit.core.model.facts import GpuType, ModelArch
@@ -20,8 +21,9 @@ def estimate(model: ModelArch, s: Settings, gpu: GpuType, *, other_gpus: tuple[G
              grant: KvGrant = DEFAULT_KV_GRANT) -> Estimate:
     """`policy` None: the memory policy's default budget policy (`counted`; `adr-0002` for `adr`).
     `grant`: the cluster's rule for a default KV grant (its fair share of the GPU, `granted`).
-    `gpus_per_node`: a spec needing more GPUs than that is refused as `plan` refuses it (a
-    deployment is placed within one node), with the changes that fit it in one node."""
+    `gpus_per_node`: a spec needing more GPUs than that spans several nodes of that many GPUs, one
+    pod per node, as `plan` places it (`stages.pods`); refused, with the changes that fit it in one
+    node, when its GPUs do not split into such pods. pp > 1: the footprint of each stage's GPUs."""
     policy = default_policy(s.policy) if policy is None else policy
     T = gpu.cuda_total_bytes
     bad = policy.error(T)
@@ -34,7 +36,9 @@ def estimate(model: ModelArch, s: Settings, gpu: GpuType, *, other_gpus: tuple[G
     if sizing.flags and s.policy == "vllm" and model.num_layers:
         vllm = vllm_startup(model, s, gpu, sizing.flags)
     suggestions: tuple[str, ...] = ()
-    if gpus_per_node is not None and s.gpus > gpus_per_node:
+    nodes = pods(s.gpus, gpus_per_node, s.tp) if gpus_per_node is not None else 1
+    per_stage = stage_footprints(model, s, gpu, sizing) if s.pp > 1 and sizing.flags is not None else ()
+    if nodes is None:
         sizing = replace(sizing, fits=False, reasons=(one_node_reason(s, gpus_per_node),))
         suggestions = tuple(one_node_fixes(model, s, gpu, gpus_per_node, other_gpus, policy))
     elif not sizing.fits:
@@ -47,7 +51,7 @@ def estimate(model: ModelArch, s: Settings, gpu: GpuType, *, other_gpus: tuple[G
             found.append(f"a larger GPU: {other.product}{context_note(model, s, there, {})}")
         suggestions = tuple(found)
     return Estimate(model, gpu, s, version, sizing, budget, policy.reserve_bytes, T, vllm, suggestions,
-                    sizing.warnings, policy)
+                    sizing.warnings, policy, nodes or 1, per_stage)
 
 
 def granted(model: ModelArch, s: Settings, gpu: GpuType, budget: int, grant: KvGrant) -> Sizing:

@@ -346,9 +346,9 @@ def kv_request_too_large(model: ModelArch, s: Settings, gpus: tuple[GpuType, ...
 
 def one_node_reason(s: Settings, most: int) -> str:
     """Why a spec that needs more GPUs than one node has is refused (estimate and plan say the same)."""
-    return (f"needs {s.gpus} GPUs on one node (tensorParallelSize {s.tp} x pipelineParallelSize {s.pp}); nodes have "
-            f"at most {most} GPUs of one type, and vllmfit places a deployment within one node (multi-node "
-            "placement is not supported yet)")
+    return (f"needs {s.gpus} GPUs (tensorParallelSize {s.tp} x pipelineParallelSize {s.pp}); nodes have "
+            f"at most {most} GPUs of one type, and a replica across nodes keeps each tensor-parallel group of "
+            f"{s.tp} GPUs on one node")
 
 
 def one_node_fixes(model: ModelArch, s: Settings, gpu: GpuType, most: int, other_gpus: tuple[GpuType, ...],

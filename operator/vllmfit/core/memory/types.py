@@ -215,6 +215,8 @@ class Estimate:
     suggestions: tuple[str, ...] = ()
     warnings: tuple[str, ...] = field(default=())
     policy: object = None  # the BudgetPolicy used (budget.BudgetPolicy; typed loosely: budget imports types)
+    nodes: int = 1  # nodes one replica spans (tp x pp beyond the GPUs per node: one pod per node)
+    stages: tuple[Footprint, ...] = ()  # pp > 1: one GPU of each pipeline stage (memory.stages)
 
     @property
     def headroom_bytes(self) -> int:

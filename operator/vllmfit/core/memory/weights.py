@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from vllmfit.core import defaults
+from vllmfit.core.memory import split
 from vllmfit.core.memory.types import Settings
 from vllmfit.core.model.facts import DTYPE_BYTES, GpuType, ModelArch, ceil_div
 
@@ -30,7 +31,17 @@ def _quant_bytes_per_param(method: str, group: int) -> float:
 
 
 def weights_bytes(model: ModelArch, s: Settings) -> int:
-    """Weights on the fullest GPU of the group (vllm policy)."""
+    """Weights on the fullest GPU of the group (vllm policy): the largest of its stages'."""
+    if s.pp == 1:
+        return stage_weights_bytes(model, s, None)
+    return max(stage_weights_bytes(model, s, st) for st in split.stages(model, s.pp))
+
+
+def stage_weights_bytes(model: ModelArch, s: Settings, stage: split.Stage | None) -> int:
+    """Weights on one GPU of pipeline stage `stage` (None: the whole model, pp 1), as vLLM splits
+    the layers (`split`): the stage's share of the attention and other per-layer weights, its own
+    dense-MLP and MoE layers (a MoE model's leading dense layers sit on the first stage), the
+    embedding on the first stage and the LM head on the last."""
     dt = activation_dtype_bytes(model, s)
     emb = model.embedding_params
     lm_head = 0 if model.tie_word_embeddings else emb
@@ -53,20 +64,24 @@ def weights_bytes(model: ModelArch, s: Settings) -> int:
     elif s.quantization == "bitsandbytes" and not model.quant:
         method, group = "int4", 64
 
-    def linear_bytes(n: int, quantized: bool) -> float:
+    def linear_bytes(n: float, quantized: bool) -> float:
         return n * (_quant_bytes_per_param(method, group) if (method and quantized) else dt)
 
-    layer_bytes = linear_bytes(other, not experts_only) + linear_bytes(experts, True) + vision * dt
-    # TP shards every linear layer and the vocabulary; PP splits the layers into stages.
-    per_rank_layers = layer_bytes / s.tp
-    layers_on_stage = ceil_div(model.num_layers, s.pp) / model.num_layers
     vocab_bytes = math.ceil(model.vocab_size / (64 * s.tp)) * 64 * model.hidden_size * dt  # padded to 64 x tp
-    first = per_rank_layers * layers_on_stage + vocab_bytes
-    last = per_rank_layers * layers_on_stage + (vocab_bytes if lm_head else 0)
     rope = model.rope_cache_elems * dt  # replicated on every rank
-    if s.pp == 1:
-        return int(per_rank_layers + vocab_bytes * (2 if lm_head else 1) + rope)
-    return int(max(first, last) + rope)
+    # TP shards every linear layer and the vocabulary; PP splits the layers into stages.
+    if stage is None:
+        layer_bytes = linear_bytes(other, not experts_only) + linear_bytes(experts, True) + vision * dt
+        return int(layer_bytes / s.tp + vocab_bytes * (2 if lm_head else 1) + rope)
+    # a MoE model's dense-MLP layers are counted where they sit; the rest of `other` (attention,
+    # shared experts, norms) is the same in every layer
+    dense_mlp = model.expert_matrices * model.hidden_size * model.intermediate_size if model.is_moe else 0
+    n_dense = model.num_layers - model.moe_layers if model.is_moe else 0
+    rest = max(other - dense_mlp * n_dense, 0)
+    on_stage = (linear_bytes(rest * stage.layers / model.num_layers + dense_mlp * stage.dense, not experts_only)
+                + linear_bytes(experts * stage.moe / model.moe_layers if model.moe_layers else 0, True)
+                + vision * dt * stage.layers / model.num_layers) / s.tp
+    return int(on_stage + (vocab_bytes if stage.first else 0) + (vocab_bytes if stage.last and lm_head else 0) + rope)
 
 
 MARLIN_MXFP4_ALIGN = (256, 128)

@@ -90,6 +90,11 @@ def _deployment_json(p: Plan, key: str) -> dict[str, Any]:
                 "gpus": list(r.gpus),
                 "gpu_memory_utilization": r.sizing.flags.gpu_memory_utilization if r.sizing.flags else None,
                 "total_bytes": [r.footprint_on(i).total for i in range(len(r.gpus))],
+                **({"workers": [  # a replica across nodes: its other pods (the leader is node and gpus)
+                    {"node": m.node, "gpus": list(m.gpus), "total_bytes": [fp.total for fp in m.footprints],
+                     "weights_bytes": [fp.weights for fp in m.footprints],
+                     "kv_cache_bytes": [fp.kv_cache for fp in m.footprints]}
+                    for m in r.workers]} if r.workers else {}),
             }
             for r in d.replicas
         ],

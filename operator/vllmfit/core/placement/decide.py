@@ -9,7 +9,7 @@ from dataclasses import replace
 from vllmfit.core import memory
 from vllmfit.core.memory import Flags, Sizing
 from vllmfit.core.placement import affinity
-from vllmfit.core.placement.decision import Booking, Decision, ReplicaAllocation
+from vllmfit.core.placement.decision import Booking, Decision, Member, ReplicaAllocation
 from vllmfit.core.placement.fixes import _suggest
 from vllmfit.core.placement.inputs import Request, settings_of
 from vllmfit.core.placement.ledger import Ledger
@@ -83,12 +83,17 @@ def _kept_replicas(bookings: list[Booking], flags: Flags | None) -> list[Replica
 def _allocation_from_bookings(
     replica: int, bs: list[Booking], flags: Flags | None = None
 ) -> ReplicaAllocation:
-    bs = sorted(bs, key=lambda b: b.index)
     fp = max((b.footprint for b in bs), key=lambda f: f.total)
+    by_node: dict[str, list[Booking]] = {}  # a multi-node replica: its leader's node was booked first
+    for b in bs:
+        by_node.setdefault(b.node, []).append(b)
+    pods = [sorted(p, key=lambda b: b.index) for p in by_node.values()]
+    lead = pods[0]
     return ReplicaAllocation(
         replica,
-        bs[0].node,
-        tuple(b.index for b in bs),
+        lead[0].node,
+        tuple(b.index for b in lead),
         Sizing(True, fp, flags, 0, 0, 0.0),
-        tuple(b.footprint for b in bs),
+        tuple(b.footprint for b in lead),
+        tuple(Member(p[0].node, tuple(b.index for b in p), tuple(b.footprint for b in p)) for p in pods[1:]),
     )

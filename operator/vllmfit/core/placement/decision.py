@@ -24,10 +24,21 @@ class Booking:
     give_back: str = field(default="", compare=False)  # the spec change that shrinks it to its request (Sizing.give_back)
 
 
+@dataclass(frozen=True)
+class Member:
+    """One pod of a multi-node replica after its leader (a LeaderWorkerSet worker): its node, its
+    GPUs and the footprint on each (the pipeline stage its ranks run)."""
+
+    node: str
+    gpus: tuple[int, ...]
+    footprints: tuple[Footprint, ...]
+
+
 @quick_init
 @dataclass(frozen=True)
 class ReplicaAllocation:
-    """One replica: a TP x PP group on one node. `sizing.flags` are this replica's vLLM flags
+    """One replica: a TP x PP group on one node, or across several (`workers`: the pods after the
+    leader, whose node and GPUs are `node` and `gpus`). `sizing.flags` are this replica's vLLM flags
     (maxModelLen and maxNumSeqs equal across replicas; u may differ by GPU product)."""
 
     replica: int
@@ -35,9 +46,16 @@ class ReplicaAllocation:
     gpus: tuple[int, ...]
     sizing: Sizing
     footprints: tuple[Footprint, ...] = ()  # per GPU, aligned with gpus; empty = sizing.footprint on each
+    workers: tuple[Member, ...] = ()  # a multi-node replica's other pods, in rank order
 
     def footprint_on(self, position: int) -> Footprint:
         return self.footprints[position] if self.footprints else self.sizing.footprint
+
+    @property
+    def members(self) -> tuple[Member, ...]:
+        """Every pod of the replica, the leader first (one for a one-node replica)."""
+        leader = Member(self.node, self.gpus, tuple(self.footprint_on(p) for p in range(len(self.gpus))))
+        return (leader, *self.workers)
 
 
 @quick_init
@@ -69,4 +87,9 @@ class Decision:
             Booking(self.key, r.replica, r.node, i, r.footprint_on(p), above, back)
             for r in self.replicas
             for p, i in enumerate(r.gpus)
+        ] + [
+            Booking(self.key, r.replica, m.node, i, fp, r.sizing.kv_beyond_caps)
+            for r in self.replicas
+            for m in r.workers
+            for i, fp in zip(m.gpus, m.footprints)
         ]

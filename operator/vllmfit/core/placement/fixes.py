@@ -119,6 +119,10 @@ def _suggest(ledger: Ledger, req: Request, policy: memory.Policy, placed: int = 
     # 4. more GPUs than any node has: fewer by pipeline parallelism (with fp8 weights), as estimate offers
     most = ledger.most_of_one_type()
     if s.gpus > 1 and 0 < most < s.gpus and s.tp <= most:
+        # fewer stages still across nodes (fewer nodes), the most that fit
+        fewer = next((p for p in range(s.pp - 1, most // s.tp, -1) if fits(pipeline_parallel_size=p)), None)
+        if fewer is not None:
+            out.append(f"pipelineParallelSize: {fewer}")
         pp = most // s.tp
         if fits(pipeline_parallel_size=pp):
             out.append(f"pipelineParallelSize: {pp}")

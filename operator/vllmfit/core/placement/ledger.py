@@ -35,13 +35,13 @@ class Ledger:
     (`matching`) live in a locked, bounded cache per node state (census.Selections). Indices:
     - per GPU type: (headroom, node, index) sorted, for single-GPU placements;
     - per (GPU type, n), built on first use: (key, node) sorted, where key is the n-th largest
-      headroom among the node's (non-MIG) GPUs of that type: the largest need an n-GPU group
-      there can take.
+      headroom among the node's (non-MIG) GPUs of that type: the largest need an n-GPU group there can take.
     Both are `headroom.Index`es: buckets per distinct headroom, each copied when it changes.
     """
 
     def __init__(self, nodes: Iterable[NodeInfo] = (), kv_grant: KvGrant = DEFAULT_KV_GRANT):
         self.kv_grant = kv_grant  # the cluster's default KV grant (a spec without kvCache or maxNumSeqs)
+        self.multi_node: str | None = None  # why no replica may span nodes here (None: it may; core.placement.gang)
         self.version = 0
         self.frozen = False
         self._shared = False  # its containers may be shared: copy each before changing it

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from vllmfit.core import defaults, memory
 from vllmfit.core.memory import Footprint, Settings, Sizing, SpecError, fmt_gib
 from vllmfit.core.model.facts import GpuType, ModelArch
-from vllmfit.core.placement import affinity, bulk, summary
+from vllmfit.core.placement import affinity, bulk, gang, summary
 from vllmfit.core.placement.decision import Decision, ReplicaAllocation
 from vllmfit.core.placement.inputs import (
     GpuSlot,
@@ -137,6 +137,9 @@ def _spec_errors(req: Request, s: Settings) -> list[str]:
             )
         if req.spec.replicas > 1:
             errors.append("placement.gpuIndices pins one GPU group; set replicas: 1 or drop gpuIndices")
+    if pin.nodes is not None and s.gpus % pin.nodes:
+        errors.append(f"placement.nodes {pin.nodes} does not divide tensorParallelSize x pipelineParallelSize "
+                      f"({s.gpus} GPUs) into equal pods")
     return errors
 
 
@@ -168,6 +171,8 @@ def _decide(
     too_large = _kv_too_large(ledger, req, s)
     if too_large:
         return Decision(req.key, "Rejected", reasons=(too_large,), message=f"{req.key}: {too_large}")
+    if gang.spans(ledger, s, pin.nodes, bool(pin.node_name)):
+        return gang.decide(ledger, req, s, matching, keep, explain)
     if not pin.node_name and (short := _too_few_groups(ledger, req, s, len(keep), matching)):
         return Decision(req.key, "Unschedulable", reasons=(short,), message=short + "." + "".join(
             f" {p[0].upper()}{p[1:]}." for p in [summary.policy_line(ledger, matching)] if p))

@@ -41,6 +41,7 @@ from vllmfit.core.spec.status import (
     GpuRef,
     KvCacheStatus,
     ObservedMemory,
+    PodPlacement,
     ReplicaPlacement,
     VLLMDeploymentStatus,
 )
@@ -258,6 +259,7 @@ __all__ = [  # the status types and the spec's parts are part of this API's surf
     "Phase",
     "PlacementPolicy",
     "PlacementSpec",
+    "PodPlacement",
     "PodTemplate",
     "PodTemplateMetadata",
     "Quantization",

@@ -79,6 +79,15 @@ class PlacementSpec(_Model):
         description="When the pinned node or GPUs overfit but others fit, place the deployment there "
         "(with a warning) instead of rejecting it.",
     )
+    nodes: int | None = Field(
+        default=None,
+        ge=1,
+        le=limits.MAX_NODES_PER_REPLICA,
+        description="Nodes one replica spans (a LeaderWorkerSet of this many pods, one per node, "
+        "tensorParallelSize x pipelineParallelSize / nodes GPUs each). Unset: one node when some node "
+        "has that many GPUs of one type, else the fewest nodes that hold them.",
+    )
+
     @field_validator("gpu_indices")
     @classmethod
     def _distinct(cls, v: list[int] | None) -> list[int] | None:

@@ -31,12 +31,29 @@ class GpuRef(_Model):
     product: str = Field(default="", description="Product name as GPU Feature Discovery labels it.")
 
 
+class PodPlacement(_Model):
+    """One pod of a replica across nodes after its leader: a LeaderWorkerSet worker."""
+
+    node: str = Field(description="Node name.")
+    gpus: list[GpuRef] = Field(description="The worker's GPUs on that node, in rank order.")
+
+
 class ReplicaPlacement(_Model):
-    """Where one replica (one TP x PP group) runs."""
+    """Where one replica (one TP x PP group) runs: one node, or its leader's node and its workers'."""
 
     replica: int = Field(description="Replica number, from 0.")
-    node: str = Field(description="Node name.")
-    gpus: list[GpuRef] = Field(description="The GPUs of the group, in rank order.")
+    node: str = Field(description="Node name (the leader's, for a replica across nodes).")
+    gpus: list[GpuRef] = Field(description="The GPUs of the group (the leader's), in rank order.")
+    workers: list[PodPlacement] = Field(
+        default_factory=list,
+        description="A replica across nodes (a LeaderWorkerSet): the pods after the leader, in rank order.",
+    )
+
+    def pods(self) -> list[ReplicaPlacement]:
+        """Every pod of the replica as a one-node placement, the leader first."""
+        return [ReplicaPlacement(replica=self.replica, node=self.node, gpus=self.gpus)] + [
+            ReplicaPlacement(replica=self.replica, node=w.node, gpus=w.gpus) for w in self.workers
+        ]
 
 
 class Flags(_Model):
@@ -175,8 +192,14 @@ class VLLMDeploymentStatus(_Model):
         description="Label selector of its vLLM pods (the scale subresource's labelSelectorPath, read by HPA).",
     )
     vllm_version: str | None = Field(default=None, description="vLLM version the memory model used.")
-    node: str | None = Field(default=None, description="Node(s) of the replicas, comma-separated (printer column).")
-    gpu_list: str | None = Field(default=None, description="GPU indices, comma-separated (printer column).")
+    node: str | None = Field(
+        default=None, description="Node(s) of the replicas (and of their workers), comma-separated (printer column)."
+    )
+    gpu_list: str | None = Field(
+        default=None,
+        description="GPU indices, comma-separated; replicas separated by ';', a replica's pods across nodes by '+' "
+        "(printer column).",
+    )
     placement: list[ReplicaPlacement] = Field(default_factory=list, description="Where each replica runs.")
     flags: Flags | None = Field(default=None, description="Computed vLLM flags.")
     kv_cache: KvCacheStatus | None = Field(default=None, description="KV cache granted and the concurrency it buys.")

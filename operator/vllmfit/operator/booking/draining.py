@@ -34,6 +34,7 @@ from vllmfit.core.placement import Booking, Ledger
 from vllmfit.operator.rendering.builders import (
     ANNOTATION_BOOKED,
     ANNOTATION_PLACEMENT,
+    GROUP_JOIN,
     LABEL_DEPLOYMENT,
     LABEL_REPLICA,
     booked_text,
@@ -151,9 +152,26 @@ def is_drain(key: str) -> bool:
 
 
 def where_of(bookings: Iterable[Booking]) -> str:
-    """The placement text of one replica's bookings (builders.placement_text's format)."""
-    bs = sorted(bookings, key=lambda b: b.index)
-    return f"{bs[0].node}:{','.join(str(b.index) for b in bs)}" if bs else ""
+    """The placement text of one replica's bookings (builders.placement_text's format: a replica
+    across nodes, each node's, by node name, joined with GROUP_JOIN)."""
+    by_node: dict[str, list[int]] = {}
+    for b in bookings:
+        by_node.setdefault(b.node, []).append(b.index)
+    return GROUP_JOIN.join(f"{n}:{','.join(str(i) for i in sorted(ix))}" for n, ix in sorted(by_node.items()))
+
+
+def pods_of(where: str) -> list[str]:
+    """The placement text of each pod of a replica at `where` (one, or a group's)."""
+    return where.split(GROUP_JOIN)
+
+
+def pod_part(where: str, booked: str, pod_where: str) -> str | None:
+    """The booked text (builders.booked_text) of the pod at `pod_where` of a replica at `where`
+    booked as `booked` (a group's pod carries its own node's part); None: no pod of it."""
+    pods, parts = pods_of(where), booked.split(GROUP_JOIN)
+    if pod_where not in pods:
+        return None
+    return parts[pods.index(pod_where)] if len(parts) == len(pods) else booked
 
 
 def by_replica(bookings: Iterable[Booking]) -> dict[int, list[Booking]]:
@@ -250,9 +268,9 @@ def _is_for(meta: Mapping[str, Any], drain: Drain) -> bool:
     the drain's placement (the caller lists one namespace), and for a resize, written for the old
     booking (or for no known one: a pod from before vllmfit wrote ANNOTATION_BOOKED)."""
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    part = pod_part(drain.where, drain.booked, str(annotations.get(ANNOTATION_PLACEMENT)))  # a group's pod: its node's
     return (labels.get(LABEL_DEPLOYMENT) == drain.deployment and labels.get(LABEL_REPLICA) == str(drain.replica)
-            and annotations.get(ANNOTATION_PLACEMENT) == drain.where
-            and (not drain.booked or annotations.get(ANNOTATION_BOOKED, drain.booked) == drain.booked))
+            and part is not None and (not drain.booked or annotations.get(ANNOTATION_BOOKED, part) == part))
 
 
 def pod_holds(pod: Mapping[str, Any], drain: Drain) -> bool:
@@ -268,13 +286,24 @@ def set_holds(rs: Mapping[str, Any], drain: Drain) -> bool:
     return spec.get("replicas", 1) != 0 and _is_for((spec.get("template") or {}).get("metadata") or {}, drain)
 
 
+def group_holds(lws: Mapping[str, Any], drain: Drain) -> bool:
+    """Whether this LeaderWorkerSet (as listed) is the drain's replica across nodes: until it is
+    gone (deleted in the foreground: after its StatefulSets and their pods) its group may hold
+    the memory, and its StatefulSets may create a pod."""
+    meta = lws.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    return (labels.get(LABEL_DEPLOYMENT) == drain.deployment and labels.get(LABEL_REPLICA) == str(drain.replica)
+            and (meta.get("annotations") or {}).get(ANNOTATION_PLACEMENT) == drain.where)
+
+
 def ended(drains: Drains, namespace: str, deployment: str, pods: Iterable[Mapping[str, Any]],
-          sets: Iterable[Mapping[str, Any]] = ()) -> list[str]:
+          sets: Iterable[Mapping[str, Any]] = (), groups: Iterable[Mapping[str, Any]] = ()) -> list[str]:
     """The stopped drains of one deployment that no listed pod holds any more, and for which no
-    listed ReplicaSet may create one."""
-    pods, sets = list(pods), list(sets)
+    listed ReplicaSet may create one, nor a listed LeaderWorkerSet (`groups`) still hold its group."""
+    pods, sets, groups = list(pods), list(sets), list(groups)
     return sorted(d.name for d in drains.of(f"{namespace}/{deployment}")
-                  if d.stopped and not any(pod_holds(p, d) for p in pods) and not any(set_holds(r, d) for r in sets))
+                  if d.stopped and not any(pod_holds(p, d) for p in pods) and not any(set_holds(r, d) for r in sets)
+                  and not any(group_holds(g, d) for g in groups))
 
 
 def from_pods(ledger: Ledger, pods: Iterable[Mapping[str, Any]],
@@ -293,9 +322,10 @@ def from_pods(ledger: Ledger, pods: Iterable[Mapping[str, Any]],
             continue
         key, replica, where = ours
         booked = ""
-        if (key, replica) in covered and covered[(key, replica)][0] == where:
+        part = pod_part(*covered[(key, replica)], where) if (key, replica) in covered else None
+        if part is not None:
             booked = str((meta.get("annotations") or {}).get(ANNOTATION_BOOKED) or "")
-            if booked in ("", covered[(key, replica)][1]):
+            if booked in ("", part):
                 continue
         node, _, gpus = where.partition(":")
         try:

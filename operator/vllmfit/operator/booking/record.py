@@ -11,6 +11,7 @@ from typing import Any
 from vllmfit.core.placement import Booking, Request, bookings_from_status
 from vllmfit.core.spec import api
 from vllmfit.operator.booking.pods import PodHealth
+from vllmfit.operator.rendering import builders
 
 logger = logging.getLogger("vllmfit.operator.booking.state")
 
@@ -57,6 +58,7 @@ class Record:
     observed: list[api.ObservedMemory] = field(default_factory=list)
     children: set[int] = field(default_factory=set)  # replicas whose Deployment was written
     child_where: dict[int, str] = field(default_factory=dict)  # replica -> the placement its Deployment has
+    groups: set[int] = field(default_factory=set)  # replicas written as a LeaderWorkerSet (across nodes)
     synced: tuple[Any, ...] | None = None  # handlers.children_state when they were last written
     last_event: str = ""  # the last decision message sent as an Event (no repeats on retries)
     written: dict[str, Any] | None = None  # the status last written (or read back)
@@ -131,7 +133,8 @@ def record_from_object(body: Mapping[str, Any]) -> Record:
         rec.placement, rec.flags = list(st.placement), st.flags
         rec.kv_cache = st.kv_cache
         rec.children = {p.replica for p in st.placement}
-        rec.child_where = {p.replica: f"{p.node}:{','.join(str(g.index) for g in p.gpus)}" for p in st.placement}
+        rec.groups = {p.replica for p in st.placement if p.workers}
+        rec.child_where = {p.replica: builders.placement_text(p) for p in st.placement}
         rec.failed = st.phase == "Failed"
     else:
         rec.outcome = st.phase

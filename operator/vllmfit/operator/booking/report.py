@@ -68,15 +68,15 @@ async def as_json(call: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
 
 
 def placement_from(decision: Decision, ledger: Ledger) -> list[api.ReplicaPlacement]:
-    out = []
-    for r in decision.replicas:
-        gpus = []
-        for i in r.gpus:
-            slot = ledger.slot(r.node, i)
-            gpus.append(api.GpuRef(index=i, uuid=slot.uuid if slot else None,
-                                   product=slot.gpu.product if slot else ""))
-        out.append(api.ReplicaPlacement(replica=r.replica, node=r.node, gpus=gpus))
-    return out
+    """Each replica's node and GPUs (a replica across nodes: its leader's, and its workers')."""
+
+    def refs(node: str, indices: Iterable[int]) -> list[api.GpuRef]:
+        slots = [(i, ledger.slot(node, i)) for i in indices]
+        return [api.GpuRef(index=i, uuid=s.uuid if s else None, product=s.gpu.product if s else "") for i, s in slots]
+
+    return [api.ReplicaPlacement(replica=r.replica, node=r.node, gpus=refs(r.node, r.gpus),
+                                 workers=[api.PodPlacement(node=m.node, gpus=refs(m.node, m.gpus)) for m in r.workers])
+            for r in decision.replicas]
 
 
 def kv_status(d: Decision) -> api.KvCacheStatus | None:
@@ -163,7 +163,8 @@ def status(rec: Record, ledger: Ledger) -> dict[str, Any]:
     """The whole status of a VLLMDeployment, as a merge patch (None removes a field)."""
     gpus = gpu_headroom(ledger, rec.key)
     placement = rec.placement if rec.admitted else []
-    nodes = list(dict.fromkeys(p.node for p in placement))
+    nodes = list(dict.fromkeys(q.node for p in placement for q in p.pods()))  # a group's: its leader's, its workers'
+
     st = api.VLLMDeploymentStatus(
         phase=phase(rec),  # type: ignore[arg-type]
         observed_generation=rec.observed_generation,
@@ -173,7 +174,7 @@ def status(rec: Record, ledger: Ledger) -> dict[str, Any]:
         selector=selector(rec.name),
         vllm_version=rec.vllm_version,
         node=",".join(nodes) or None,
-        gpu_list=";".join(",".join(str(g.index) for g in p.gpus) for p in placement) or None,
+        gpu_list=";".join("+".join(",".join(str(g.index) for g in q.gpus) for q in p.pods()) for p in placement) or None,
         placement=placement,
         flags=rec.flags if rec.admitted else None,
         kv_cache=rec.kv_cache if rec.admitted else None,

@@ -313,6 +313,7 @@ class Store:
         is decided again); and a drain for every pod of vllmfit that runs where nothing books
         it (`vllm_pods`). Returns warnings. The new ledger replaces the writer's in one step."""
         ledger = Ledger(kv_grant=self.options.kv_grant)
+        ledger.multi_node = self.books.ledger.multi_node  # the cluster's capability, discovered at start-up
         self.books.drains, self.books.refused = draining.Drains(), set()
         self.cache.records = {}
         self.cache.pins_all = True

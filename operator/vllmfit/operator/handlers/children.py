@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import kopf
@@ -23,10 +24,10 @@ from vllmfit.operator.binding import claims, enforcement, reservations
 from vllmfit.operator.binding import runtime_classes as runtimeclasses
 from vllmfit.operator.booking import draining, report
 from vllmfit.operator.booking.record import Record
-from vllmfit.operator.booking.report import now, post_event, unread
+from vllmfit.operator.booking.report import as_json, now, post_event, unread
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.common import JSON_PATCH, MERGE_PATCH, gone_ok
-from vllmfit.operator.rendering import builders, verifier
+from vllmfit.operator.rendering import builders, lws, verifier
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ def replica_inputs(store: Store, rec: Record, obj: api.VLLMDeployment, p: api.Re
     input of the rendering can be left out of the key."""
     assert rec.admitted_request is not None and rec.flags is not None
     committed = store.books.committed
-    mine = committed.bookings_of(rec.key, p.replica)
+    mine = [b for b in committed.bookings_of(rec.key, p.replica) if b.node == p.node]  # a group's pod: its node's
     want = claims.desired(store, rec.key, p) if store.backend_of(p.node) == "dra" else None
     return {"obj": obj, "replica": p, "flags": rec.flags, "model_name": rec.admitted_request.model.name,
             "revision": rec.admitted_request.model.revision,
@@ -130,8 +131,8 @@ def children_state(store: Store, rec: Record, table: reservations.UuidTable | No
     running = rec.admitted and not rec.going
     obj = desired_object(rec) if running else None
     blocked = tuple(waiting_for_drains(store, rec))
-    replicas = tuple((store.backend_of(p.node), tuple(replica_inputs(store, rec, obj, p, table).items()))
-                     for p in rec.placement if p.replica not in blocked) if obj is not None else ()
+    replicas = tuple((store.backend_of(q.node), tuple(replica_inputs(store, rec, obj, q, table).items()))
+                     for p in rec.placement if p.replica not in blocked for q in p.pods()) if obj is not None else ()
     return running, obj is not None, blocked, replicas
 
 
@@ -161,7 +162,11 @@ async def stop_children(store: Store, key: str) -> None:
 
 
 async def delete_child(store: Store, rec: Record, apps: client.AppsV1Api, r: int) -> None:
-    await gone_ok(apps.delete_namespaced_deployment, builders.deployment_name(rec.name, r), rec.namespace)
+    if r in rec.groups:
+        await delete_group(store, rec.namespace, builders.deployment_name(rec.name, r))
+        rec.groups.discard(r)
+    else:
+        await gone_ok(apps.delete_namespaced_deployment, builders.deployment_name(rec.name, r), rec.namespace)
     rec.children.discard(r)
     rec.child_where.pop(r, None)
     rec.synced = None
@@ -198,6 +203,11 @@ async def sync_children(store: Store, key: str) -> None:
                 if p.replica in blocked:
                     continue  # break-then-make: it starts once the pods on its GPUs are gone
                 want.add(p.replica)
+                if (p.replica in rec.groups) != bool(p.workers) and p.replica in rec.children:
+                    await delete_child(store, rec, apps, p.replica)  # across nodes now, or no longer: the other kind
+                if p.workers:
+                    await write_group(store, rec, obj, p)
+                    continue
                 inputs = replica_inputs(store, rec, obj, p)
                 tmpl: str | None = None
                 if store.backend_of(p.node) == "dra":
@@ -286,3 +296,91 @@ async def claim_template(store: Store, rec: Record, p: api.ReplicaPlacement) -> 
         store.writer.mark([rec.key])
     store.cache.dra_refresh = "DRA capacity requests are not kept"  # finish() refreshes the DRA nodes
     return None
+
+
+# --- a replica across nodes: its LeaderWorkerSet ---------------------------------------------------
+
+
+def groups_served(store: Store) -> bool:
+    """Whether this cluster serves LeaderWorkerSets (discovered at start-up: no multi-node refusal)."""
+    return store.books.ledger.multi_node is None
+
+
+async def list_groups(store: Store, namespace: str | None = None, selector: str | None = None) -> list[dict[str, Any]]:
+    """vllmfit's LeaderWorkerSets (found by label), as JSON with their kind; none where not served."""
+    if not groups_served(store):
+        return []
+    crd = client.CustomObjectsApi(store.api)
+    selector = selector or builders.selector()
+    try:
+        if namespace is None:
+            got = await as_json(crd.list_cluster_custom_object, lws.GROUP, lws.VERSION, lws.PLURAL,
+                                label_selector=selector)
+        else:
+            got = await as_json(crd.list_namespaced_custom_object, lws.GROUP, lws.VERSION, namespace, lws.PLURAL,
+                                label_selector=selector)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        return []
+    return [{**item, "kind": lws.KIND} for item in got.get("items") or []]
+
+
+async def delete_group(store: Store, namespace: str, name: str) -> None:
+    """Delete a LeaderWorkerSet in the foreground: it is listed until its StatefulSets and their
+    pods are gone, so its group's drain holds until then (draining.group_holds)."""
+    delete = partial(client.CustomObjectsApi(store.api).delete_namespaced_custom_object,
+                     propagation_policy="Foreground")
+    await gone_ok(delete, lws.GROUP, lws.VERSION, namespace, lws.PLURAL, name)
+
+
+async def write_group(store: Store, rec: Record, obj: api.VLLMDeployment, p: api.ReplicaPlacement) -> bool:
+    """Create or replace the LeaderWorkerSet of replica `p` (its leader and its workers, each pod
+    bound to its own node's GPUs as a one-node replica's pod is). Returns whether it was written
+    (not: `Placed` False with the reason, and an Event)."""
+    assert rec.flags is not None and rec.admitted_request is not None
+    pods = p.pods()
+    if any(store.backend_of(q.node) == "dra" for q in pods):
+        await refuse(store, rec, GROUP_UNSUPPORTED, f"replica {p.replica}: a replica across nodes is not bound "
+                     "through DRA claims; place it on device-plugin nodes")
+        return False
+    committed = store.books.committed
+    ex = [builders.exclusive(committed, rec.key, q.node, [g.index for g in q.gpus]) for q in pods]
+    if not all(ex) and (why := await runtimeclasses.refusal(store)):
+        await refuse(store, rec, runtimeclasses.REASON, why)
+        return False
+    inputs = [replica_inputs(store, rec, obj, q) for q in pods]
+    try:
+        manifest = lws.leader_worker_set(
+            obj, pods, rec.flags, rec.admitted_request.model.name, exclusive=ex,
+            weights_bytes=sum(i["weights_bytes"] for i in inputs),
+            gated=[reservations.gated(store, rec.key, q) and not e for q, e in zip(pods, ex, strict=True)],
+            booked=[i["booked"] for i in inputs],
+            binding=[{k: i[k] for k in ("pins", "runtime_class", "mps")} for i in inputs])
+    except ValueError as e:
+        await refuse(store, rec, GROUP_UNSUPPORTED, f"replica {p.replica}: {e}")
+        return False
+    kopf.adopt(manifest, owner=dict(rec.body))  # type: ignore[arg-type]
+    meta, crd = manifest["metadata"], client.CustomObjectsApi(store.api)
+    try:
+        await unread(crd.create_namespaced_custom_object, lws.GROUP, lws.VERSION, meta["namespace"], lws.PLURAL,
+                     manifest)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        patch = [{"op": "add", "path": f"/metadata/{k}", "value": meta[k]}
+                 for k in ("labels", "annotations", "ownerReferences")]
+        patch.append({"op": "add", "path": "/spec", "value": manifest["spec"]})
+        await unread(crd.patch_namespaced_custom_object, lws.GROUP, lws.VERSION, meta["namespace"], lws.PLURAL,
+                     meta["name"], patch, _content_type=JSON_PATCH)
+    store.cache.written.add((rec.key, p.replica))
+    rec.children.add(p.replica)
+    rec.groups.add(p.replica)
+    rec.child_where[p.replica] = where = builders.placement_text(p)
+    for d in store.books.drains.of(rec.key):  # moved: the group's old pods are being stopped
+        if d.replica == p.replica and d.where != where:
+            d.stopped = True
+    return True
+
+
+GROUP_UNSUPPORTED = "GroupNotWritten"

@@ -31,6 +31,7 @@ from vllmfit.operator.handlers.decide import retry_waiting
 from vllmfit.operator.handlers.sweep import list_cluster, list_ours, sweep
 from vllmfit.operator.handlers.vllmdeployments import reconcile
 from vllmfit.operator.handlers.writes import finish, settle_drains
+from vllmfit.operator.rendering import lws
 
 logger = logging.getLogger(__name__)
 
@@ -212,6 +213,26 @@ STARTUP_DRAINS = "vllmfit_startup_drains"
 """Kopf memo key: the drains made at start-up from pods, until the pods watch has listed."""
 
 
+NO_LWS = (f"a replica across nodes runs as a LeaderWorkerSet ({lws.GROUP}/{lws.VERSION}), which this cluster does "
+          "not serve; install LeaderWorkerSet, or fit the replica in one node (fewer GPUs, larger GPUs)")
+
+
+async def multi_node_refusal(store: Store) -> str | None:
+    """Why a replica may not span nodes on this cluster (start-up): the API does not serve the
+    LeaderWorkerSet resource (404, or 403: vllmfit may not use it); None: it does, and such a
+    replica runs as one LeaderWorkerSet (handlers.children.write_group)."""
+    try:
+        await client.CustomObjectsApi(store.api).list_cluster_custom_object(lws.GROUP, lws.VERSION, lws.PLURAL,
+                                                                            limit=1)
+    except ApiException as e:
+        if e.status in (403, 404):
+            logger.info("%s/%s not available (%s %s): no replica spans nodes", lws.GROUP, lws.VERSION, e.status,
+                        e.reason)
+            return NO_LWS
+        raise
+    return None
+
+
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Rebuild the ledger from the API before any handler allocates: every node, and the
     bookings recorded in the status of every admitted VLLMDeployment."""
@@ -223,6 +244,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     store.api.user_agent = USER_AGENT  # the field manager of every write: "vllmfit"
     await learning.load(store)  # what earlier starts taught, before any decision (issue 34)
     node_dicts, deployments = await list_cluster(store)
+    refusal = await multi_node_refusal(store)  # before any decision
+    with store.books.step() as ledger:
+        ledger.multi_node = refusal
     await claims.load(store)  # the DRA nodes' GPUs and claims, before the ledger is rebuilt
     children, pods = await list_ours(store)  # a status books only what runs where it says; pods drain
     problems = store.rebuild(node_dicts, deployments, children, pods)

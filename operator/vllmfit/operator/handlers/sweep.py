@@ -1,9 +1,10 @@
-"""The sweep: delete every Deployment and bare pod of vllmfit that no admitted booking covers."""
+"""The sweep: delete every Deployment, LeaderWorkerSet and bare pod of vllmfit that no admitted booking covers."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -11,8 +12,9 @@ from kubernetes_asyncio.client import ApiException
 
 from vllmfit.operator.booking.report import as_json
 from vllmfit.operator.booking.state import Store
+from vllmfit.operator.handlers.children import delete_group, list_groups
 from vllmfit.operator.handlers.common import RESOURCE, gone_ok
-from vllmfit.operator.rendering import builders
+from vllmfit.operator.rendering import builders, lws
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +75,9 @@ async def sweep(store: Store, namespace: str | None = None, only: str | None = N
     else:  # one deployment's (a deletion): only its own, not the namespace's (issue 32, --churn)
         selector = builders.selector(only)
         deps = (await as_json(apps.list_namespaced_deployment, namespace, label_selector=selector)).get("items") or []
+        rec = store.cache.records.get(f"{namespace}/{only}")
+        if only is None or rec is None or rec.groups or any(p.workers for p in rec.placement):
+            deps += await list_groups(store, namespace, selector)  # only where it may have one: one listing less
         pods_ = (await as_json(core.list_namespaced_pod, namespace, label_selector=selector)).get("items") or []
     gone: list[str] = []
     for d in deps:
@@ -84,26 +89,35 @@ async def sweep(store: Store, namespace: str | None = None, only: str | None = N
         owner = f"{ns}/{labels[builders.LABEL_DEPLOYMENT]}"
         if covers(store, ns, labels, name, (meta.get("annotations") or {}).get(builders.ANNOTATION_PLACEMENT)):
             continue
+        group = d.get("kind") == lws.KIND
+        kind = lws.KIND if group else "Deployment"
         async with store.cache.child_locks[owner]:
             try:
-                now = (await as_json(apps.read_namespaced_deployment, name, ns)).get("metadata") or {}
+                if group:
+                    got = await as_json(client.CustomObjectsApi(store.api).get_namespaced_custom_object, lws.GROUP,
+                                        lws.VERSION, ns, lws.PLURAL, name)
+                else:
+                    got = await as_json(apps.read_namespaced_deployment, name, ns)
+                now = got.get("metadata") or {}
             except ApiException as e:
                 if e.status == 404:
                     continue  # gone since the listing (the resync's is taken before its writes)
                 if e.status not in PER_OBJECT:
                     raise
-                _skipped(f"Deployment {ns}/{name}", e)
+                _skipped(f"{kind} {ns}/{name}", e)
                 continue
             where = (now.get("annotations") or {}).get(builders.ANNOTATION_PLACEMENT)
             if covers(store, ns, now.get("labels") or {}, name, where):
                 continue
-            if not await _delete(apps.delete_namespaced_deployment, f"Deployment {ns}/{name}", name, ns):
+            delete = partial(delete_group, store) if group else apps.delete_namespaced_deployment
+            if not await _delete(delete, f"{kind} {ns}/{name}", *((ns, name) if group else (name, ns))):
                 continue
-            gone.append(f"Deployment {ns}/{name}")
+            gone.append(f"{kind} {ns}/{name}")
             rec = store.cache.records.get(owner)
             if rec is not None:
                 rec.synced = None  # written again when its record says it should run
                 rec.children = {r for r in rec.children if builders.deployment_name(rec.name, r) != name}
+                rec.groups &= rec.children
     for pod in pods_:
         meta = pod.get("metadata") or {}
         labels = meta.get("labels") or {}
@@ -122,12 +136,14 @@ async def sweep(store: Store, namespace: str | None = None, only: str | None = N
 
 
 async def list_ours(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every Deployment and pod vllmfit owns (found by label), as JSON."""
+    """Every Deployment and LeaderWorkerSet (a replica across nodes; `kind` set) and every pod
+    vllmfit owns (found by label), as JSON."""
     apps, core = client.AppsV1Api(store.api), client.CoreV1Api(store.api)
     selector = builders.selector()
     deps = await as_json(apps.list_deployment_for_all_namespaces, label_selector=selector)
+    groups = await list_groups(store, selector=selector)
     pods_ = await as_json(core.list_pod_for_all_namespaces, label_selector=selector)
-    return deps.get("items") or [], pods_.get("items") or []
+    return (deps.get("items") or []) + groups, pods_.get("items") or []
 
 
 async def list_cluster(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -119,20 +119,22 @@ async def ended_drains(store: Store, keys: set[str] | None = None) -> Effects | 
     if not targets:
         return None
     core, apps = client.CoreV1Api(store.api), client.AppsV1Api(store.api)
-    listed: dict[tuple[str, str], tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+    groups = {(d.namespace, d.deployment) for d in chosen if d.stopped and builders.GROUP_JOIN in d.where}
+    listed: dict[tuple[str, str], tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]] = {}
     try:
         for ns, name in targets:
             selector = builders.selector(name)
+            lwss = await children.list_groups(store, ns, selector) if (ns, name) in groups else []
             sets = await as_json(apps.list_namespaced_replica_set, ns, label_selector=selector)
             pods = await as_json(core.list_namespaced_pod, ns, label_selector=selector)  # after the sets: none is new
-            listed[(ns, name)] = pods.get("items") or [], sets.get("items") or []
+            listed[(ns, name)] = pods.get("items") or [], sets.get("items") or [], lwss
     except (ApiException, OSError) as e:
         logger.warning("cannot list the pods of stopped replicas (the resync retries): %s", e)
         return None
     fx = Effects()
     async with store.books.changing():
-        done = [n for (ns, name), (pods, sets) in listed.items()
-                for n in draining.ended(store.books.drains, ns, name, pods, sets)]
+        done = [n for (ns, name), (pods, sets, lwss) in listed.items()
+                for n in draining.ended(store.books.drains, ns, name, pods, sets, lwss)]
         for n in done:
             d = store.books.drains.pop(n)
             fx.mark.update(builders.neighbours(store.books.ledger, builders.gpus_of(store.books.ledger, n)))

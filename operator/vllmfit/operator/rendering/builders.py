@@ -25,6 +25,7 @@ MANAGED_BY = defaults.MANAGED_BY_LABEL
 LABEL_DEPLOYMENT = defaults.DEPLOYMENT_LABEL
 LABEL_REPLICA = f"{api.GROUP}/replica"
 ANNOTATION_PLACEMENT = f"{api.GROUP}/placement"
+GROUP_JOIN = " + "  # between the pods' placements of a replica across nodes (placement_text)
 ANNOTATION_PINNING = f"{api.GROUP}/pinning"
 # the bytes a replica's pod template was written for, per GPU ("0=123,1=123"): tells a resized
 # replica's old pod from its new one at the same placement (operator/booking/draining.py)
@@ -113,14 +114,23 @@ def vllm_args(spec: api.VLLMDeploymentSpec, model_name: str, flags: api.Flags, r
 
 
 def placement_text(p: api.ReplicaPlacement) -> str:
+    """ANNOTATION_PLACEMENT: "node:0,1"; a replica across nodes, each pod's by node name, joined
+    with " + " (draining.where_of gives the same text from the bookings)."""
+    if p.workers:
+        return GROUP_JOIN.join(sorted(placement_text(pod) for pod in p.pods()))
     return f"{p.node}:{','.join(str(g.index) for g in p.gpus)}"
 
 
 def booked_text(bookings: Iterable[Booking]) -> str:
     """ANNOTATION_BOOKED of one replica's bookings: GPU index = booked bytes, by index. The
     prediction the pods were written for: a booking that grows on measured use (issue 34) changes
-    no pod (a rewrite would restart the vLLM it measured)."""
-    return ",".join(f"{b.index}={b.footprint.predicted}" for b in sorted(bookings, key=lambda b: b.index))
+    no pod (a rewrite would restart the vLLM it measured). A replica across nodes: each node's, by
+    node name, joined with GROUP_JOIN (as placement_text; each of its pods carries its own node's)."""
+    by_node: dict[str, list[Booking]] = {}
+    for b in bookings:
+        by_node.setdefault(b.node, []).append(b)
+    return GROUP_JOIN.join(",".join(f"{b.index}={b.footprint.predicted}" for b in sorted(bs, key=lambda b: b.index))
+                           for _, bs in sorted(by_node.items()))
 
 
 def booked_bytes(text: str) -> list[int]:
