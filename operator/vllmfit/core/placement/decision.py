@@ -88,7 +88,7 @@ class Decision:
             for r in self.replicas
             for p, i in enumerate(r.gpus)
         ] + [
-            Booking(self.key, r.replica, m.node, i, fp, r.sizing.kv_beyond_caps)
+            Booking(self.key, r.replica, m.node, i, fp, above, back)
             for r in self.replicas
             for m in r.workers
             for i, fp in zip(m.gpus, m.footprints)

@@ -85,7 +85,7 @@ def _assign(ledger: Ledger, t: GpuType, nodes: frozenset[str] | None, per_pod: l
         if hit is None:
             return None
         key, nd = hit
-        fit = [(h, i) for i in ledger.type_indices(nd, t) if (h := ledger._head[(nd, i)]) >= need]
+        fit = [(h, i) for i in ledger.type_indices(nd, t) if (h := ledger.heads[(nd, i)]) >= need]
         take = sorted(fit, key=lambda e: (-e[0], e[1]))[:g] if spread else sorted(fit)[:g]
         used.add(nd)
         chosen[k] = Member(nd, tuple(sorted(i for _, i in take)), per_pod[k])
@@ -124,7 +124,7 @@ def place_one(ledger: Ledger, req: Request, s: Settings, matching: NodeSet | Non
             got = _assign(ledger, t, nodes, _per_pod(req, s, t, full, n), spread, full) if full.fits else None
             if got is None and _shrinkable(s):  # unset values lowered to the n-th roomiest node's room
                 keys = sorted((k for nd in (nodes if nodes is not None else ledger.nodes)
-                               if (k := ledger._node_group_key(nd, t, g)) is not None), reverse=True)
+                               if (k := ledger.node_group_key(nd, t, g)) is not None), reverse=True)
                 sized = _sized(req.model, s, t, keys[n - 1]) if len(keys) >= n else None
                 if sized is not None and sized.fits:
                     got = _assign(ledger, t, nodes, _per_pod(req, s, t, sized, n), spread, sized)
@@ -156,7 +156,7 @@ def why_not(ledger: Ledger, req: Request, s: Settings, matching: NodeSet | None)
         g = s.gpus // n
         need = min(max(fp.total for fp in pod) for pod in _per_pod(req, s, t, full, n))  # the full context's
         hosts = [nd for nd in names if len(ledger.type_indices(nd, t)) >= g]
-        roomy = [nd for nd in hosts if sum(1 for i in ledger.type_indices(nd, t) if ledger._head[(nd, i)] >= need) >= g]
+        roomy = [nd for nd in hosts if sum(1 for i in ledger.type_indices(nd, t) if ledger.heads[(nd, i)] >= need) >= g]
         at = f" at maxModelLen {full.flags.max_model_len}" if _shrinkable(s) and full.flags else ""
         out.append(f"needs {n} nodes with {g} {t.product} GPUs each, {fmt_gib(need)} of budget left on each GPU"
                    f"{at} (tensorParallelSize {s.tp} x pipelineParallelSize {s.pp}); "
@@ -164,7 +164,7 @@ def why_not(ledger: Ledger, req: Request, s: Settings, matching: NodeSet | None)
         lines = []
         for nd in names:
             have = ledger.type_indices(nd, t)
-            room = sum(1 for i in have if ledger._head[(nd, i)] >= need)
+            room = sum(1 for i in have if ledger.heads[(nd, i)] >= need)
             if not have:
                 lines.append(f"{nd}: no {t.product} GPUs")
             elif len(have) < g:
@@ -196,7 +196,7 @@ def decide(ledger: Ledger, req: Request, s: Settings, matching: NodeSet | None,
     failure: list[str] = []
     try:
         if placed:
-            ledger._add(pending, Decision(pending, "Admitted", tuple(placed.values())).bookings())
+            ledger.add_bookings(pending, Decision(pending, "Admitted", tuple(placed.values())).bookings())
         for replica in range(spec.replicas):
             if replica in placed:
                 continue
@@ -207,7 +207,7 @@ def decide(ledger: Ledger, req: Request, s: Settings, matching: NodeSet | None,
             lead, rest = got.members[0], got.members[1:]
             alloc = ReplicaAllocation(replica, lead.node, lead.gpus, got.sizing, lead.footprints, rest)
             placed[replica] = alloc
-            ledger._add(pending, Decision(pending, "Admitted", (alloc,)).bookings())
+            ledger.add_bookings(pending, Decision(pending, "Admitted", (alloc,)).bookings())
     finally:
         ledger.release(pending)
     replicas = tuple(placed[r] for r in sorted(placed))

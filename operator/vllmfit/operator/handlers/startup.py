@@ -244,9 +244,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     store.api.user_agent = USER_AGENT  # the field manager of every write: "vllmfit"
     await learning.load(store)  # what earlier starts taught, before any decision (issue 34)
     node_dicts, deployments = await list_cluster(store)
-    refusal = await multi_node_refusal(store)  # before any decision
-    with store.books.step() as ledger:
-        ledger.multi_node = refusal
+    store.books.ledger.multi_node = await multi_node_refusal(store)  # before any decision; the rebuild keeps it
     await claims.load(store)  # the DRA nodes' GPUs and claims, before the ledger is rebuilt
     children, pods = await list_ours(store)  # a status books only what runs where it says; pods drain
     problems = store.rebuild(node_dicts, deployments, children, pods)
