@@ -180,6 +180,56 @@ def _pick(
 _FEW_NODES = 16
 """Up to this many candidate nodes, their GPUs are scanned directly instead of the index."""
 
+def keep_room(heads: list[tuple[int, int]], need: int, budget: int, best: tuple[int, int], overhead: int) -> int:
+    """The GPU for a one-GPU replica needing `need` on a node whose GPUs of one product have
+    `heads` [(headroom, index)], each `budget` bytes, and whose best fit (the least headroom that
+    holds the need, then the lowest index) is `best` (headroom, index). docs/placement.md, "Room
+    for tensor-parallel groups": best fit where it leaves the GPUs above half of `budget` as they
+    are (`best_fit_keeps`: most searches, O(1)). Else the GPU whose placing leaves the node the
+    most `room` (a pair's less one process's `overhead`: the replica's own), counted at most as the
+    room before less the need (placing `need` may cost that much, no more), ties by best fit:
+    O(GPUs of the node), from the three largest headrooms."""
+    head, index = best
+    if best_fit_keeps(head, need, budget):
+        return index
+    top = sorted(heads, reverse=True)[:3]
+    cap = room(top[0][0], top[1][0] if len(top) > 1 else 0, budget, overhead) - need
+    chosen, score = best, -1
+    for h, i in heads:
+        if h < need:
+            continue
+        after = sorted([v - need if j == i else v for v, j in top], reverse=True) if (h, i) in top else \
+            [top[0][0], top[1][0]]
+        got = min(room(after[0], after[1] if len(after) > 1 else 0, budget, overhead), cap)
+        if got > score or (got == score and (h, i) < chosen):
+            chosen, score = (h, i), got
+    return chosen[1]
+
+
+def room(first: int, second: int, budget: int, overhead: int) -> int:
+    """The largest deployment a node whose two roomiest GPUs of a product have `first` >= `second`
+    bytes free can take, in bytes beyond one process's `overhead`: one GPU, or a tensor-parallel
+    pair where each has more than half of `budget` free, less the second process's overhead (a
+    pair runs a model one GPU cannot hold, so it needs more than half of each of its GPUs; less
+    room serves no pair)."""
+    return max(first, 2 * second - overhead) if 2 * second > budget else first
+
+
+def best_fit_keeps(head: int, need: int, budget: int) -> bool:
+    """Whether taking `need` from a GPU with `head` free leaves the GPUs above half of `budget` as
+    they are: it stays above half, or was not above it. Then a pair's room stays where it is."""
+    return 2 * (head - need) > budget or 2 * head <= budget
+
+
+def _keeping(ledger: Ledger, t: GpuType, node: str, index: int, head: int, need: int, overhead: int) -> int:
+    """`keep_room` on the ledger: the GPU a one-GPU best-fit replica takes on `node`, whose best
+    fit is `index` with `head` left, where best fit would not keep the room (_search checks that
+    inline, a hot path; MIG slices form no groups: best fit)."""
+    heads = ledger._head
+    ix = ledger.type_indices(node, t)
+    return keep_room([(heads[(node, i)], i) for i in ix], need, ledger._slots[(node, index)].budget_bytes,
+                     (head, index), overhead)
+
 
 def _search(
     ledger: Ledger, req: Request, s: Settings, nodes: NodeSet | None, spread: bool
@@ -203,9 +253,16 @@ def _search(
             sized = _granted(ledger, model, s, t, hit[0], hit[1], full) if s.kv_grow else full
             o = _order(sized, hit[2] - sized.footprint.total, hit[0], hit[1], spread)
             if order is None or o < order:
-                order, found = o, (sized, hit)
+                order, found = o, (sized, hit, t, full)
     if order is not None:
-        sized, hit = found
+        sized, hit, t, full = found
+        if n == 1 and not spread:  # best fit chose the node; on it, the GPU that keeps room (keep_room)
+            slot, need = ledger._slots[(hit[0], hit[1][0])], full.footprint.total
+            if not (2 * (hit[2] - need) > (b := slot.budget_bytes) or 2 * hit[2] <= b or slot.mig):  # best_fit_keeps
+                g = _keeping(ledger, t, hit[0], hit[1][0], hit[2], need, full.footprint.overhead)
+                if g != hit[1][0]:  # a grant grows on the GPU taken
+                    hit = (hit[0], (g,), hit[2])
+                    sized = _granted(ledger, model, s, t, hit[0], hit[1], full) if s.kv_grow else full
         return _Candidate(hit[0], hit[1], sized, hit[2] - sized.footprint.total)
     if not _shrinkable(s):
         return None
