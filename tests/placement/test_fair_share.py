@@ -94,8 +94,9 @@ def test_a_tp2_server_after_two_one_gpu_servers_finds_the_pair_they_kept():
     70B was refused). Budget 77,119,101,338 B, half 38,559,550,669. Their footprints are their
     requests (nothing grows: each request is above a fair share): 8B 22,180,110,395 on GPU 0 leaves
     54,938,990,943. The 7B (20,241,387,297) on GPU 0 would leave 34,697,603,646, below half: no
-    two GPUs for a TP 2 group; on GPU 1 it leaves 56,877,714,041, so it goes there. The 70B needs
-    50,368,969,121 on each of 2 GPUs: both hold it. In `plan` as one by one."""
+    two GPUs for a TP 2 group, more room lost than placed (test_keep_room, by hand); on GPU 1 it
+    leaves 56,877,714,041, so it goes there. The 70B needs 50,368,969,121 on each of 2 GPUs: both
+    hold it. In `plan` as one by one."""
     nodes, deps = _docs("large-and-two.yaml")
     budget = 77_119_101_338
     assert BUDGET == budget and 2 * (budget - 22_180_110_395 - 20_241_387_297) < budget

@@ -38,12 +38,18 @@ def _keep(heads: list[tuple[int, int]], need: int, budget: int, overhead: int = 
 
 
 def test_the_failing_pair_by_hand():
-    """Two H100s, the 8B (22,180,110,395 B) on GPU 0: 54,938,990,943 left there. The 7B
-    (20,241,387,297 B): on GPU 0 it would leave 34,697,603,646, under half the budget
-    (38,559,550,669), and no two GPUs above half; on GPU 1 both stay above. GPU 1."""
+    """Two H100s, the 8B (22,180,110,395 B) on GPU 0: 54,938,990,943 left there. The 7B needs
+    20,241,387,297, overhead 2,895,307,553 (CUDA context 590,558,003 + non-torch 289,910,292 +
+    graphs 919,122,988 + slack 499,610 + margin 1,095,216,660). On GPU 0 it would leave
+    34,697,603,646, under half the budget (38,559,550,669): step 2. Room before: the pair,
+    2 x 54,938,990,943 - 2,895,307,553 = 106,982,674,333 (one GPU: 77,119,101,338); counted at
+    most 106,982,674,333 - 20,241,387,297 = 86,741,287,036. Best fit leaves one GPU,
+    77,119,101,338; GPU 1 leaves the pair (54,938,990,943 and 56,877,714,041): 86,741,287,036. GPU 1."""
     heads = [(BUDGET - 22_180_110_395, 0), (BUDGET, 1)]
+    overhead = 590_558_003 + 289_910_292 + 919_122_988 + 499_610 + 1_095_216_660
     assert heads[0][0] == 54_938_990_943 and 2 * (54_938_990_943 - 20_241_387_297) < BUDGET
-    assert _keep(heads, 20_241_387_297, BUDGET) == 1 == _rule(heads, 20_241_387_297, BUDGET)
+    assert overhead == 2_895_307_553 and 2 * 54_938_990_943 - overhead - 20_241_387_297 == 86_741_287_036 > BUDGET
+    assert _keep(heads, 20_241_387_297, BUDGET, overhead) == 1 == _rule(heads, 20_241_387_297, BUDGET, overhead)
 
 
 def test_small_ones_still_stack_and_large_nodes_keep_whole_gpus():

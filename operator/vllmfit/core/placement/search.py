@@ -4,6 +4,7 @@ results are cached because they depend only on model, settings, GPU type and roo
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -180,27 +181,33 @@ def _pick(
 _FEW_NODES = 16
 """Up to this many candidate nodes, their GPUs are scanned directly instead of the index."""
 
-def keep_room(heads: list[tuple[int, int]], need: int, budget: int, best: tuple[int, int], overhead: int) -> int:
+def keep_room(heads: Iterable[tuple[int, int]], need: int, budget: int, best: tuple[int, int], overhead: int) -> int:
     """The GPU for a one-GPU replica needing `need` on a node whose GPUs of one product have
     `heads` [(headroom, index)], each `budget` bytes, and whose best fit (the least headroom that
     holds the need, then the lowest index) is `best` (headroom, index). docs/placement.md, "Room
     for tensor-parallel groups": best fit where it leaves the GPUs above half of `budget` as they
     are (`best_fit_keeps`: most searches, O(1)). Else the GPU whose placing leaves the node the
     most `room` (a pair's less one process's `overhead`: the replica's own), counted at most as the
-    room before less the need (placing `need` may cost that much, no more), ties by best fit:
-    O(GPUs of the node), from the three largest headrooms."""
+    room before less the need (placing `need` may cost that much, no more), ties by best fit.
+
+    The room depends only on the two largest headrooms, so a GPU outside them leaves it as it is
+    (counted: the room before less the need, the most any choice gets); one of them may lower it.
+    Best fit outside them (or equal to one) wins so; else the choices are best fit and the other
+    of the two: O(GPUs of the node) for the three largest."""
     head, index = best
     if best_fit_keeps(head, need, budget):
         return index
     top = sorted(heads, reverse=True)[:3]
-    cap = room(top[0][0], top[1][0] if len(top) > 1 else 0, budget, overhead) - need
+    if best not in top[:2]:
+        return index
+    values = [h for h, _ in top]
+    cap = room(values[0], values[1] if len(values) > 1 else 0, budget, overhead) - need
     chosen, score = best, -1
-    for h, i in heads:
+    for j, (h, i) in enumerate(top[:2]):
         if h < need:
             continue
-        after = sorted([v - need if j == i else v for v, j in top], reverse=True) if (h, i) in top else \
-            [top[0][0], top[1][0]]
-        got = min(room(after[0], after[1] if len(after) > 1 else 0, budget, overhead), cap)
+        left = sorted([v - need if k == j else v for k, v in enumerate(values)], reverse=True)
+        got = min(room(left[0], left[1] if len(left) > 1 else 0, budget, overhead), cap)
         if got > score or (got == score and (h, i) < chosen):
             chosen, score = (h, i), got
     return chosen[1]
@@ -226,9 +233,8 @@ def _keeping(ledger: Ledger, t: GpuType, node: str, index: int, head: int, need:
     fit is `index` with `head` left, where best fit would not keep the room (_search checks that
     inline, a hot path; MIG slices form no groups: best fit)."""
     heads = ledger._head
-    ix = ledger.type_indices(node, t)
-    return keep_room([(heads[(node, i)], i) for i in ix], need, ledger._slots[(node, index)].budget_bytes,
-                     (head, index), overhead)
+    return keep_room(((heads[(node, i)], i) for i in ledger.type_indices(node, t)), need,
+                     ledger._slots[(node, index)].budget_bytes, (head, index), overhead)
 
 
 def _search(
