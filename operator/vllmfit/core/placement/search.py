@@ -190,27 +190,29 @@ def keep_room(heads: Iterable[tuple[int, int]], need: int, budget: int, best: tu
     most `room` (a pair's less one process's `overhead`: the replica's own), counted at most as the
     room before less the need (placing `need` may cost that much, no more), ties by best fit.
 
-    The room depends only on the two largest headrooms, so a GPU outside them leaves it as it is
-    (counted: the room before less the need, the most any choice gets); one of them may lower it.
-    Best fit outside them (or equal to one) wins so; else the choices are best fit and the other
-    of the two: O(GPUs of the node) for the three largest."""
+    One pass, O(GPUs of the node). The room depends only on the two largest headrooms. With two
+    GPUs roomier than best fit's, placing there leaves them: the room before, the most any choice
+    is counted. With none, no other GPU fits (best fit is the least that does) but one with as
+    much room, which leaves the same headrooms. With one, `other`, the choice is between it and
+    best fit, from the largest headroom of the rest (`third`)."""
     head, index = best
     if best_fit_keeps(head, need, budget):
         return index
-    top = sorted(heads, reverse=True)[:3]
-    if best not in top[:2]:
+    other, third = None, 0
+    for h, i in heads:
+        if h > head:
+            if other is not None:
+                return index
+            other = (h, i)
+        elif h > third and i != index:
+            third = h
+    if other is None:
         return index
-    values = [h for h, _ in top]
-    cap = room(values[0], values[1] if len(values) > 1 else 0, budget, overhead) - need
-    chosen, score = best, -1
-    for j, (h, i) in enumerate(top[:2]):
-        if h < need:
-            continue
-        left = sorted([v - need if k == j else v for k, v in enumerate(values)], reverse=True)
-        got = min(room(left[0], left[1] if len(left) > 1 else 0, budget, overhead), cap)
-        if got > score or (got == score and (h, i) < chosen):
-            chosen, score = (h, i), got
-    return chosen[1]
+    cap = room(other[0], head, budget, overhead) - need
+    kept = room(other[0], max(head - need, third), budget, overhead)  # best fit's
+    left = other[0] - need
+    moved = room(max(head, left), max(min(head, left), third), budget, overhead)  # other's
+    return other[1] if min(moved, cap) > min(kept, cap) else index
 
 
 def room(first: int, second: int, budget: int, overhead: int) -> int:
