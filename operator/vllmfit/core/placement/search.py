@@ -181,6 +181,7 @@ def _pick(
 _FEW_NODES = 16
 """Up to this many candidate nodes, their GPUs are scanned directly instead of the index."""
 
+
 def keep_room(heads: Iterable[tuple[int, int]], need: int, budget: int, best: tuple[int, int], overhead: int) -> int:
     """The GPU for a one-GPU replica needing `need` on a node whose GPUs of one product have
     `heads` [(headroom, index)], each `budget` bytes, and whose best fit (the least headroom that
@@ -243,7 +244,8 @@ def _search(
     ledger: Ledger, req: Request, s: Settings, nodes: NodeSet | None, spread: bool
 ) -> _Candidate | None:
     """Best placement of one replica among `nodes` (None: all): a full-context fit anywhere beats
-    a reduced context; among full fits, best fit (or spread) by headroom left, then name."""
+    a reduced context; among full fits, best fit (or spread) by headroom left, then name. On the
+    node best fit chose, a one-GPU replica takes `keep_room`'s GPU (its grant grown there)."""
     n = s.gpus
     every = ledger.gpu_types() if nodes is None else nodes.types
     types = tuple(every) if n == 1 else tuple(t for t in every if not _is_mig_type(ledger, t))
