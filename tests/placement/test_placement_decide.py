@@ -144,7 +144,8 @@ def test_node_selector_limits_the_search_and_the_fix_drops_it() -> None:
 
 
 def test_best_fit_packs_and_spread_spreads() -> None:
-    ledger = _ledger(node("a", H100, 2))
+    # three GPUs: packing GPU 1 leaves GPUs 0 and 2 whole, room for a TP 2 group (search.keep_room)
+    ledger = _ledger(node("a", H100, 3))
     _fill(ledger, "a", 1, **SMALL)
     packed = placement.decide(ledger, request("d", maxModelLen=4096, kvCache={"concurrency": 2}))
     spread = placement.decide(

@@ -37,16 +37,20 @@ def test_budget_of_an_h100_is_ninety_percent_minus_two_gib() -> None:
     assert H100.cuda_total_bytes == H100_T
 
 
-def test_three_fit_on_one_gpu_the_fourth_goes_to_the_next() -> None:
+def test_three_fit_on_one_gpu_the_second_keeps_room_for_a_pair() -> None:
     p = placement.plan(
         [node("n", H100, 2)], [request(f"d{i}", order=str(i), **SPEC) for i in range(4)], policy="adr"
     )
-    assert [p.decisions[f"default/d{i}"].replicas[0].gpus for i in range(4)] == [(0,), (0,), (0,), (1,)]
+    # Half the budget: 74381059686 / 2 = 37190529843. d0 leaves 74381059686 - 20679713044 =
+    # 53701346642 on GPU 0; d1 there would leave 33021633598, no two GPUs above half (no room for a
+    # TP 2 group), so d1 takes GPU 1 (53701346642 on each). From there no choice keeps a pair above
+    # half: best fit, ties by index: d2 on GPU 0, d3 on GPU 0 (33021633598 >= 20679713044).
+    assert [p.decisions[f"default/d{i}"].replicas[0].gpus for i in range(4)] == [(0,), (1,), (0,), (0,)]
     fp = p.decisions["default/d0"].replicas[0].sizing.footprint
     assert (fp.weights, fp.kv_cache, fp.total) == (WEIGHTS, KV, FOOTPRINT)
     assert p.decisions["default/d0"].flags.gpu_memory_utilization == 0.2432
     # GPU 0: 3 x 20679713044 = 62039139132 used; 74381059686 - 62039139132 = 12341920554 left,
-    # less than one more footprint, so d3 goes to GPU 1 (best fit ties broken by index).
+    # less than one more footprint.
     assert p.ledger.used_bytes("n", 0) == 62039139132
     assert p.ledger.headroom_bytes("n", 0) == 12341920554
     assert p.ledger.headroom_bytes("n", 1) == H100_BUDGET - FOOTPRINT
@@ -118,7 +122,8 @@ def test_set_node_reports_who_no_longer_fits_and_remove_node_who_lost_gpus() -> 
     ledger = placement.Ledger([node("n", H100, 2)])
     for name in ("a", "b"):
         ledger.book(placement.decide(ledger, request(name, **SPEC), policy="adr"))
-    assert ledger.set_node(node("n", H100, 2, foreign={0: 60 << 30})) == ["default/a", "default/b"]
+    # a on GPU 0, b on GPU 1 (a pair's room kept): 60 GiB of foreign use on each
+    assert ledger.set_node(node("n", H100, 2, foreign={0: 60 << 30, 1: 60 << 30})) == ["default/a", "default/b"]
     assert ledger.remove_node("n") == ["default/a", "default/b"]
     assert ledger.slots() == []
 

@@ -30,6 +30,7 @@ from vllmfit.core.placement.search import (
     _full_sizing,
     _is_mig_type,
     _shrinkable,
+    keep_room,
 )
 
 
@@ -76,6 +77,10 @@ class _Stream:
         self.cached: _Candidate | None = None
         self.cached_entry: tuple[Any, ...] | None = None
         self.cached_whole = False  # the cached candidate takes every GPU of the type on its node
+        # n == 1: the GPU on the entry's node is search.keep_room's choice, maybe not the entry's own
+        # GPU; the GPUs taken so far have their headroom here, their index entries are skipped
+        self.keep = n == 1 and not spread and not _is_mig_type(ledger, t)
+        self.moved: dict[tuple[str, int], int] = {}
 
     @classmethod
     def of(cls, ledger: Ledger, req: Request, s: Settings, t: GpuType, nodes: NodeSet | None,
@@ -103,6 +108,12 @@ class _Stream:
 
     def _head_entry(self) -> tuple[Any, ...] | None:
         """The best entry: the best untaken one from the index or the best taken one."""
+        if self.n == 1 and self.moved:  # skip the index entries of GPUs taken, and stale heap entries
+            moved = self.moved
+            while self.next_fresh is not None and (self.next_fresh[1], self.next_fresh[2]) in moved:
+                self.next_fresh = next(self.fresh, None)
+            while self.taken and moved[(e := self.taken[0][1])[1], e[2]] != e[0]:
+                heapq.heappop(self.taken)
         fresh, taken = self.next_fresh, self.taken[0][1] if self.taken else None
         if fresh is None or (taken is not None and self._order(taken) < self._order(fresh)):
             return taken
@@ -117,6 +128,10 @@ class _Stream:
             whole = self.n > 1 and len(of_type := self.ledger.type_indices(node, self.t)) == self.n
             if self.n == 1:
                 gpus: tuple[int, ...] = (entry[2],)
+                if self.keep:  # search._keeping, on the headroom the replicas taken left
+                    budget = self.ledger._slots[(node, entry[2])].budget_bytes
+                    gpus = (keep_room(self._node(node), self.need, budget, (entry[0], entry[2]),
+                                      self.sizing.footprint.overhead),)
             elif whole:
                 gpus = tuple(sorted(of_type))  # all of them: the key, the least room of the n, fits
             else:  # search._pick: the n GPUs of the node that fit with the least (spread: most) room
@@ -139,15 +154,24 @@ class _Stream:
         """Book `c` here: lower its GPUs' headroom and put its entry back with its new key."""
         entry = self.cached_entry
         assert entry is not None and c is self.cached
-        if self.taken and self.taken[0][1] is entry:
-            heapq.heappop(self.taken)
-        else:
-            self.next_fresh = next(self.fresh, None)
+        if self.n > 1:
+            if self.taken and self.taken[0][1] is entry:
+                heapq.heappop(self.taken)
+            else:
+                self.next_fresh = next(self.fresh, None)
         new: tuple[Any, ...]
-        if self.n == 1:
-            key = entry[0] - self.need
-            new = (key, c.node, c.gpus[0])
-        elif self.cached_whole:  # the node's n GPUs of the type, each lowered by need: the least of them too
+        if self.n == 1:  # the GPU taken (keep_room's, maybe not the entry's) lowered; its old entries skipped
+            g = c.gpus[0]
+            at = (c.node, g)
+            key = (self.moved[at] if at in self.moved else self.ledger._head[at]) - self.need
+            self.moved[at] = key
+            self.nodes[c.node] = [(h - self.need if i == g else h, i) for h, i in self._node(c.node)]
+            new = (key, c.node, g)
+            if key >= self.need:
+                heapq.heappush(self.taken, (self._order(new), new))
+            self.cached_entry = self.cached = None
+            return
+        if self.cached_whole:  # the node's n GPUs of the type, each lowered by need: the least of them too
             key = entry[0] - self.need
             new = (key, c.node)
         else:  # Ledger.node_group_key: the n-th largest headroom of the node's GPUs of the type

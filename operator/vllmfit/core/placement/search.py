@@ -4,6 +4,7 @@ results are cached because they depend only on model, settings, GPU type and roo
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -180,11 +181,70 @@ _FEW_NODES = 16
 """Up to this many candidate nodes, their GPUs are scanned directly instead of the index."""
 
 
+def keep_room(heads: Iterable[tuple[int, int]], need: int, budget: int, best: tuple[int, int], overhead: int) -> int:
+    """The GPU for a one-GPU replica needing `need` on a node whose GPUs of one product have
+    `heads` [(headroom, index)], each `budget` bytes, and whose best fit (the least headroom that
+    holds the need, then the lowest index) is `best` (headroom, index). docs/placement.md, "Room
+    for tensor-parallel groups": best fit where it leaves the GPUs above half of `budget` as they
+    are (`best_fit_keeps`: most searches, O(1)). Else the GPU whose placing leaves the node the
+    most `room` (a pair's less one process's `overhead`: the replica's own), counted at most as the
+    room before less the need (placing `need` may cost that much, no more), ties by best fit.
+
+    One pass, O(GPUs of the node). The room depends only on the two largest headrooms. With two
+    GPUs roomier than best fit's, placing there leaves them: the room before, the most any choice
+    is counted. With none, no other GPU fits (best fit is the least that does) but one with as
+    much room, which leaves the same headrooms. With one, `other`, the choice is between it and
+    best fit, from the largest headroom of the rest (`third`)."""
+    head, index = best
+    if best_fit_keeps(head, need, budget):
+        return index
+    other, third = None, 0
+    for h, i in heads:
+        if h > head:
+            if other is not None:
+                return index
+            other = (h, i)
+        elif h > third and i != index:
+            third = h
+    if other is None:
+        return index
+    cap = room(other[0], head, budget, overhead) - need
+    kept = room(other[0], max(head - need, third), budget, overhead)  # best fit's
+    left = other[0] - need
+    moved = room(max(head, left), max(min(head, left), third), budget, overhead)  # other's
+    return other[1] if min(moved, cap) > min(kept, cap) else index
+
+
+def room(first: int, second: int, budget: int, overhead: int) -> int:
+    """The largest deployment a node whose two roomiest GPUs of a product have `first` >= `second`
+    bytes free can take, in bytes beyond one process's `overhead`: one GPU, or a tensor-parallel
+    pair where each has more than half of `budget` free, less the second process's overhead (a
+    pair runs a model one GPU cannot hold, so it needs more than half of each of its GPUs; less
+    room serves no pair)."""
+    return max(first, 2 * second - overhead) if 2 * second > budget else first
+
+
+def best_fit_keeps(head: int, need: int, budget: int) -> bool:
+    """Whether taking `need` from a GPU with `head` free leaves the GPUs above half of `budget` as
+    they are: it stays above half, or was not above it. Then a pair's room stays where it is."""
+    return 2 * (head - need) > budget or 2 * head <= budget
+
+
+def _keeping(ledger: Ledger, t: GpuType, node: str, index: int, head: int, need: int, overhead: int) -> int:
+    """`keep_room` on the ledger: the GPU a one-GPU best-fit replica takes on `node`, whose best
+    fit is `index` with `head` left, where best fit would not keep the room (_search checks that
+    inline, a hot path; MIG slices form no groups: best fit)."""
+    heads = ledger._head
+    return keep_room(((heads[(node, i)], i) for i in ledger.type_indices(node, t)), need,
+                     ledger._slots[(node, index)].budget_bytes, (head, index), overhead)
+
+
 def _search(
     ledger: Ledger, req: Request, s: Settings, nodes: NodeSet | None, spread: bool
 ) -> _Candidate | None:
     """Best placement of one replica among `nodes` (None: all): a full-context fit anywhere beats
-    a reduced context; among full fits, best fit (or spread) by headroom left, then name."""
+    a reduced context; among full fits, best fit (or spread) by headroom left, then name. On the
+    node best fit chose, a one-GPU replica takes `keep_room`'s GPU (its grant grown there)."""
     n = s.gpus
     every = ledger.gpu_types() if nodes is None else nodes.types
     types = tuple(every) if n == 1 else tuple(t for t in every if not _is_mig_type(ledger, t))
@@ -202,9 +262,16 @@ def _search(
             sized = _granted(ledger, model, s, t, hit[0], hit[1], full) if s.kv_grow else full
             o = _order(sized, hit[2] - sized.footprint.total, hit[0], hit[1], spread)
             if order is None or o < order:
-                order, found = o, (sized, hit)
+                order, found = o, (sized, hit, t, full)
     if order is not None:
-        sized, hit = found
+        sized, hit, t, full = found
+        if n == 1 and not spread:  # best fit chose the node; on it, the GPU that keeps room (keep_room)
+            slot, need = ledger._slots[(hit[0], hit[1][0])], full.footprint.total
+            if not (2 * (hit[2] - need) > (b := slot.budget_bytes) or 2 * hit[2] <= b or slot.mig):  # best_fit_keeps
+                g = _keeping(ledger, t, hit[0], hit[1][0], hit[2], need, full.footprint.overhead)
+                if g != hit[1][0]:  # a grant grows on the GPU taken
+                    hit = (hit[0], (g,), hit[2])
+                    sized = _granted(ledger, model, s, t, hit[0], hit[1], full) if s.kv_grow else full
         return _Candidate(hit[0], hit[1], sized, hit[2] - sized.footprint.total)
     if not _shrinkable(s):
         return None
