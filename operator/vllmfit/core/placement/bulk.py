@@ -129,7 +129,7 @@ class _Stream:
             if self.n == 1:
                 gpus: tuple[int, ...] = (entry[2],)
                 if self.keep:  # search._keeping, on the headroom the replicas taken left
-                    budget = self.ledger._slots[(node, entry[2])].budget_bytes
+                    budget = self.ledger.slot(node, entry[2]).budget_bytes
                     gpus = (keep_room(self._node(node), self.need, budget, (entry[0], entry[2]),
                                       self.sizing.footprint.overhead),)
             elif whole:
@@ -163,7 +163,7 @@ class _Stream:
         if self.n == 1:  # the GPU taken (keep_room's, maybe not the entry's) lowered; its old entries skipped
             g = c.gpus[0]
             at = (c.node, g)
-            key = (self.moved[at] if at in self.moved else self.ledger._head[at]) - self.need
+            key = (self.moved[at] if at in self.moved else self.ledger.heads[at]) - self.need
             self.moved[at] = key
             self.nodes[c.node] = [(h - self.need if i == g else h, i) for h, i in self._node(c.node)]
             new = (key, c.node, g)

@@ -234,9 +234,9 @@ def _keeping(ledger: Ledger, t: GpuType, node: str, index: int, head: int, need:
     """`keep_room` on the ledger: the GPU a one-GPU best-fit replica takes on `node`, whose best
     fit is `index` with `head` left, where best fit would not keep the room (_search checks that
     inline, a hot path; MIG slices form no groups: best fit)."""
-    heads = ledger._head
+    heads = ledger.heads
     return keep_room(((heads[(node, i)], i) for i in ledger.type_indices(node, t)), need,
-                     ledger._slots[(node, index)].budget_bytes, (head, index), overhead)
+                     ledger.slot(node, index).budget_bytes, (head, index), overhead)
 
 
 def _search(
@@ -266,7 +266,7 @@ def _search(
     if order is not None:
         sized, hit, t, full = found
         if n == 1 and not spread:  # best fit chose the node; on it, the GPU that keeps room (keep_room)
-            slot, need = ledger._slots[(hit[0], hit[1][0])], full.footprint.total
+            slot, need = ledger.slot(hit[0], hit[1][0]), full.footprint.total
             if not (2 * (hit[2] - need) > (b := slot.budget_bytes) or 2 * hit[2] <= b or slot.mig):  # best_fit_keeps
                 g = _keeping(ledger, t, hit[0], hit[1][0], hit[2], need, full.footprint.overhead)
                 if g != hit[1][0]:  # a grant grows on the GPU taken
