@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from vllmfit.core import memory, placement
 from vllmfit.core.defaults import GIB
 from vllmfit.core.model.facts import GpuType
+from vllmfit.core.placement import place
 from vllmfit.core.spec.api import VLLMDeploymentSpec
 from vllmfit.sources import catalog
 
@@ -188,3 +189,15 @@ def fleets(draw):
             taints=(Taint("gpu", "x", "NoSchedule"),) if extra == "taint" else (),
             unschedulable=extra == "cordon"))
     return out
+
+
+def bulk_and_one_by_one(ledger: placement.Ledger, req: placement.Request, **kw: object) -> tuple[placement.Decision, ...]:
+    """The decision with bulk placement, then replica by replica."""
+    out = []
+    for on in (True, False):
+        place.BULK = on
+        try:
+            out.append(placement.decide(ledger, req, **kw))  # type: ignore[arg-type]
+        finally:
+            place.BULK = True
+    return tuple(out)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from placement_fakes import H100, check_invariant, clusters, fleets, node, request
+from placement_fakes import H100, bulk_and_one_by_one, check_invariant, clusters, fleets, node, request
 
 from vllmfit.core import placement
 from vllmfit.core.placement import bulk, place, search
@@ -31,18 +31,6 @@ SPECS = [
 ]
 
 
-def _both(ledger: placement.Ledger, req: placement.Request, **kw: object) -> tuple[placement.Decision, ...]:
-    """The decision with bulk placement, then replica by replica."""
-    out = []
-    for on in (True, False):
-        place.BULK = on
-        try:
-            out.append(placement.decide(ledger, req, **kw))  # type: ignore[arg-type]
-        finally:
-            place.BULK = True
-    return tuple(out)
-
-
 def _fill(ledger: placement.Ledger, filled: int) -> None:
     for i in range(filled):  # some deployments booked, so that headroom differs GPU by GPU
         d = placement.decide(ledger, request(f"f{i}", maxModelLen=8192, maxNumSeqs=4 + 8 * i))
@@ -55,7 +43,7 @@ def _fill(ledger: placement.Ledger, filled: int) -> None:
 def test_bulk_equals_replica_by_replica(nodes, filled, spec, replicas) -> None:
     ledger = placement.Ledger(nodes)
     _fill(ledger, filled)
-    fast, slow = _both(ledger, request("x", **{**spec, "replicas": replicas}))
+    fast, slow = bulk_and_one_by_one(ledger, request("x", **{**spec, "replicas": replicas}))
     assert fast == slow
     if fast.admitted:  # and it books: every GPU within budget
         ledger.book(fast)
@@ -73,7 +61,7 @@ def test_bulk_equals_replica_by_replica_when_scaling_up(nodes, filled, spec, bef
         return
     ledger.book(d)
     kept = held_replicas(ledger, "default/x", before, d.flags)
-    fast, slow = _both(ledger, request("x", **{**spec, "replicas": before + after}), keep=kept)
+    fast, slow = bulk_and_one_by_one(ledger, request("x", **{**spec, "replicas": before + after}), keep=kept)
     assert fast == slow
 
 
@@ -111,7 +99,7 @@ def test_best_fit_fills_the_tightest_node_first_then_the_next() -> None:
     as many as fit on the tighter GPU, then goes on in index order (headroom, node, GPU)."""
     ledger = placement.Ledger([node("a", H100, 1, foreign={0: 60 << 30}), node("b", H100, 1)])
     req = request("r", catalog.model("Qwen/Qwen2.5-0.5B-Instruct"), maxModelLen=4096, maxNumSeqs=4, replicas=6)
-    fast, slow = _both(ledger, req)
+    fast, slow = bulk_and_one_by_one(ledger, req)
     assert fast == slow and fast.admitted
     on_a = sum(r.node == "a" for r in fast.replicas)
     assert fast.replicas[0].node == "a" and on_a >= 2
@@ -126,5 +114,5 @@ def test_a_gpu_left_with_exactly_one_more_replica_of_room_takes_it() -> None:
     need = search._full_sizing(req.model, placement.settings_from_spec(req.spec), H100).footprint.total
     budget = placement.Ledger([node("x", H100, 1)]).slot("x", 0).budget_bytes  # type: ignore[union-attr]
     ledger = placement.Ledger([node("a", H100, 1, foreign={0: budget - 3 * need}), node("b", H100, 1)])
-    fast, slow = _both(ledger, req)
+    fast, slow = bulk_and_one_by_one(ledger, req)
     assert fast == slow and [r.node for r in fast.replicas] == ["a", "a", "a", "b"]

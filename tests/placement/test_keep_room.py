@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from placement_fakes import H100, check_invariant, node, request
-from test_bulk_placement import _both
+from placement_fakes import H100, bulk_and_one_by_one, check_invariant, node, request
 
 from vllmfit.core import placement
 from vllmfit.core.placement import bulk, search
@@ -94,7 +93,7 @@ def test_replicas_in_bulk_keep_the_pair_as_one_by_one(monkeypatch):
     real = bulk.place
     monkeypatch.setattr(bulk, "place", lambda *a, **k: calls.append(a[-1]) or real(*a, **k))
     ledger = placement.Ledger([node("n", H100, 2)])
-    fast, slow = _both(ledger, request("x", maxModelLen=8192, maxNumSeqs=4, kvCache={"concurrency": 4}, replicas=4))
+    fast, slow = bulk_and_one_by_one(ledger, request("x", maxModelLen=8192, maxNumSeqs=4, kvCache={"concurrency": 4}, replicas=4))
     assert calls and fast == slow
     assert fast.replicas[0].sizing.footprint.total == 24_322_909_609
     assert BUDGET - 24_322_909_609 == 52_796_191_729 and 2 * (52_796_191_729 - 24_322_909_609) < BUDGET
