@@ -22,7 +22,8 @@ from vllmfit.core import defaults
 from vllmfit.core.spec import api
 from vllmfit.operator import metrics
 from vllmfit.operator.binding import claims, reservations
-from vllmfit.operator.booking import learning, measured
+from vllmfit.operator.booking import learning, measured, own_memory
+from vllmfit.operator.booking.report import post_event
 from vllmfit.operator.booking.record import key_of
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.children import children_state
@@ -234,6 +235,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         logger.warning("start-up: %s", p)
     logger.info("ledger rebuilt: %d GPU nodes, %d VLLMDeployments, %d with bookings", len(store.books.ledger.nodes),
                 len(store.cache.records), len(store.books.ledger.deployments()))
+    say_memory(store)
     try:
         await sweep(store)
     except (ApiException, OSError) as e:
@@ -243,6 +245,20 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         store.tasks.append(asyncio.create_task(resync_loop(store, store.options.resync_seconds)))
     metrics.unregister(store.collector)
     store.collector = metrics.register(store)  # the gauges read this store at scrape time
+
+
+def say_memory(store: Store) -> None:
+    """At start-up: whether the operator's memory limit holds the cluster it has just rebuilt
+    (booking.own_memory), as a log line and an Event on its own pod when it does not."""
+    nodes, deployments = len(store.books.ledger.nodes), len(store.cache.records)
+    line = own_memory.advice(deployments, nodes, store.options.memory_limit_bytes)
+    if line is None:
+        return
+    logger.warning("start-up: %s", line)
+    if store.options.pod_name and store.options.namespace:
+        post_event({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": store.options.pod_name, "namespace": store.options.namespace}},
+                   "Warning", "MemoryLimitTooSmall", line)
 
 
 async def pods_listed(**_: Any) -> None:
