@@ -23,8 +23,8 @@ from vllmfit.core.spec import api
 from vllmfit.operator import metrics
 from vllmfit.operator.binding import claims, reservations
 from vllmfit.operator.booking import learning, measured, own_memory
-from vllmfit.operator.booking.report import post_event
 from vllmfit.operator.booking.record import key_of
+from vllmfit.operator.booking.report import post_event
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.children import children_state
 from vllmfit.operator.handlers.common import Effects, store_of
