@@ -92,6 +92,11 @@ one starts no sooner than (1 / RESYNC_SHARE - 1) times the last one's CPU after 
 is longer than RESYNC_SECONDS (issue 32: an idle resync took 4.3 s of CPU at 5,000 deployments; at
 40,000, every 30 s, it would take more than a core)."""
 
+LIST_PAGE = 500
+"""How many objects one request of the operator's listings (start-up, resync) asks for, as
+client-go's pager does: a listing is taken a page at a time, each page trimmed to what the
+operator reads before the next is asked for, so no listing is held whole as JSON."""
+
 OPERATOR_MEMORY_BASE_BYTES = 113 * MIB
 """The operator's resident memory before it holds any object (Python, Kopf, the Kubernetes client,
 vllmfit's modules and catalog: 102 MiB at import), with its empty event loop and webhook: the
