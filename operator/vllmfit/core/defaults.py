@@ -92,6 +92,14 @@ one starts no sooner than (1 / RESYNC_SHARE - 1) times the last one's CPU after 
 is longer than RESYNC_SECONDS (issue 32: an idle resync took 4.3 s of CPU at 5,000 deployments; at
 40,000, every 30 s, it would take more than a core)."""
 
+KOPF_WORKERS = 512
+"""How many objects of one kind Kopf processes at once (settings.queueing.worker_limit; Kopf: no
+bound). In a burst the others' events wait in their queues, holding only the events."""
+
+KOPF_IDLE_SECONDS = 0.5
+"""How long Kopf keeps an object's worker (and its place among KOPF_WORKERS) after its last
+event (settings.queueing.idle_timeout; Kopf: 5 s): a slot goes to the next object sooner."""
+
 LIST_PAGE = 500
 """How many objects one request of the operator's listings (start-up, resync) asks for, as
 client-go's pager does: a listing is taken a page at a time, each page trimmed to what the

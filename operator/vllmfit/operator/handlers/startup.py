@@ -92,6 +92,11 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
     settings.persistence.diffbase_storage = DiffBase(prefix=api.GROUP, key="last-handled-configuration")
     settings.persistence.finalizer = f"{api.GROUP}/finalizer"
+    # A burst (thousands applied at once, or a restart) is handled a bounded number of objects at
+    # a time: each object Kopf processes holds its body, patch, handler contexts and vllmfit's
+    # parsed spec while it waits for the writer's lock; the others' events wait in their queues.
+    settings.queueing.worker_limit = defaults.KOPF_WORKERS
+    settings.queueing.idle_timeout = defaults.KOPF_IDLE_SECONDS
     # Identity: Events say "vllmfit" (source.component, reportingComponent; `kubectl describe`
     # shows "From vllmfit") and name the pod that posted them; every write carries the User-Agent
     # vllmfit/<version>, which the API server takes as the field manager.
