@@ -30,30 +30,33 @@ SUPPORTED = (5_000, 1_000)  # the size docs/install.md documents for the chart's
 
 
 def test_needed_is_the_measured_line() -> None:
-    base, per_d, per_n = 113 * MIB, 113 * 1024, 15 * 1024  # the measured line (core.defaults)
+    base, per_d, per_n = 138 * MIB, 52 * 1024, 8 * 1024  # the measured line (core.defaults)
     assert capacity.needed_bytes(0, 0) == base
-    assert capacity.needed_bytes(5_000, 1_000) == base + 5_000 * per_d + 1_000 * per_n == 712_409_088
+    assert capacity.needed_bytes(5_000, 1_000) == base + 5_000 * per_d + 1_000 * per_n == 419_135_488
     assert capacity.needed_bytes(40_000, 10_000) == base + 40_000 * per_d + 10_000 * per_n
 
 
 def test_the_charts_default_limit_holds_the_supported_size_with_its_headroom() -> None:
     values = yaml.safe_load(CHART.read_text())
     limit = parse_bytes(values["operator"]["resources"]["limits"]["memory"])
-    assert limit >= 1.25 * capacity.needed_bytes(*SUPPORTED)  # 890,511,360 B <= 1Gi
+    assert limit >= 1.25 * capacity.needed_bytes(*SUPPORTED)  # 523,919,360 B <= 1Gi
     assert capacity.advice(*SUPPORTED, limit) is None
     assert defaults.OPERATOR_MEMORY_HEADROOM_PERCENT == 125
 
 
 def test_advice_names_the_limit_and_what_to_set() -> None:
-    # 5,000 on 1,000 need 712,409,088 B (680 MiB); x 1.25 = 890,511,360 B > 512Mi: set 1Gi (1,024 MiB,
-    # the next multiple of 256 MiB above 849.3 MiB)
-    line = capacity.advice(5_000, 1_000, 512 * MIB)
+    # 10,000 on 2,000 need 138 MiB + 10,000 x 52 KiB + 2,000 x 8 KiB = 693,567,488 B (661.4 MiB);
+    # x 1.25 = 866,959,360 B > 512Mi: set 1Gi (1,024 MiB, the next multiple of 256 MiB above 826.8 MiB)
+    line = capacity.advice(10_000, 2_000, 512 * MIB)
     assert line is not None
-    assert "512Mi" in line and "5,000 VLLMDeployments on 1,000 GPU nodes" in line
-    assert "about 680Mi" in line and "operator.resources.limits.memory to 1Gi" in line
-    assert capacity.suggested_limit_bytes(5_000, 1_000) == 1024 * MIB
-    # 40,000 on 10,000: (113 MiB + 40,000 x 113 KiB + 10,000 x 15 KiB) x 1.25 = 5,665.8 MiB -> 5,888 MiB (23 x 256)
-    assert capacity.suggested_limit_bytes(40_000, 10_000) == 23 * 256 * MIB
+    assert "512Mi" in line and "10,000 VLLMDeployments on 2,000 GPU nodes" in line
+    assert "about 662Mi" in line and "operator.resources.limits.memory to 1Gi" in line
+    assert capacity.suggested_limit_bytes(10_000, 2_000) == 1024 * MIB
+    # 5,000 on 1,000: 419,135,488 B x 1.25 = 523,919,360 B (499.6 MiB) -> 512 MiB
+    assert capacity.suggested_limit_bytes(5_000, 1_000) == 512 * MIB
+    assert capacity.advice(5_000, 1_000, 512 * MIB) is None
+    # 40,000 on 10,000: (138 MiB + 40,000 x 52 KiB + 10,000 x 8 KiB) x 1.25 = 2,809.2 MiB -> 2,816 MiB (11 x 256)
+    assert capacity.suggested_limit_bytes(40_000, 10_000) == 11 * 256 * MIB
     assert capacity.advice(5_000, 1_000, None) is None  # no limit: nothing to say
     assert capacity.advice(10, 2, 512 * MIB) is None
 
@@ -82,16 +85,16 @@ def test_the_operator_takes_its_limit_from_the_flag_or_the_environment(monkeypat
 
 
 def test_start_up_says_when_the_limit_is_too_small(caplog: pytest.LogCaptureFixture) -> None:
-    class Many(dict):  # 5,000 records without building them: only their number is read
+    class Many(dict):  # 10,000 records without building them: only their number is read
         def __len__(self) -> int:
-            return 5_000
+            return 10_000
 
     store = Store(Options(memory_limit_bytes=512 * MIB))
     store.cache.records = Many()
-    store.books.ledger.nodes = dict.fromkeys((f"n{i}" for i in range(1_000)), None)
+    store.books.ledger.nodes = dict.fromkeys((f"n{i}" for i in range(2_000)), None)
     with caplog.at_level(logging.WARNING):
         startup.say_memory(store)
-    assert any("memory limit 512Mi is too small for 5,000 VLLMDeployments on 1,000 GPU nodes" in r.message
+    assert any("memory limit 512Mi is too small for 10,000 VLLMDeployments on 2,000 GPU nodes" in r.message
                for r in caplog.records)
     caplog.clear()
     store.options.memory_limit_bytes = 1 << 30
@@ -117,7 +120,7 @@ async def test_metrics_show_the_limit_and_the_need(cluster: Cluster, operator: O
     await cluster.phase("llama", "Admitted")
     m = samples()
     assert m["vllmfit_operator_memory_limit_bytes"] == 1 << 30
-    assert m["vllmfit_operator_memory_needed_bytes"] == 113 * MIB + 113 * 1024 + 15 * 1024  # 1 deployment, 1 node
+    assert m["vllmfit_operator_memory_needed_bytes"] == 138 * MIB + 52 * 1024 + 8 * 1024  # 1 deployment, 1 node
 
 
 def test_the_install_docs_table_is_the_operators_own_line() -> None:

@@ -73,3 +73,19 @@ async def test_one_parsed_spec_per_deployment(km: Any) -> None:
     finally:
         await store.api.close()
         await cluster.api.close()
+
+
+def test_kopf_handles_a_bounded_number_of_objects_at_once() -> None:
+    """A burst's peak: every object Kopf processes at once holds its body, patch and handler
+    contexts; the operator bounds them (the others' events wait in their queues) and lets an idle
+    worker's place go to the next object soon."""
+    import kopf
+
+    from vllmfit.core import defaults
+    from vllmfit.operator.handlers.startup import configure
+
+    settings = kopf.OperatorSettings()
+    assert settings.queueing.worker_limit is None  # Kopf's default: every object at once
+    configure(settings)
+    assert settings.queueing.worker_limit == defaults.KOPF_WORKERS == 512
+    assert settings.queueing.idle_timeout == defaults.KOPF_IDLE_SECONDS == 0.5
