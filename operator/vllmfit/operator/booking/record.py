@@ -33,15 +33,17 @@ KEPT_METADATA = ("name", "namespace", "uid", "generation", "creationTimestamp", 
 """What a record keeps of a VLLMDeployment's metadata: what its Events, its children's owner
 references and labels (kopf.adopt), and its spec's reading (core.spec.read) use."""
 
-DIFFBASE = f"{api.GROUP}/last-handled-configuration"
-"""Kopf's copy of the last handled spec (handlers.startup.configure): Kopf's, not the record's."""
+DIFFBASE_KEY = "last-handled-configuration"
+DIFFBASE = f"{api.GROUP}/{DIFFBASE_KEY}"
+"""The annotation with Kopf's copy of the last handled spec (its diff base, handlers.startup.configure):
+Kopf's, not the record's."""
 
 
 def kept_body(body: Mapping[str, Any]) -> dict[str, Any]:
     """What a record keeps of an object: its apiVersion, kind, spec and the metadata it reads
     (KEPT_METADATA, Kopf's copy of the spec left out), never its status (the record has its own,
-    `written`) nor its managedFields: at 5,000 deployments whole bodies were a third of what the
-    operator held."""
+    `written`) nor its managedFields: whole bodies were the largest share of what a settled operator
+    held beside its code (tracemalloc, 2,000 deployments)."""
     meta = body.get("metadata") or {}
     kept = {k: meta[k] for k in KEPT_METADATA if k in meta}
     if DIFFBASE in (kept.get("annotations") or {}):

@@ -23,7 +23,7 @@ from vllmfit.core.spec import api
 from vllmfit.operator import metrics
 from vllmfit.operator.binding import claims, reservations
 from vllmfit.operator.booking import learning, measured, own_memory
-from vllmfit.operator.booking.record import key_of
+from vllmfit.operator.booking.record import DIFFBASE_KEY, key_of
 from vllmfit.operator.booking.report import post_event
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.children import children_state
@@ -90,7 +90,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
     """Kopf settings the operator relies on: handler progress in annotations (not in status,
     which belongs to vllmfit and is pruned by the CRD schema), our own finalizer name."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
-    settings.persistence.diffbase_storage = DiffBase(prefix=api.GROUP, key="last-handled-configuration")
+    settings.persistence.diffbase_storage = DiffBase(prefix=api.GROUP, key=DIFFBASE_KEY)
     settings.persistence.finalizer = f"{api.GROUP}/finalizer"
     # A burst (thousands applied at once, or a restart) is handled a bounded number of objects at
     # a time: each object Kopf processes holds its body, patch, handler contexts and vllmfit's
