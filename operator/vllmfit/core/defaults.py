@@ -105,16 +105,16 @@ LIST_PAGE = 500
 client-go's pager does: a listing is taken a page at a time, each page trimmed to what the
 operator reads before the next is asked for, so no listing is held whole as JSON."""
 
-OPERATOR_MEMORY_BASE_BYTES = 138 * MIB
+OPERATOR_MEMORY_BASE_BYTES = 133 * MIB
 """The operator's resident memory before it holds any object (Python, Kopf, the Kubernetes client,
 vllmfit's modules and catalog: 102 MiB at import), with its empty event loop and webhook: the
 intercept of the line through `benchmarks/operator_scale.py`'s peak RSS (docs/install.md, "Sizing
 the operator"). `operator.booking.own_memory.needed_bytes` adds the two figures below."""
-OPERATOR_MEMORY_PER_DEPLOYMENT_BYTES = 52 * 1024
+OPERATOR_MEMORY_PER_DEPLOYMENT_BYTES = 62 * 1024
 """The operator's peak resident memory per VLLMDeployment when every one is applied at once (or
 rebuilt at a restart): its record, bookings, status, children and Kopf's per-object state, with the
-burst's transient copies, KOPF_WORKERS objects at a time (measured: 500 -> 163.5 MiB, 2,000 -> 238.2 MiB,
-5,000 -> 397.6 MiB on 100, 400 and 1,000 nodes)."""
+burst's transient copies, KOPF_WORKERS objects at a time (measured, the largest of each size's runs: 500 -> 163.5 MiB,
+2,000 -> 243.6 MiB, 5,000 -> 442.1 MiB on 100, 400 and 1,000 nodes)."""
 OPERATOR_MEMORY_PER_NODE_BYTES = 8 * 1024
 """The operator's resident memory per GPU node (its GPUs in the ledger and its indices, the node
 object; measured: 1,000 instead of 100 nodes under 500 deployments add 6.6 MiB)."""
