@@ -24,9 +24,12 @@ needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not insta
                                                               "prometheus; .ci/run installs it in CI: make promtool)")
 ALERTS = {"VllmfitGpuOverBudget", "VllmfitGpuOverBooked", "VllmfitMemoryDrift", "VllmfitDeploymentPending",
           "VllmfitDeploymentFailed", "VllmfitWebhookErrors", "VllmfitWebhookSlow", "VllmfitAgentNotReporting",
-          "VllmfitReservationLost", "VllmfitOperatorNotReady"}
+          "VllmfitReservationLost", "VllmfitOperatorNotReady", "VllmfitOperatorMemoryNearLimit",
+          "VllmfitOperatorUndersized"}
 ON = ("--set", "metrics.prometheusRule.enabled=true", "--set-json", 'metrics.prometheusRule.alertLabels={"team":"ml"}')
 GPU_A = 'node="gpu-a",gpu="0",uuid="GPU-aaaa",product="NVIDIA-H100-80GB-HBM3"'
+OP_1 = 'namespace="vllmfit",pod="op-1",instance="10.0.0.1:8080",job="vllmfit-operator"'
+OP_2 = 'namespace="vllmfit",pod="op-2",instance="10.0.0.2:8080",job="vllmfit-operator"'
 GPU_B = 'node="gpu-b",gpu="1",uuid="GPU-bbbb",product="NVIDIA-H100-80GB-HBM3"'
 
 
@@ -139,6 +142,26 @@ CASES: list[tuple[str, list[dict[str, str]], str, list[dict[str, Any]]]] = [
      [alert({"severity": "critical"}, "No vllmfit operator replica has a ledger")]),
     ("VllmfitOperatorNotReady", [series("vllmfit_ledger_ready", 'instance="op-1"', "0x20"),
                                  series("vllmfit_ledger_ready", 'instance="op-2"', "1x20")], "10m", []),
+    # 960 MiB of a 1 GiB limit (0.94 > 0.85) on op-1; op-2 at 512 MiB does not fire
+    ("VllmfitOperatorMemoryNearLimit", [
+        series("process_resident_memory_bytes", OP_1, "1006632960x20"),
+        series("vllmfit_operator_memory_limit_bytes", OP_1, "1073741824x20"),
+        series("process_resident_memory_bytes", OP_2, "536870912x20"),
+        series("vllmfit_operator_memory_limit_bytes", OP_2, "1073741824x20"),
+    ], "10m", [alert({"severity": "warning", "namespace": "vllmfit", "pod": "op-1"},
+                     "vllmfit operator op-1 is close to its memory limit")]),
+    ("VllmfitOperatorMemoryNearLimit", [  # no limit given (--memory-limit unset): nothing to compare
+        series("process_resident_memory_bytes", OP_1, "1006632960x20")], "10m", []),
+    # the cluster needs 1.2 GiB at peak, the limit is 1 GiB
+    ("VllmfitOperatorUndersized", [
+        series("vllmfit_operator_memory_needed_bytes", OP_1, "1288490189x20"),
+        series("vllmfit_operator_memory_limit_bytes", OP_1, "1073741824x20"),
+    ], "10m", [alert({"severity": "warning", "namespace": "vllmfit", "pod": "op-1"},
+                     "The cluster is larger than vllmfit operator op-1's memory limit allows")]),
+    ("VllmfitOperatorUndersized", [
+        series("vllmfit_operator_memory_needed_bytes", OP_1, "805306368x20"),
+        series("vllmfit_operator_memory_limit_bytes", OP_1, "1073741824x20"),
+    ], "10m", []),
 ]
 
 

@@ -155,13 +155,14 @@ class Emulator(kmock.KubernetesEmulator):
 
     async def _serve_list(self, request: Any) -> Any:
         """KMock's list, with the resourceVersion it was taken at (KMock: "..."), as a watch
-        started from it wants (`_serve_watch`), and only the objects its labelSelector selects
-        (KMock ignores it and lists the whole namespace)."""
+        started from it wants (`_serve_watch`), only the objects its labelSelector selects
+        (KMock ignores it and lists the whole namespace), and a page at a time when it asks for a
+        `limit` (`paged`; KMock ignores it)."""
         selects = label_matcher(str((request.params or {}).get("labelSelector") or ""))
         listed = await super()._serve_list(request)
         listed["metadata"]["resourceVersion"] = str(self.version)  # no await since the listing
         listed["items"] = [o for o in listed["items"] if selects((o.get("metadata") or {}).get("labels") or {})]
-        return listed
+        return paged(listed, request.params or {})
 
     def __iter__(self) -> Any:
         current = _SERVING.get()
@@ -240,6 +241,26 @@ class Emulator(kmock.KubernetesEmulator):
         if method == "watch":
             return [r for r in self.journal if r.resource == res and r.action == kmock.action.WATCH]
         return [r for r in self.journal if r.resource == res and r.method == kmock.method[method.upper()]]
+
+
+def paged(listed: dict[str, Any], params: Any) -> dict[str, Any]:
+    """A listing's page, as the API server gives it for `limit` and `continue`: the items in
+    (namespace, name) order after the continue token's, at most `limit` of them, and a continue
+    token when more remain (metadata.continue, metadata.remainingItemCount)."""
+    limit = int(params.get("limit") or 0)
+    after = str(params.get("continue") or "")
+    if not limit and not after:
+        return listed
+    def order(o: Any) -> str:
+        meta = o.get("metadata") or {}
+        return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+    items = sorted((o for o in listed["items"] if order(o) > after), key=order)
+    page = items[:limit] if limit else items
+    listed["items"] = page
+    if len(items) > len(page):
+        listed["metadata"]["continue"] = order(page[-1])
+        listed["metadata"]["remainingItemCount"] = len(items) - len(page)
+    return listed
 
 
 class _ByResource(dict[Any, Any]):

@@ -67,3 +67,18 @@ async def test_the_store_is_kept_by_resource_too(cluster: Cluster) -> None:
     assert [p.metadata.name for p in listed.items] == ["b"]
     everywhere = await cluster.core.list_pod_for_all_namespaces()
     assert sorted(p.metadata.name for p in everywhere.items) == ["b", "c"]
+
+
+async def test_a_listing_with_a_limit_comes_a_page_at_a_time(cluster: Cluster) -> None:
+    """As the API server: `limit` items in (namespace, name) order, a continue token while more
+    remain, and the next page from it; no limit: everything at once."""
+    for name in "gfedcba":
+        await cluster.core.create_namespaced_pod("default", pod(name))
+    first = await cluster.core.list_namespaced_pod("default", limit=3)
+    assert [p.metadata.name for p in first.items] == ["a", "b", "c"]
+    assert first.metadata.remaining_item_count == 4
+    second = await cluster.core.list_namespaced_pod("default", limit=3, _continue=first.metadata._continue)
+    third = await cluster.core.list_namespaced_pod("default", limit=3, _continue=second.metadata._continue)
+    assert [p.metadata.name for p in second.items] == ["d", "e", "f"]
+    assert [p.metadata.name for p in third.items] == ["g"] and not third.metadata._continue
+    assert len((await cluster.core.list_namespaced_pod("default")).items) == 7

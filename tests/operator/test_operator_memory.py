@@ -24,7 +24,7 @@ async def test_the_cleanup_gives_back_what_the_rebuild_froze() -> None:
     store.rebuild([node("n1")], [vd("a", maxModelLen=4096, maxNumSeqs=4)])
     assert gc.get_freeze_count() > 0  # the rebuilt ledger and records, out of the collector's reach
     ref, record = weakref.ref(store), weakref.ref(store.cache.records["default/a"])
-    store.cache.records["default/a"].owner = store  # a cycle through the store: only a collection frees it
+    store.cache.records["default/a"].synced = (store,)  # a cycle through the store: only a collection frees it
     await startup.cleanup(memo=kopf.Memo(store=store))
     del store
     gc.collect()

@@ -96,6 +96,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--mps-log-directory", default=os.environ.get("VLLMFIT_MPS_LOG_DIRECTORY")
                    or defaults.MPS_LOG_DIRECTORY, metavar="DIR",
                    help="with --mps-pipe-directory: the daemon's log directory (default %(default)s)")
+    p.add_argument("--memory-limit", metavar="QTY", default=os.environ.get("VLLMFIT_MEMORY_LIMIT") or "",
+                   help="the operator's own memory limit, a Kubernetes quantity (the chart passes its container's "
+                        "limits.memory): at start-up and every resync it says, in the log, an Event and the "
+                        "vllmfit_operator_memory_* metrics, when the cluster it holds needs more (docs/install.md, "
+                        "\"Sizing the operator\"; default: $VLLMFIT_MEMORY_LIMIT, none)")
     p.add_argument("--verbose", action="store_true", help="log Kopf's debug messages")
     p.add_argument("--release-finalizers", action="store_true",
                    help="do not run: remove vllmfit's finalizer from every VLLMDeployment and exit, so none is "
@@ -220,12 +225,26 @@ def options_from_args(args: argparse.Namespace) -> Any:
         namespace=args.namespace, default_image=args.default_image, resync_seconds=args.resync_seconds,
         placement_backend=args.placement_backend, dra_driver=args.dra_driver, dra_device_class=args.dra_device_class,
         budget=budget_policy(args), kv_grant=choices.kv_grant_from_args(args),
-        tenancy=policy, mps=mps,
+        tenancy=policy, mps=mps, memory_limit_bytes=memory_limit(args), pod_name=os.environ.get("POD_NAME"),
         reservation=rsv.Config(
             namespace=args.namespace or "default", image=args.reservation_image or rsv.Config().image,
             priority_class=args.reservation_priority_class, runtime_class=args.reservation_runtime_class,
             service_account=args.reservation_service_account,
             image_pull_secrets=tuple(getattr(args, "reservation_image_pull_secret", None) or ())))
+
+
+def memory_limit(args: argparse.Namespace) -> int | None:
+    """--memory-limit in bytes (None: no limit given); UserError (one line, exit 2) when it is not
+    a quantity. Checked before Kopf starts."""
+    from vllmfit.core.quantity import parse_bytes
+
+    value = getattr(args, "memory_limit", "")
+    if not value:
+        return None
+    try:
+        return parse_bytes(value, "--memory-limit") or None
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
 
 def run(args: argparse.Namespace) -> int:

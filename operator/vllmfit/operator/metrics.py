@@ -119,6 +119,7 @@ class View:
     reservations: dict[str, int]  # state -> reservation pods
     claims: dict[str, int]  # state -> ResourceClaims
     ready: bool
+    deployments: int  # VLLMDeployments the operator holds (the operator's own memory need)
 
     @classmethod
     def of(cls, store: Any) -> View:
@@ -141,7 +142,7 @@ class View:
             cs["allocated" if (c.get("status") or {}).get("allocation") else "pending"] += 1
         return cls(store.books.committed, tuple(sorted(cache.attributions.items())),
                    tuple((k, report.phase(rec), tuple(rec.observed)) for k, rec in sorted(cache.records.items())),
-                   states, cs, store.books.ready.is_set())
+                   states, cs, store.books.ready.is_set(), len(cache.records))
 
 
 class StoreCollector(Collector):
@@ -176,6 +177,7 @@ class StoreCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         from vllmfit.core.observe.attribution import split_unit_index
+        from vllmfit.operator.booking import own_memory, report
 
         view = self.view()
         ledger = view.ledger  # a committed snapshot: never half-changed
@@ -211,6 +213,11 @@ class StoreCollector(Collector):
         claims = gauge("vllmfit_resource_claims", "DRA ResourceClaims the operator watches, by state "
                        "(allocated or pending).", ["state"])
         ready = gauge("vllmfit_ledger_ready", "1 once the ledger was rebuilt from the API at start-up.", [])
+        own_limit = gauge("vllmfit_operator_memory_limit_bytes", "The operator's own memory limit (--memory-limit, "
+                          "the chart's operator.resources.limits.memory); absent without one.", [])
+        own_need = gauge("vllmfit_operator_memory_needed_bytes", "The operator's peak resident memory for the "
+                         "VLLMDeployments and GPU nodes it holds, as measured (docs/install.md, \"Sizing the "
+                         "operator\").", [])
         info = gauge("vllmfit_build_info", "Always 1; the labels say which build runs.",
                      ["version", "python_version"])
 
@@ -254,9 +261,12 @@ class StoreCollector(Collector):
         for state, n in view.claims.items():
             claims.add_metric([state], n)
         ready.add_metric([], 1 if view.ready else 0)
+        if store.options.memory_limit_bytes:
+            own_limit.add_metric([], store.options.memory_limit_bytes)
+        own_need.add_metric([], own_memory.needed_bytes(view.deployments, len(ledger.nodes)))
         info.add_metric([__version__, platform.python_version()], 1)
         yield from (capacity, budget, booked, foreign, used, head, observed, pred, obs, drift, ratio, phase,
-                    sampled, reservations, claims, ready, info)
+                    sampled, reservations, claims, ready, own_limit, own_need, info)
 
 
 def register(store: Any) -> StoreCollector:

@@ -30,12 +30,36 @@ def pruned(value: Any) -> Any:
     return value
 
 
-@dataclass(eq=False)
+KEPT_METADATA = ("name", "namespace", "uid", "generation", "creationTimestamp", "labels", "annotations")
+"""What a record keeps of a VLLMDeployment's metadata: what its Events, its children's owner
+references and labels (kopf.adopt), and its spec's reading (core.spec.read) use."""
+
+DIFFBASE_KEY = "last-handled-configuration"
+DIFFBASE = f"{api.GROUP}/{DIFFBASE_KEY}"
+"""The annotation with Kopf's copy of the last handled spec (its diff base, handlers.startup.configure):
+Kopf's, not the record's."""
+
+
+def kept_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What a record keeps of an object: its apiVersion, kind, spec and the metadata it reads
+    (KEPT_METADATA, Kopf's copy of the spec left out), never its status (the record has its own,
+    `written`) nor its managedFields: whole bodies were the largest share of what a settled operator
+    held beside its code (tracemalloc, 2,000 deployments)."""
+    meta = body.get("metadata") or {}
+    kept = {k: meta[k] for k in KEPT_METADATA if k in meta}
+    if DIFFBASE in (kept.get("annotations") or {}):
+        kept["annotations"] = {k: v for k, v in kept["annotations"].items() if k != DIFFBASE}
+    return {k: v for k, v in (("apiVersion", body.get("apiVersion")), ("kind", body.get("kind")),
+                              ("metadata", kept), ("spec", body.get("spec"))) if v is not None}
+
+
+@dataclass(eq=False, slots=True, weakref_slot=True)
 class Record:
-    """What the operator knows about one VLLMDeployment."""
+    """What the operator knows about one VLLMDeployment. `body`: the latest object seen, as
+    `kept_body` keeps it (for events, owner references and reading its spec again)."""
 
     key: str
-    body: dict[str, Any]  # the latest object seen (for events and owner references)
+    _body: dict[str, Any]
     order: tuple[str, str]  # (creationTimestamp, key): earlier first
     generation: int | None = None
     observed_generation: int | None = None
@@ -68,6 +92,17 @@ class Record:
     _pruned: tuple[Any, Any, Any] = (None, None, None)  # (written, pruned(written), a status shown equal): `shows`
     _booked: tuple[Any, list[Booking] | None] = (None, None)  # (a status, what it books): `booked_by`
 
+    def __post_init__(self) -> None:
+        self._body = kept_body(self._body)
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return self._body
+
+    @body.setter
+    def body(self, value: Mapping[str, Any]) -> None:
+        self._body = kept_body(value)
+
     @property
     def name(self) -> str:
         return self.key.split("/", 1)[1]
@@ -85,7 +120,8 @@ def shows(rec: Record, status: Mapping[str, Any]) -> bool:
     stored status found equal to it is kept: pruning is needed again only for a status that
     changed (a stored status may keep nulls a merge patch leaves inside lists)."""
     if rec._pruned[0] is not rec.written:
-        rec._pruned = (rec.written, pruned(rec.written), None)
+        bare = pruned(rec.written)
+        rec._pruned = (rec.written, rec.written if bare == rec.written else bare, None)  # no second copy
     if rec._pruned[1] == status or rec._pruned[2] == status:
         return True
     if rec._pruned[1] == pruned(status):
@@ -104,7 +140,7 @@ def booked_by(rec: Record, status: Mapping[str, Any]) -> list[Booking] | None:
             bookings: list[Booking] | None = bookings_from_status(rec.key, api.VLLMDeploymentStatus.model_validate(status))
         except ValueError:
             bookings = None
-        rec._booked = (status, bookings)
+        rec._booked = (rec.written if rec.written == status else status, bookings)  # the listing is not kept
     return rec._booked[1]
 
 
@@ -117,7 +153,7 @@ def record_from_object(body: Mapping[str, Any]) -> Record:
     """A record as the API remembers it (start-up): status fields are read back when valid."""
     meta = body.get("metadata") or {}
     key = key_of(body)
-    rec = Record(key, dict(body), (str(meta.get("creationTimestamp") or ""), key), meta.get("generation"),
+    rec = Record(key, body, (str(meta.get("creationTimestamp") or ""), key), meta.get("generation"),
                  written=dict(body.get("status") or {}))
     try:
         st = api.VLLMDeploymentStatus.model_validate(body.get("status") or {})

@@ -81,6 +81,8 @@ class Options:
     kv_grant: memory.KvGrant = memory.DEFAULT_KV_GRANT  # the default KV grant (no kvCache, no maxNumSeqs)
     tenancy: validate.Policy = validate.DEFAULT_POLICY  # what a podTemplate may reach (--pod-security-level, ...)
     mps: binding.Mps | None = None  # the optional MPS memory-limit binding (--mps-pipe-directory)
+    memory_limit_bytes: int | None = None  # the operator's own memory limit (--memory-limit), for its advice
+    pod_name: str | None = None  # the operator's own pod ($POD_NAME): its Events about itself
 
 
 class Workers:

@@ -16,6 +16,7 @@ from typing import Any
 
 from vllmfit.core.spec import api
 from vllmfit.operator.booking import report
+from vllmfit.operator.booking.record import pruned
 
 logger = logging.getLogger(__name__)
 
@@ -119,14 +120,15 @@ class StatusWriter:
                 if rec is None:
                     return
                 status = report.status(rec, self.books.ledger)
-            if status == rec.written:
+            kept = pruned(status)  # what the API will show: the record keeps that, not the patch
+            if kept == rec.written:
                 return
             rec.mine = True  # before the write: its echo may arrive before the answer
             await report.unread(CustomObjectsApi(self._api()).patch_namespaced_custom_object_status,
                                 api.GROUP, api.VERSION, rec.namespace, api.PLURAL, rec.name, {"status": status},
                                 _content_type=MERGE_PATCH)
             if self.cache.records.get(key) is rec:
-                rec.written = status
+                rec.written = kept
 
     async def _write(self, key: str) -> None:
         from kubernetes_asyncio.client import ApiException

@@ -22,8 +22,9 @@ from vllmfit.core import defaults
 from vllmfit.core.spec import api
 from vllmfit.operator import metrics
 from vllmfit.operator.binding import claims, reservations
-from vllmfit.operator.booking import learning, measured
-from vllmfit.operator.booking.record import key_of
+from vllmfit.operator.booking import learning, measured, own_memory
+from vllmfit.operator.booking.record import DIFFBASE_KEY, key_of
+from vllmfit.operator.booking.report import post_event
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.children import children_state
 from vllmfit.operator.handlers.common import Effects, store_of
@@ -90,8 +91,13 @@ def configure(settings: kopf.OperatorSettings) -> None:
     """Kopf settings the operator relies on: handler progress in annotations (not in status,
     which belongs to vllmfit and is pruned by the CRD schema), our own finalizer name."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
-    settings.persistence.diffbase_storage = DiffBase(prefix=api.GROUP, key="last-handled-configuration")
+    settings.persistence.diffbase_storage = DiffBase(prefix=api.GROUP, key=DIFFBASE_KEY)
     settings.persistence.finalizer = f"{api.GROUP}/finalizer"
+    # A burst (thousands applied at once, or a restart) is handled a bounded number of objects at
+    # a time: each object Kopf processes holds its body, patch, handler contexts and vllmfit's
+    # parsed spec while it waits for the writer's lock; the others' events wait in their queues.
+    settings.queueing.worker_limit = defaults.KOPF_WORKERS
+    settings.queueing.idle_timeout = defaults.KOPF_IDLE_SECONDS
     # Identity: Events say "vllmfit" (source.component, reportingComponent; `kubectl describe`
     # shows "From vllmfit") and name the pod that posted them; every write carries the User-Agent
     # vllmfit/<version>, which the API server takes as the field manager.
@@ -256,6 +262,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         logger.warning("start-up: %s", p)
     logger.info("ledger rebuilt: %d GPU nodes, %d VLLMDeployments, %d with bookings", len(store.books.ledger.nodes),
                 len(store.cache.records), len(store.books.ledger.deployments()))
+    say_memory(store)
     try:
         await sweep(store)
     except (ApiException, OSError) as e:
@@ -265,6 +272,20 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         store.tasks.append(asyncio.create_task(resync_loop(store, store.options.resync_seconds)))
     metrics.unregister(store.collector)
     store.collector = metrics.register(store)  # the gauges read this store at scrape time
+
+
+def say_memory(store: Store) -> None:
+    """At start-up: whether the operator's memory limit holds the cluster it has just rebuilt
+    (booking.own_memory), as a log line and an Event on its own pod when it does not."""
+    nodes, deployments = len(store.books.ledger.nodes), len(store.cache.records)
+    line = own_memory.advice(deployments, nodes, store.options.memory_limit_bytes)
+    if line is None:
+        return
+    logger.warning("start-up: %s", line)
+    if store.options.pod_name and store.options.namespace:
+        post_event({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": store.options.pod_name, "namespace": store.options.namespace}},
+                   "Warning", "MemoryLimitTooSmall", line)
 
 
 async def pods_listed(**_: Any) -> None:

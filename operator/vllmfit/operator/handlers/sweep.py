@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
@@ -10,6 +11,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
 
+from vllmfit.core import defaults
 from vllmfit.operator.booking.report import as_json
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.children import delete_group, list_groups
@@ -135,22 +137,83 @@ async def sweep(store: Store, namespace: str | None = None, only: str | None = N
     return gone
 
 
+EXPIRED = 410
+"""The API server's answer to a continue token older than its compaction window."""
+
+READ_METADATA = ("name", "namespace", "uid", "labels", "annotations", "ownerReferences")
+"""What the operator reads of a listed Deployment's or pod's metadata (the sweep, the drains,
+children_at): a pod template, a container list or managedFields are never read."""
+
+
+def _metadata(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    return {k: meta[k] for k in READ_METADATA if k in meta}
+
+
+def child_read(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What the operator reads of a listed Deployment of its own: its metadata."""
+    return {"metadata": _metadata(obj)}
+
+
+def pod_read(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What the operator reads of a listed pod of its own: its metadata and phase."""
+    return {"metadata": _metadata(obj), "status": {"phase": (obj.get("status") or {}).get("phase")}}
+
+
+def node_read(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What the operator reads of a listed Node (placement.node_from_object): its metadata and
+    spec; never its status (a node's image list alone is tens of kilobytes) nor managedFields."""
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
+    return {k: v for k, v in (("apiVersion", obj.get("apiVersion")), ("kind", obj.get("kind")), ("metadata", meta),
+                              ("spec", obj.get("spec"))) if v is not None}
+
+
+def without_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    (obj.get("metadata") or {}).pop("managedFields", None)
+    return obj
+
+
+async def paged(call: Callable[..., Awaitable[Any]], *args: Any, read: Callable[[dict[str, Any]], dict[str, Any]],
+                **kwargs: Any) -> list[dict[str, Any]]:
+    """Every item of a listing, as JSON, a page of defaults.LIST_PAGE at a time (client-go's
+    pager): each page is trimmed to what the operator reads (`read`) before the next is asked
+    for, and the event loop runs between pages, so neither a whole listing's JSON is held nor
+    the loop held while it is decoded. A continue token that expired (410) starts it again,
+    whole, as client-go's pager falls back to a full listing."""
+    items: list[dict[str, Any]] = []
+    token: str | None = None
+    while True:
+        try:
+            page = await as_json(call, *args, limit=defaults.LIST_PAGE, _continue=token, **kwargs)
+        except ApiException as e:
+            if e.status != EXPIRED or token is None:
+                raise
+            page, items = await as_json(call, *args, **kwargs), []
+        items.extend(read(o) for o in page.get("items") or [])
+        token = (page.get("metadata") or {}).get("continue") or None
+        if token is None:
+            return items
+        await asyncio.sleep(0)
+
+
 async def list_ours(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every Deployment and LeaderWorkerSet (a replica across nodes; `kind` set) and every pod
-    vllmfit owns (found by label), as JSON."""
+    vllmfit owns (found by label), as JSON; the Deployments and pods paged, trimmed to what the
+    operator reads of them (`child_read`, `pod_read`)."""
     apps, core = client.AppsV1Api(store.api), client.CoreV1Api(store.api)
     selector = builders.selector()
-    deps = await as_json(apps.list_deployment_for_all_namespaces, label_selector=selector)
+    deps = await paged(apps.list_deployment_for_all_namespaces, label_selector=selector, read=child_read)
     groups = await list_groups(store, selector=selector)
-    pods_ = await as_json(core.list_pod_for_all_namespaces, label_selector=selector)
-    return (deps.get("items") or []) + groups, pods_.get("items") or []
+    pods_ = await paged(core.list_pod_for_all_namespaces, label_selector=selector, read=pod_read)
+    return deps + groups, pods_
 
 
 async def list_cluster(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every Node and every VLLMDeployment, as JSON."""
-    nodes = await as_json(client.CoreV1Api(store.api).list_node)
-    listed = await as_json(client.CustomObjectsApi(store.api).list_cluster_custom_object, *RESOURCE)
-    return nodes.get("items") or [], listed.get("items") or []
+    """Every Node (`node_read`) and every VLLMDeployment (whole, less managedFields), as JSON, paged."""
+    nodes = await paged(client.CoreV1Api(store.api).list_node, read=node_read)
+    listed = await paged(client.CustomObjectsApi(store.api).list_cluster_custom_object, *RESOURCE,
+                         read=without_managed_fields)
+    return nodes, listed
 
 
 async def lead(store: Store) -> None:

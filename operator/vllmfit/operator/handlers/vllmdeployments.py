@@ -129,6 +129,9 @@ async def commit(store: Store, body: Mapping[str, Any], req: Request | None, pro
     APPLIED when a decision or a refusal was applied. `under_lock`: past the optimistic tries,
     decide here, holding the lock."""
     rec = store.cache.upsert(body)  # under the lock: a resync may have replaced the record
+    for held in (rec.admitted_request, rec.request):  # one parsed spec per deployment, not one per event
+        if req is not None and held is not None and held is not req and held == req:
+            req = held
     if req is None:
         assert problem is not None
         store.books.changes += 1
