@@ -177,7 +177,7 @@ class StoreCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         from vllmfit.core.observe.attribution import split_unit_index
-        from vllmfit.operator.booking import own_memory, report
+        from vllmfit.operator.booking import own_memory
 
         view = self.view()
         ledger = view.ledger  # a committed snapshot: never half-changed
@@ -261,8 +261,8 @@ class StoreCollector(Collector):
         for state, n in view.claims.items():
             claims.add_metric([state], n)
         ready.add_metric([], 1 if view.ready else 0)
-        if store.options.memory_limit_bytes:
-            own_limit.add_metric([], store.options.memory_limit_bytes)
+        if self.store.options.memory_limit_bytes:
+            own_limit.add_metric([], self.store.options.memory_limit_bytes)
         own_need.add_metric([], own_memory.needed_bytes(view.deployments, len(ledger.nodes)))
         info.add_metric([__version__, platform.python_version()], 1)
         yield from (capacity, budget, booked, foreign, used, head, observed, pred, obs, drift, ratio, phase,
