@@ -111,32 +111,35 @@ one starts no sooner than (1 / RESYNC_SHARE - 1) times the last one's CPU after 
 is longer than RESYNC_SECONDS (issue 32: an idle resync took 4.3 s of CPU at 5,000 deployments; at
 40,000, every 30 s, it would take more than a core)."""
 
-KOPF_WORKERS = 512
-"""How many objects of one kind Kopf processes at once (settings.queueing.worker_limit; Kopf: no
-bound). In a burst the others' events wait in their queues, holding only the events."""
+KOPF_WORKERS = None
+"""How many objects of one kind Kopf processes at once (settings.queueing.worker_limit; None:
+Kopf's own, no bound). A bound holds a burst's peak memory down (the waiting objects hold only
+their events: 5,000 applied at once on 1,000 nodes peaked at 494 MiB with 512, 676 MiB without)
+but every object waits for a worker (all final in 61 s instead of 24 s), so the operator keeps
+Kopf's default and its chart limit is sized for the unbounded peak (docs/install.md)."""
 
-KOPF_IDLE_SECONDS = 0.5
-"""How long Kopf keeps an object's worker (and its place among KOPF_WORKERS) after its last
-event (settings.queueing.idle_timeout; Kopf: 5 s): a slot goes to the next object sooner."""
+KOPF_IDLE_SECONDS = 5.0
+"""How long Kopf keeps an object's worker after its last event (settings.queueing.idle_timeout;
+Kopf's own default)."""
 
 LIST_PAGE = 500
 """How many objects one request of the operator's listings (start-up, resync) asks for, as
 client-go's pager does: a listing is taken a page at a time, each page trimmed to what the
 operator reads before the next is asked for, so no listing is held whole as JSON."""
 
-OPERATOR_MEMORY_BASE_BYTES = 133 * MIB
+OPERATOR_MEMORY_BASE_BYTES = 124 * MIB
 """The operator's resident memory before it holds any object (Python, Kopf, the Kubernetes client,
 vllmfit's modules and catalog: 102 MiB at import), with its empty event loop and webhook: the
-intercept of the line through `benchmarks/operator_scale.py`'s peak RSS (docs/install.md, "Sizing
-the operator"). `operator.booking.own_memory.needed_bytes` adds the two figures below."""
-OPERATOR_MEMORY_PER_DEPLOYMENT_BYTES = 62 * 1024
+intercept of a line at or above every peak RSS `benchmarks/operator_scale.py` measured (docs/install.md,
+"Sizing the operator"). `operator.booking.own_memory.needed_bytes` adds the two figures below."""
+OPERATOR_MEMORY_PER_DEPLOYMENT_BYTES = 112 * 1024
 """The operator's peak resident memory per VLLMDeployment when every one is applied at once (or
 rebuilt at a restart): its record, bookings, status, children and Kopf's per-object state, with the
-burst's transient copies, KOPF_WORKERS objects at a time (measured, the largest of each size's runs: 500 -> 163.5 MiB,
-2,000 -> 243.6 MiB, 5,000 -> 442.1 MiB on 100, 400 and 1,000 nodes)."""
-OPERATOR_MEMORY_PER_NODE_BYTES = 8 * 1024
+burst's transient copies (measured: 500 -> 179.1 MiB, 2,000 -> 326.1 MiB, 5,000 -> 676.3 MiB on 100,
+400 and 1,000 nodes)."""
+OPERATOR_MEMORY_PER_NODE_BYTES = 9 * 1024
 """The operator's resident memory per GPU node (its GPUs in the ledger and its indices, the node
-object; measured: 1,000 instead of 100 nodes under 500 deployments add 6.6 MiB)."""
+object; measured: 1,000 instead of 100 nodes under 500 deployments add 7.7 MiB)."""
 OPERATOR_MEMORY_HEADROOM_PERCENT = 125
 """The memory limit an operator should have, in percent of its measured peak: the chart's default
 limit holds the documented supported cluster with this headroom, and the start-up says so (a log
