@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from bookkit import node
 from kubernetes_asyncio import client
 from opkit import Cluster, km_url, vd
-from test_state import node
 
 from vllmfit.core.spec import api
 from vllmfit.operator.booking.record import DIFFBASE, kept_body, pruned, shows
