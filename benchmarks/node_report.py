@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -88,7 +89,8 @@ async def build(n_nodes: int, n_deployments: int) -> tuple[Store, dict[str, dict
         req = placement.request_from_object(read.deployment(obj), catalog.model(spec["model"]))
         d = placement.decide(store.books.ledger, req)
         rec = store.cache.upsert(obj)
-        apply_decision(store, rec, req, d, Effects())
+        with getattr(store.books, "step", contextlib.nullcontext)():  # the one writer (older code: none)
+            apply_decision(store, rec, req, d, Effects())
         for p in rec.placement:
             pod, uid = f"d{i:05d}-{p.replica}-x", f"pod-{i}-{p.replica}"
             rec.pods[pod] = (p.replica, PodHealth(True, "Ready", ""))
