@@ -259,3 +259,20 @@ def test_a_replica_across_nodes_read_back_from_its_bookings_keeps_its_pods() -> 
                           admitted={"big/llama": d.bookings()}).decisions["big/llama"]
     assert kept.restored and kept.admitted
     assert [(m.node, m.gpus) for m in kept.replicas[0].members] == [(m.node, m.gpus) for m in d.replicas[0].members]
+
+
+def test_a_replica_across_nodes_without_kv_cache_is_placed_at_its_request_and_leaves_room() -> None:
+    # no kvCache: placed by its KV request (2 requests of maxModelLen), never by its limit (vLLM's
+    # default maxNumSeqs x maxModelLen), so a small deployment after it still finds room beside it
+    big = {"tensorParallelSize": 8, "pipelineParallelSize": 2, "maxModelLen": 32768}
+    p = placement.plan(_cluster(2),
+                       [request("big/llama-405b", LLAMA_405B, order="1", **big),
+                        request("chat/qwen", QWEN_06B, order="2", maxModelLen=8192)])
+    d = p.decisions["big/llama-405b"]
+    assert d.admitted, d.message
+    assert p.decisions["chat/qwen"].admitted, p.decisions["chat/qwen"].message
+    s = memory.request_only(memory.default_grant(Settings(tp=8, pp=2, max_model_len=32768)))
+    request_kv = memory.size(LLAMA_405B, s, H100, memory.UNLIMITED).footprint.kv_cache  # the request, stage 0
+    assert max(b.footprint.kv_cache for b in p.ledger.bookings_of("big/llama-405b")) == request_kv
+    check_invariant(p.ledger)
+    assert p.ledger.over_budget() == []

@@ -30,13 +30,15 @@ def estimate(model: ModelArch, s: Settings, gpu: GpuType, *, other_gpus: tuple[G
     if bad:
         raise SpecError(bad)
     budget = policy.budget(T)
-    sizing = granted(model, s, gpu, budget, grant)
+    nodes = pods(s.gpus, gpus_per_node, s.tp) if gpus_per_node is not None else 1
+    # a replica across nodes is placed and booked at its KV request (placement.gang), one node's
+    # is granted as placement grants it
+    sizing = granted(model, s, gpu, budget, grant) if nodes == 1 else size(model, request_only(s), gpu, budget)
     version, _ = parse_version(s.vllm_version)
     vllm = None
     if sizing.flags and s.policy == "vllm" and model.num_layers:
         vllm = vllm_startup(model, s, gpu, sizing.flags)
     suggestions: tuple[str, ...] = ()
-    nodes = pods(s.gpus, gpus_per_node, s.tp) if gpus_per_node is not None else 1
     per_stage = stage_footprints(model, s, gpu, sizing) if s.pp > 1 and sizing.flags is not None else ()
     if nodes is None:
         sizing = replace(sizing, fits=False, reasons=(one_node_reason(s, gpus_per_node),))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllmfit.core import defaults
-from vllmfit.core.memory import Footprint, Settings, Sizing, fmt_gib
+from vllmfit.core.memory import Footprint, Settings, Sizing, fmt_gib, request_only
 from vllmfit.core.memory.stages import pods, rank_footprints
 from vllmfit.core.model.facts import GpuType
 from vllmfit.core.placement import summary
@@ -106,7 +106,9 @@ def _domains(ledger: Ledger, matching: NodeSet | None) -> list[frozenset[str] | 
 
 
 def place_one(ledger: Ledger, req: Request, s: Settings, matching: NodeSet | None, spread: bool) -> Gang | None:
-    """The best gang for one replica on the ledger as it is, or None."""
+    """The best gang for one replica on the ledger as it is, or None. It is placed and booked at
+    its KV request: a replica across nodes is granted nothing above it."""
+    s = request_only(s)
     stated = req.spec.placement.nodes
     best: Gang | None = None
     domains = _domains(ledger, matching)
@@ -135,7 +137,8 @@ def place_one(ledger: Ledger, req: Request, s: Settings, matching: NodeSet | Non
 
 def why_not(ledger: Ledger, req: Request, s: Settings, matching: NodeSet | None) -> list[str]:
     """Why no gang fits: what one replica needs, then one line per node (the first
-    `defaults.GANG_REASON_NODES`, then how many more)."""
+    `defaults.GANG_REASON_NODES`, then how many more), at its KV request as `place_one` sizes it."""
+    s = request_only(s)
     names = sorted(ledger.nodes) if matching is None else list(matching.names)
     stated = req.spec.placement.nodes
     out: list[str] = []
