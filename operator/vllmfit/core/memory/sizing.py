@@ -284,10 +284,10 @@ def size(model: ModelArch, s: Settings, gpu: GpuType, available: int) -> Sizing:
 
     Rules (documented in docs/memory-model.md):
     - The KV cache is the KV request (`kv_request_bytes`): memory, tokens, or a concurrency at a
-      typical length; nothing given: one request of the full context. It never shrinks; with
-      kv_grow it grows into the room `available` leaves; a default grant (`default_grant`) grows
-      only up to its cap, `default_cap_seqs` requests of the full context (with `available`
-      UNLIMITED: exactly that), so the search places it where the cap fits.
+      typical length; nothing given: the cluster's default request (`default_grant`). It never
+      shrinks; with kv_grow it grows into the room `available` leaves, a default grant only up to
+      its limit, maxNumSeqs requests of the full context; placement sizes at the request alone
+      (`request_only`) and grants the rest where it is placed.
     - max_model_len unset: the model's full context, capped to what an explicit KV request holds;
       if one request of it does not fit, the largest multiple of the block size that fits, not
       below MIN_AUTO_MAX_MODEL_LEN (warning).

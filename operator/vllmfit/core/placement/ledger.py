@@ -51,7 +51,7 @@ class Ledger:
         self._on_gpu: Any = {}  # node -> GPU -> bookings (each node's copied when it changes)
         self._used: Any = {}  # GpuKey -> booked bytes
         self._by_deployment: Any = {}  # key -> its bookings (a list never changed in place)
-        self._beyond: set[str] = set()  # deployments with a booking that holds KV beyond its caps
+        self._beyond: set[str] = set()  # deployments with a booking that holds KV above its request
         self.heads: Any = {}  # GpuKey -> headroom as indexed (others read it); these maps: dicts until shared
         self._free: dict[GpuType, Index] = {}
         self._by_type: dict[str, dict[GpuType, list[int]]] = {}  # node -> type -> indices (non-MIG)
@@ -260,7 +260,7 @@ class Ledger:
         self._reindex(bookings)
 
     def beyond_caps(self) -> list[str]:
-        """The deployments holding KV cache beyond their maxNumSeqs x maxModelLen, sorted."""
+        """The deployments holding KV cache above their KV request (what they could give back), sorted."""
         return sorted(self._beyond)
 
     def release(self, key: str) -> list[Booking]:
