@@ -299,3 +299,18 @@ def test_a_reservation_swap_on_a_workers_node_moves_the_workers_gpu() -> None:
     (q,) = rsv.swap_placement([p], "b", 1, 3, {3: "GPU-3"})
     assert [g.index for g in q.gpus] == [0, 1] and [(g.index, g.uuid) for g in q.workers[0].gpus] == [(0, None),
                                                                                                        (3, "GPU-3")]
+
+
+def test_a_groups_placement_text_orders_its_pods_by_node_name_as_its_bookings_do() -> None:
+    """"gpu-node-10:0" sorts before "gpu-node-1:0" as text (":" after "0"), but the bookings order
+    their nodes by name: the text the LeaderWorkerSet and the status carry must be the bookings' own,
+    or a restart reads the group as placed elsewhere and its drain ends while its pods run."""
+    from vllmfit.core.memory import Footprint
+    from vllmfit.core.placement import Booking
+    from vllmfit.operator.booking import draining
+
+    books = [Booking("default/llama", 0, n, 0, Footprint(1, 0, 0, 0, 0, 0)) for n in ("gpu-node-10", "gpu-node-1")]
+    pl = api.ReplicaPlacement(replica=0, node="gpu-node-10", gpus=[api.GpuRef(index=0)],
+                              workers=[api.PodPlacement(node="gpu-node-1", gpus=[api.GpuRef(index=0)])])
+    assert draining.where_of(books) == "gpu-node-1:0 + gpu-node-10:0"
+    assert builders.placement_text(pl) == draining.where_of(books)

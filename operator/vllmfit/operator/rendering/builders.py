@@ -117,7 +117,7 @@ def placement_text(p: api.ReplicaPlacement) -> str:
     """ANNOTATION_PLACEMENT: "node:0,1"; a replica across nodes, each pod's by node name, joined
     with " + " (draining.where_of gives the same text from the bookings)."""
     if p.workers:
-        return GROUP_JOIN.join(sorted(placement_text(pod) for pod in p.pods()))
+        return GROUP_JOIN.join(placement_text(pod) for pod in sorted(p.pods(), key=lambda q: q.node))
     return f"{p.node}:{','.join(str(g.index) for g in p.gpus)}"
 
 

@@ -95,7 +95,7 @@ def leader_worker_set(obj: api.VLLMDeployment, pods: Sequence[api.ReplicaPlaceme
     }
     meta["name"] = name(obj, pods[0].replica)
     meta["annotations"][builders.ANNOTATION_PLACEMENT] = builders.GROUP_JOIN.join(
-        sorted(builders.placement_text(p) for p in pods))
+        builders.placement_text(p) for p in sorted(pods, key=lambda q: q.node))  # by node, as the bookings
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
