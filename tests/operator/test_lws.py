@@ -90,3 +90,19 @@ def test_workers_with_different_gpu_indices_cannot_share_one_template() -> None:
     assert d.flags is not None
     with pytest.raises(ValueError, match="same GPU indices"):
         lws.leader_worker_set(obj, pods, d.flags, "m", exclusive=[False] * 3)
+
+
+def test_a_groups_pods_load_the_sized_commit_and_verify_a_tenants_cache() -> None:
+    """What binds a one-node replica's weights binds a group's: the leader runs `vllm serve` with
+    --revision at the commit that was sized, and every pod verifies a cache the tenant can write."""
+    from vllmfit.operator.rendering import verifier
+
+    obj, d = _planned()
+    commit = "a" * 40
+    check = verifier.Check(LLAMA_405B.name, "digest", LLAMA_405B.params, "vllmfit:test", commit)
+    binding = [{"revision": commit, "verify": check}] * 2
+    m = lws.leader_worker_set(obj, _pods(d), d.flags, obj.spec.model, exclusive=[True, True], binding=binding)
+    t = m["spec"]["leaderWorkerTemplate"]
+    assert f"--revision={commit}" in t["leaderTemplate"]["spec"]["containers"][0]["args"]
+    for tpl in (t["leaderTemplate"], t["workerTemplate"]):
+        assert [c["name"] for c in tpl["spec"].get("initContainers") or []][-1:] == [verifier.NAME]

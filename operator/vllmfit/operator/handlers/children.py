@@ -356,7 +356,7 @@ async def write_group(store: Store, rec: Record, obj: api.VLLMDeployment, p: api
             weights_bytes=sum(i["weights_bytes"] for i in inputs),
             gated=[reservations.gated(store, rec.key, q) and not e for q, e in zip(pods, ex, strict=True)],
             booked=[i["booked"] for i in inputs],
-            binding=[{k: i[k] for k in ("pins", "runtime_class", "mps")} for i in inputs])
+            binding=[{k: i[k] for k in ("pins", "runtime_class", "mps", "verify", "revision")} for i in inputs])
     except ValueError as e:
         await refuse(store, rec, GROUP_UNSUPPORTED, f"replica {p.replica}: {e}")
         return False

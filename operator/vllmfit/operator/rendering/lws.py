@@ -58,7 +58,7 @@ def leader_worker_set(obj: api.VLLMDeployment, pods: Sequence[api.ReplicaPlaceme
                       binding: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """The LeaderWorkerSet of one replica: `pods` in rank order (the leader first), each with its
     binding choices (`exclusive`, `gated`, `booked` and `binding`'s further arguments — pins,
-    runtime_class, mps —: per pod, as `builders.deployment` takes them). Its placement annotation
+    runtime_class, mps, verify, revision —: per pod, as `builders.deployment` takes them). Its placement annotation
     is the group's (`builders.placement_text`), each pod's its own node's.
     Raises ValueError with `template_problem`'s line."""
     why = template_problem(pods)
@@ -78,7 +78,7 @@ def leader_worker_set(obj: api.VLLMDeployment, pods: Sequence[api.ReplicaPlaceme
     leader, worker = templates[0], templates[1]
     c = leader["spec"]["containers"][0]
     c["command"] = ["sh", "-c", LEADER_SCRIPT, "vllm"]
-    c["args"] = [*builders.vllm_args(obj.spec, model_name, flags), "--distributed-executor-backend=ray"]
+    c["args"] = [*c["args"], "--distributed-executor-backend=ray"]  # builders.deployment's, --revision included
     w = worker["spec"]["containers"][0]
     w["command"] = ["sh", "-c", WORKER_SCRIPT]
     w["args"] = []
