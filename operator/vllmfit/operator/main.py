@@ -98,7 +98,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --mps-pipe-directory: the daemon's log directory (default %(default)s)")
     p.add_argument("--memory-limit", metavar="QTY", default=os.environ.get("VLLMFIT_MEMORY_LIMIT") or "",
                    help="the operator's own memory limit, a Kubernetes quantity (the chart passes its container's "
-                        "limits.memory): at start-up and every resync it says, in the log, an Event and the "
+                        "limits.memory): at start-up it says in its log and an Event, and at every scrape in the "
                         "vllmfit_operator_memory_* metrics, when the cluster it holds needs more (docs/install.md, "
                         "\"Sizing the operator\"; default: $VLLMFIT_MEMORY_LIMIT, none)")
     p.add_argument("--verbose", action="store_true", help="log Kopf's debug messages")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllmfit.backends import enforcement
+from vllmfit.operator.rendering import verifier
 
 CONTAINER = "vllm"
 
@@ -61,14 +62,10 @@ def log_line(log_tail: str) -> tuple[bool, str]:
     return False, lines[-1] if lines else ""
 
 
-VERIFIER = "vllmfit-verify"
-"""The init container that verifies a model cache the tenant can write (vllmfit.verify)."""
-
-
 def _cache_refused(status: Mapping[str, Any]) -> str | None:
     """Why the model-cache verifier failed the pod (its termination message), or None."""
     for cs in status.get("initContainerStatuses") or []:
-        if cs.get("name") != VERIFIER:
+        if cs.get("name") != verifier.NAME:  # the init container that verifies a tenant-writable cache
             continue
         for state in (cs.get("state") or {}, cs.get("lastState") or {}):
             term = state.get("terminated") or {}
