@@ -36,3 +36,15 @@ def test_looks_do_not_depend_on_order_and_stay_distinct() -> None:
     colours, marks = layout.palette_colors(many), layout.letters(many)
     assert len(set(colours.values())) == len(many) and len(set(marks.values())) == len(many)
     assert layout.letters(["default/llama-8b"]) == {"default/llama-8b": "L"}
+
+
+def test_marks_never_run_out() -> None:
+    """26 letters and 676 pairs hold 702 deployments; the 703rd gets three letters (it waited
+    forever for a free pair before)."""
+    from vllmfit.cli.render.layout import letters
+
+    keys = [f"ns/d{i:04d}" for i in range(800)]
+    marks = letters(keys)
+    assert len(set(marks.values())) == 800
+    assert all(m.isalpha() and m.isupper() for m in marks.values())
+    assert sorted(len(m) for m in marks.values()) == [1] * 26 + [2] * 676 + [3] * 98

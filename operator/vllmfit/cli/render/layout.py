@@ -138,7 +138,8 @@ def letters(keys: Sequence[str]) -> dict[str, str]:
     """Keys -> a mark from the name itself, not its position, so a deployment keeps its mark when
     others come and go: the first letter of its name (without the namespace), upper case
     ('default/llama-8b' -> 'L'); where that is taken, the name's other letters, then any free letter
-    from where its hash points. Names claim in hash order. Past 26 deployments, two letters."""
+    from where its hash points. Names claim in hash order. Past 26 deployments, two letters (past
+    702, three)."""
     out: dict[str, str] = {}
     taken: set[str] = set()
     for key in _in_hash_order(keys):
@@ -146,13 +147,25 @@ def letters(keys: Sequence[str]) -> dict[str, str]:
         start = name_hash(key) % len(MARKS)
         wanted = [*own, *(MARKS[(start + k) % len(MARKS)] for k in range(len(MARKS)))]
         mark = next((c for c in wanted if c not in taken), None)
-        n = 0
-        while mark is None or mark in taken:
-            pair = (start + n) % (len(MARKS) ** 2)
-            mark = MARKS[pair // len(MARKS)] + MARKS[pair % len(MARKS)]
+        n, pairs = 0, len(MARKS) ** 2
+        while mark is None or mark in taken:  # every pair from where the hash points, then three letters, ...
+            mark = _spelled((start + n) % pairs if n < pairs else n)
             n += 1
         taken.add(mark)
         out[key] = mark
+    return out
+
+
+def _spelled(i: int) -> str:
+    """The i-th mark of two or more letters: 0 -> 'AA', 675 -> 'ZZ', 676 -> 'AAA', ..."""
+    width = 2
+    while i >= len(MARKS) ** width:
+        i -= len(MARKS) ** width
+        width += 1
+    out = ""
+    for _ in range(width):
+        i, d = divmod(i, len(MARKS))
+        out = MARKS[d] + out
     return out
 
 
