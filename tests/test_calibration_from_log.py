@@ -83,3 +83,21 @@ def test_a_log_without_the_kv_line_is_one_error_line(capsys: pytest.CaptureFixtu
     code, out, err = run(capsys, "calibration", "--from-log", str(log), *GPT_OSS)
     assert code == 2 and out == "" and err.count("\n") == 1
     assert "no 'Available KV cache memory' line" in err
+
+
+def test_a_model_outside_the_catalog_is_read_from_the_hub_when_asked(capsys: pytest.CaptureFixture[str],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offline, a model the catalog does not know says "pass --hub"; the command takes --hub, as
+    estimate does (it refused the flag it told the user to pass)."""
+    from vllmfit.sources import hub
+
+    log = str(LOGS / "codellama-7b-h100-tp1-len8192.log")
+    code, _, err = run(capsys, "calibration", "--from-log", log, "--model", "acme/NotAModel-7B")
+    assert code == 2 and "pass --hub" in err
+
+    def no_such_repo(name: str, token: str | None = None, revision: str | None = None) -> None:
+        raise hub.HubError(f"{name} was not found on the Hugging Face Hub")
+
+    monkeypatch.setattr(hub, "resolve_model", no_such_repo)  # no network in tests: the Hub's answer, faked
+    code, _, err = run(capsys, "calibration", "--from-log", log, "--model", "acme/NotAModel-7B", "--hub")
+    assert code == 2 and "was not found on the Hugging Face Hub" in err and "unrecognized" not in err

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from vllmfit.cli import estimate
-from vllmfit.cli.inputs import read_input
+from vllmfit.cli.inputs import hub_argument, read_input
 from vllmfit.core import defaults, memory
 from vllmfit.core.errors import UserError
 
@@ -43,7 +43,8 @@ def add_parser(sub: Any) -> None:
                    help="a vLLM start-up log (the server's output, DEBUG or INFO level); - reads stdin")
     estimate.configuration_args(p)
     p.add_argument("--out-file", metavar="FILE", help="write the record to FILE instead of stdout")
-    p.set_defaults(func=run_calibration, hub=False, calibration=None)
+    hub_argument(p)  # a model the catalog does not know, as estimate reads it
+    p.set_defaults(func=run_calibration, calibration=None)
 
 
 def figures_from_log(text: str, where: str) -> dict[str, int]:
