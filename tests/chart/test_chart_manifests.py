@@ -7,6 +7,7 @@ import copy
 import filecmp
 import functools
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import kubernetes_validate
@@ -704,3 +705,16 @@ def test_the_budget_policy_reaches_the_operator(render):
     docs = render("default", "--set-json", 'budget={"utilization": 0.95, "reserve": "1Gi"}')
     c = _container(docs, "Deployment", OPERATOR, "operator")
     assert "--budget-utilization=0.95" in c["args"] and "--budget-reserve=1Gi" in c["args"]
+
+
+def test_the_operator_is_told_its_memory_limit_only_when_it_has_one(render):
+    """The downward API gives limits.memory, or the node's allocatable memory where none is set: the
+    operator must not size itself against a node."""
+    def env(*extra: str) -> dict[str, Any]:
+        docs = render("default", *extra)
+        dep = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == OPERATOR)
+        return {e["name"]: e for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    limit = env()["VLLMFIT_MEMORY_LIMIT"]["valueFrom"]["resourceFieldRef"]
+    assert (limit["containerName"], limit["resource"]) == ("operator", "limits.memory")
+    assert "VLLMFIT_MEMORY_LIMIT" not in env("--set", "operator.resources.limits.memory=null")

@@ -72,9 +72,9 @@ def configuration_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"])
     p.add_argument("--max-model-len", default="auto", help="context length, or auto (default)")
     p.add_argument("--max-num-seqs", type=int, help="the scheduler's cap on concurrent requests (default: vLLM's for the version and GPU)")
-    kv = p.add_argument_group("KV cache request (one of tokens, memory, concurrency; default: at most --max-num-seqs x "
-                              "--max-model-len, else --default-kv-grant, clamped to the room left, at least one "
-                              "full-length request)")
+    kv = p.add_argument_group("KV cache request (one of tokens, memory, concurrency; default: --default-kv-requests "
+                              "full-length requests, at most --max-num-seqs, granted up to --max-num-seqs x "
+                              "--max-model-len as --default-kv-grant and --kv-tenants-per-gpu allow)")
     kv.add_argument("--kv-cache-tokens", type=int, metavar="N", help="KV capacity in tokens")
     kv.add_argument("--kv-cache-memory", metavar="QTY", help="KV capacity per GPU as a Kubernetes quantity, e.g. 20Gi")
     kv.add_argument("--kv-concurrency", type=int, metavar="N", help="requests of --typical-length held at once")

@@ -1,5 +1,5 @@
 """The cluster-wide choices every shell takes as flags, parsed once: the default KV grant
-(`--default-kv-grant`, `--default-kv-requests` -> `memory.KvGrant`) and what a tenant's
+(`--default-kv-grant`, `--default-kv-requests`, `--kv-tenants-per-gpu` -> `memory.KvGrant`) and what a tenant's
 podTemplate may reach (`--pod-security-level`, `--allow-host-path`, `--allow-csi-driver`,
 `--allow-hf-endpoint`, `--allow-max-logprobs` -> `validate.Policy`). The operator (`vllmfit operator`) and the CLI (`estimate`, `plan`) cannot import
 each other, so both call these: the same names, choices, help and one-line errors.
@@ -50,7 +50,7 @@ def add_kv_grant_arguments(p: argparse.ArgumentParser, env: Mapping[str, str] | 
 
 
 def kv_grant_from_args(args: argparse.Namespace) -> memory.KvGrant:
-    """--default-kv-grant / --default-kv-requests -> the default grant; UserError (one line, exit 2)
+    """--default-kv-grant / --default-kv-requests / --kv-tenants-per-gpu -> the default grant; UserError (one line, exit 2)
     when invalid. A namespace without them (a subcommand that does not take them): the default."""
     try:
         grant = memory.KvGrant(getattr(args, "default_kv_grant", defaults.DEFAULT_KV_GRANT),
