@@ -210,6 +210,10 @@ def nodes(n: int, rnd: random.Random) -> list[dict[str, Any]]:
 
 
 def deployments(n: int, rnd: random.Random) -> list[dict[str, Any]]:
+    """`n` VLLMDeployments as the API server stores them: with what vllmfit's mutating webhook
+    adds at creation (its finalizer; verdict.finalizer_ops), which this emulator does not call."""
+    from vllmfit.operator.admission.verdict import finalizer_ops
+
     mix = [(m, s) for m, s, w in MIX for _ in range(w)]
     out = []
     for i in range(n):
@@ -219,6 +223,8 @@ def deployments(n: int, rnd: random.Random) -> list[dict[str, Any]]:
                                  "resourceVersion": "1", "generation": 1,
                                  "creationTimestamp": f"2030-01-01T00:{i // 60 % 60:02d}:{i % 60:02d}Z"},
                     "spec": {"model": model, **spec}})
+        for op in finalizer_ops(out[-1]["metadata"]):  # each an "add" of the whole list here
+            out[-1]["metadata"]["finalizers"] = op["value"]
     return out
 
 
@@ -331,17 +337,18 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
             await asyncio.sleep(0.05)
     await asyncio.sleep(0.5)  # the watches are up
 
-    sem = asyncio.Semaphore(32)
+    todo = iter(objs)
 
-    async def post(o: dict[str, Any]) -> None:
-        async with sem:
-            await custom.create_namespaced_custom_object(GROUP, VERSION, o["metadata"]["namespace"], PLURAL, o)
+    async def poster() -> None:  # 32 in flight, not one waiting task per object: the client stays thin
+        for o in todo:  # the answer read as bytes and dropped, not decoded into objects
+            await (await custom.create_namespaced_custom_object(GROUP, VERSION, o["metadata"]["namespace"], PLURAL, o,
+                                                                _preload_content=False)).read()
 
     if probe is not None:
         await asyncio.to_thread(probe.start)  # its client connects first (the server starts with Kopf)
     t0, cpu0 = time.monotonic(), time.process_time()
     pauses = Pauses()  # until the emulator is quiet (or the timeout)
-    await asyncio.gather(*(post(o) for o in objs))
+    await asyncio.gather(*(poster() for _ in range(32)))
     posted_s = time.monotonic() - t0
     all_final_s = children_s = unblocked_s = quiet_s = None
     waiting_cpu_percent = waiting_requests = None

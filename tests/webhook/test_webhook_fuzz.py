@@ -122,7 +122,15 @@ def test_fuzzed_specs_get_an_answer_with_a_message(server, new, old, dry_run):
     if "patch" in resp:
         sent = json.loads(body)["request"]["object"]
         patched = jsonpatch.apply_patch(sent, json.loads(base64.b64decode(resp["patch"])))
-        assert set(patched["spec"]) >= set(sent["spec"])  # only adds
+        if isinstance(sent.get("spec"), dict):
+            assert set(patched["spec"]) >= set(sent["spec"])  # only adds
+        else:
+            assert patched.get("spec") == sent.get("spec")
+        if old is None and isinstance(sent.get("metadata"), dict) \
+                and isinstance(sent["metadata"].get("finalizers", []), list):  # a creation: the finalizer, nothing else
+            assert "vllmfit.dev/finalizer" in patched["metadata"]["finalizers"]
+            assert {k: v for k, v in patched["metadata"].items() if k != "finalizers"} == \
+                {k: v for k, v in sent["metadata"].items() if k != "finalizers"}
     FUZZ_COUNTS["specs"] += 1
     FUZZ_COUNTS["requests"] += 2
 

@@ -248,9 +248,25 @@ def test_mutate_writes_the_pydantic_defaults_and_the_result_passes_the_crd_schem
     expected = api.VLLMDeploymentSpec.model_validate(spec).model_dump(mode="json", by_alias=True, exclude_none=True)
     assert stored["spec"] == {k: v for k, v in expected.items() if v != []}
     assert stored["spec"]["image"] == api.VLLMDeploymentSpec.model_fields["image"].default
+    assert stored["metadata"]["finalizers"] == ["vllmfit.dev/finalizer"]
     jsonschema.Draft4Validator(crd_schema()).validate(stored)
     again = post(hook, f"/{webhook.MUTATE_ID}", admission_review(stored))
     assert "patch" not in again  # idempotent
+
+
+def test_mutate_puts_the_finalizer_on_at_creation_only(hook):
+    """A created VLLMDeployment gets vllmfit's finalizer beside the ones it has, so Kopf never
+    patches it on; an update never adds it (an object being deleted may not gain finalizers)."""
+    obj = vllmd("m", model=MODEL_8B)
+    obj["metadata"]["finalizers"] = ["example.com/keep"]
+    resp = post(hook, f"/{webhook.MUTATE_ID}", admission_review(obj))
+    stored = jsonpatch.apply_patch(obj, json.loads(base64.b64decode(resp["patch"])))
+    assert stored["metadata"]["finalizers"] == ["example.com/keep", "vllmfit.dev/finalizer"]
+    going = {**stored, "metadata": {**stored["metadata"], "finalizers": [],
+                                    "deletionTimestamp": "2030-01-01T00:00:00Z"}}
+    resp = post(hook, f"/{webhook.MUTATE_ID}", admission_review(going, operation="UPDATE", old=stored))
+    ops = json.loads(base64.b64decode(resp["patch"])) if "patch" in resp else []
+    assert not [op for op in ops if op["path"].startswith("/metadata")]
 
 
 def test_mutate_leaves_an_invalid_spec_to_the_validator(hook):

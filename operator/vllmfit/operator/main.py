@@ -17,6 +17,7 @@ from vllmfit import __version__
 from vllmfit.backends.dra import NVIDIA_DRIVER
 from vllmfit.core import choices, defaults, memory
 from vllmfit.core.errors import UserError
+from vllmfit.core.spec import api
 
 
 def peering_priority(name: str) -> int:
@@ -147,7 +148,7 @@ def budget_policy(args: argparse.Namespace) -> memory.BudgetPolicy:
     return policy
 
 
-FINALIZER = "vllmfit.dev/finalizer"  # Kopf's settings.persistence.finalizer (handlers.startup.configure)
+FINALIZER = api.FINALIZER
 RELEASE_TIMEOUT_S = 300.0
 
 

@@ -50,6 +50,10 @@ GROUP = "vllmfit.dev"
 VERSION = "v1alpha1"
 KIND = "VLLMDeployment"
 PLURAL = "vllmdeployments"
+FINALIZER = f"{GROUP}/finalizer"
+"""The finalizer on every VLLMDeployment: its GPUs are released before the object goes (Kopf's
+settings.persistence.finalizer). The mutating webhook sets it at creation; Kopf adds it to any
+object that lacks it."""
 SINGULAR = "vllmdeployment"
 SHORT_NAMES = ["vllmd"]
 CATEGORIES = ["vllmfit"]

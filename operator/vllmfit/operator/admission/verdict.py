@@ -142,6 +142,21 @@ def check(ledger: placement.Ledger, req: placement.Request, *, old: api.VLLMDepl
     return Verdict(False, msg, d.warnings, 403)
 
 
+def finalizer_ops(metadata: Any) -> list[dict[str, Any]]:
+    """The JSON patch (RFC 6902) that puts api.FINALIZER on a VLLMDeployment being created, as
+    the mutating webhook does: the object then arrives with it, and Kopf does not patch it on
+    (its patch is guarded by the resourceVersion it read, so a status written first made it fail
+    and go again, a request and a re-read of the whole object each time). Empty when it has it."""
+    if not isinstance(metadata, Mapping):
+        return []  # not an object: the API server refuses it, nothing to add to
+    held = metadata.get("finalizers")
+    if held is None:
+        return [{"op": "add", "path": "/metadata/finalizers", "value": [api.FINALIZER]}]
+    if not isinstance(held, list) or api.FINALIZER in held:
+        return []  # not a list (the API server refuses it), or there already
+    return [{"op": "add", "path": "/metadata/finalizers/-", "value": api.FINALIZER}]
+
+
 def json_patch(target: Mapping[str, Any], merge: Mapping[str, Any], path: str) -> list[dict[str, Any]]:
     """The JSON patch (RFC 6902) that applies the merge patch `merge` to the object `target` at
     `path`, for what `defaults_patch` returns: keys that `target` lacks are added whole, objects

@@ -42,7 +42,7 @@ from vllmfit.core.spec import api, read, validate
 from vllmfit.operator.admission import bounded, certs
 from vllmfit.operator.admission.fairness import Admission
 from vllmfit.operator.admission.ownloop import at_home
-from vllmfit.operator.admission.verdict import Verdict, check, defaults_patch, json_patch
+from vllmfit.operator.admission.verdict import Verdict, check, defaults_patch, finalizer_ops, json_patch
 from vllmfit.operator.admission.webhookserver import MUTATE_ID, VALIDATE_ID, Server, clip
 from vllmfit.operator.booking import models
 from vllmfit.operator.booking.changes import memory_changes
@@ -258,7 +258,8 @@ class Reviewer:
                 response["warnings"] = list(v.warnings)
             if not v.allowed:
                 response.update(allowed=False, status={"code": v.code, "message": v.message})
-        elif subresource is None and (ops := json_patch(body.get("spec") or {}, self.default(body), "/spec")):
+        elif subresource is None and (ops := json_patch(body.get("spec") or {}, self.default(body), "/spec") + (
+                finalizer_ops(body.get("metadata")) if operation == "CREATE" else [])):
             response.update(patchType="JSONPatch", patch=base64.b64encode(json.dumps(ops).encode()).decode())
         return out
 
@@ -283,9 +284,11 @@ def register(registry: kopf.OperatorRegistry | None, store: Store,
             raise kopf.AdmissionError(v.message, code=v.code)
 
     @kopf.on.mutate(api.GROUP, api.VERSION, api.PLURAL, id=MUTATE_ID, operations=OPERATIONS, registry=registry)
-    async def default_vllmdeployment(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    async def default_vllmdeployment(body: kopf.Body, patch: kopf.Patch, operation: str = "CREATE", **_: Any) -> None:
         for key, value in reviewer.default(body).items():
             patch.spec[key] = value
+        if operation == "CREATE" and finalizer_ops(body.get("metadata")):
+            patch.meta["finalizers"] = [*((body.get("metadata") or {}).get("finalizers") or []), api.FINALIZER]
 
     return reviewer
 

@@ -434,6 +434,8 @@ def start_condition(store: Store, key: str, pod: str, verdict: Any) -> None:
 
 
 async def ungate(store: Store) -> None:
+    if not store.cache.gated:
+        return  # no gated pod: nothing to look at, and no turn at the writer's lock
     async with store.books.transaction(counted=False):
         todo = openable(store)
     core = client.CoreV1Api(store.api)

@@ -83,7 +83,7 @@ class Record:
     children: set[int] = field(default_factory=set)  # replicas whose Deployment was written
     child_where: dict[int, str] = field(default_factory=dict)  # replica -> the placement its Deployment has
     groups: set[int] = field(default_factory=set)  # replicas written as a LeaderWorkerSet (across nodes)
-    synced: tuple[Any, ...] | None = None  # handlers.children_state when they were last written
+    synced: bytes | None = None  # handlers.children_state when they were last written
     last_event: str = ""  # the last decision message sent as an Event (no repeats on retries)
     written: dict[str, Any] | None = None  # the status last written (or read back)
     mine: bool = False  # this process wrote its status (echoes of it are not news)

@@ -9,6 +9,7 @@ from vllmfit.core import defaults, memory, placement
 from vllmfit.core.placement import Decision, Request
 from vllmfit.operator import metrics
 from vllmfit.operator.admission import bounded
+from vllmfit.operator.binding import enforcement
 from vllmfit.operator.booking import changes, draining, pods, report
 from vllmfit.operator.booking.record import Record
 from vllmfit.operator.booking.report import now
@@ -126,6 +127,9 @@ def apply_decision(store: Store, rec: Record, req: Request, d: Decision, fx: Eff
         rec.last_event = message
         fx.sync.add(key)
         metrics.ADMISSIONS.labels("Admitted").inc()
+        # how its Deployments will be bound, in the status that books it: no second status write
+        if (modes := enforcement.first_modes(store, rec, ledger)) is not None and enforcement.said(store, rec, modes):
+            metrics.not_enforced(key)
     else:
         message = f"{cause}: {d.message}" if cause else d.message
         not_admitted(rec, d.phase, d.phase, message, fx, reasons=d.reasons, suggestions=d.suggestions,

@@ -92,7 +92,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
     which belongs to vllmfit and is pruned by the CRD schema), our own finalizer name."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
     settings.persistence.diffbase_storage = DiffBase(prefix=api.GROUP, key=DIFFBASE_KEY)
-    settings.persistence.finalizer = f"{api.GROUP}/finalizer"
+    settings.persistence.finalizer = api.FINALIZER
     # A burst (thousands applied at once, or a restart) is handled a bounded number of objects at
     # a time: each object Kopf processes holds its body, patch, handler contexts and vllmfit's
     # parsed spec while it waits for the writer's lock; the others' events wait in their queues.

@@ -52,6 +52,8 @@ async def reconcile(store: Store, body: Mapping[str, Any], *, force: bool) -> No
     so it decides holding the lock at once: each decided once, in the lock's order (issue 32)."""
     await store.books.ready.wait()
     await lead(store)  # a new leader sweeps before it admits
+    if settled(store, store.cache.records.get(key_of(body)), (body.get("metadata") or {}).get("generation"), force):
+        return  # the create handler after the event handler decided it: nothing to read, decide or write
     t0 = time.monotonic()
     fx = Effects()
     req: Request | None = None
@@ -115,6 +117,17 @@ def decided_already(store: Store, rec: Record | None, generation: Any, force: bo
     if rec.admitted:
         return not store.books.misplaced(rec.key, ledger)
     return rec.request is not None and rec.outcome != "Pending"
+
+
+def settled(store: Store, rec: Record | None, generation: Any, force: bool) -> bool:
+    """Nothing at all to do for this event, seen without the writer's lock: decided for this
+    generation already (`decided_already`, on the committed ledger) and, when admitted, its
+    children written from what it is now (`children_state`). The create handler that runs right
+    after the event handler decided a new object ends here instead of reading the spec again and
+    queueing for the lock (a burst: thousands of them); anything else takes the whole path."""
+    if rec is None or not decided_already(store, rec, generation, force, store.books.committed):
+        return False
+    return not rec.admitted or (rec.synced is not None and rec.synced == children_state(store, rec))
 
 
 KEPT, APPLIED = "kept", "applied"  # what commit() did: nothing to decide for this event, or applied
@@ -207,11 +220,13 @@ async def on_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any)
     children = None
     if (body.get("status") or {}).get("memory") and not (rec is not None and rec.mine):
         children = await children_of(store, body)  # a status books only what runs where it says
-    async with store.books.transaction(counted=False):
-        took = store.adopt(body, children)
-        if took:
-            store.books.changes += 1
-            logger.info("%s: took the status another replica wrote", key_of(body))
+    took: bool | None = False
+    if rec is None or not rec.mine:  # an echo of its own writes takes nothing (Store.adopt): no turn at the lock
+        async with store.books.transaction(counted=False):
+            took = store.adopt(body, children)
+            if took:
+                store.books.changes += 1
+                logger.info("%s: took the status another replica wrote", key_of(body))
     if took is None:
         logger.warning("%s: its status books replicas that do not run where it says; not taken, decided again",
                        key_of(body))

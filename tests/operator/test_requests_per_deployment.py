@@ -1,0 +1,54 @@
+"""What one VLLMDeployment applied through the webhook costs the API server, through the real
+operator on KMock: its status written once (the `Enforced` condition is in the status that books
+it, not in a second write after its Deployment), its object patched once (Kopf's handled-spec
+annotation; the finalizer came with it from the mutating webhook, so Kopf never patches it on
+with a write guarded by a resourceVersion that the status write had just changed), and no
+finalizer patch at all. Before: two status writes per deployment, and the finalizer patch was
+refused (422) and sent again about twice per deployment in a burst (benchmarks/operator_scale.py
+counts them at 5,000)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import jsonpatch
+import pytest
+from opkit import VD, Cluster, Operator, node, vd
+
+from vllmfit.operator.admission.verdict import finalizer_ops
+
+pytestmark = pytest.mark.looptime  # waits in virtual seconds
+
+N = 6
+
+
+def as_admitted(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object as the API server stores it after vllmfit's mutating webhook."""
+    return jsonpatch.apply_patch(obj, finalizer_ops(obj["metadata"]))
+
+
+async def test_one_status_write_and_no_finalizer_patch_per_deployment(cluster: Cluster, operator: Operator) -> None:
+    for i in range(N):  # each alone on its node: no neighbour's admission changes its status
+        await cluster.create(node(f"gpu-{i}", 1))
+    for i in range(N):
+        await cluster.create(as_admitted(vd(f"d{i}", "Qwen/Qwen2.5-0.5B-Instruct", maxModelLen=4096, maxNumSeqs=16,
+                                            placement={"nodeName": f"gpu-{i}"})))
+    for i in range(N):
+        await cluster.phase(f"d{i}", "Admitted", timeout=30)
+    await cluster.store.writer.flush()
+    for i in range(N):  # the Deployments are written, and what they are bound with is in the status
+        await cluster.until(lambda i=i: cluster.get("apps/v1/deployments", f"d{i}-0"), 30, f"d{i}-0 written")
+        types = [c["type"] for c in cluster.status(f"d{i}")["conditions"]]
+        assert "Enforced" in types, types
+    await cluster.store.writer.flush()
+    patches = Counter(("status" if r.subresource == "status" else "object", (r.url.path.rsplit("/", 2)[-2]
+                                                                            if r.subresource else
+                                                                            r.url.path.rsplit("/", 1)[-1]))
+                      for r in cluster.km.sent("patch", VD))
+    for i in range(N):
+        assert [p["node"] for p in cluster.status(f"d{i}")["placement"]] == [f"gpu-{i}"]
+        assert patches[("status", f"d{i}")] == 1, patches
+        assert patches[("object", f"d{i}")] == 1, patches  # Kopf's handled-spec annotation
+    bodies = [str(r.data) for r in cluster.km.sent("patch", VD) if r.subresource != "status"]
+    assert not [b for b in bodies if "finalizers" in b]
