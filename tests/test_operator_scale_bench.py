@@ -34,7 +34,7 @@ def test_operator_scale_quick_settles_within_budget_reviews_and_deletes() -> Non
     assert r["deleted_s"] is not None and isinstance(r["hidden_garbage_count"], int)
     # beside its peak RSS, what docs/install.md sizes the operator for at this size: 124 MiB +
     # 20 x 112 KiB + 5 x 9 KiB (core.defaults' measured line)
-    assert r["documented_need_mb"] == round((124 * 1024 + 20 * 112 + 5 * 9) / 1024, 1)
+    assert r["documented_need_mb"] == round((118 * 1024 + 20 * 96 + 5 * 16) / 1024, 1)
 
 
 def test_operator_scale_quick_waits_for_the_runtimeclass() -> None:

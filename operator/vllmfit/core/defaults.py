@@ -114,9 +114,11 @@ is longer than RESYNC_SECONDS (issue 32: an idle resync took 4.3 s of CPU at 5,0
 KOPF_WORKERS = None
 """How many objects of one kind Kopf processes at once (settings.queueing.worker_limit; None:
 Kopf's own, no bound). A bound holds a burst's peak memory down (the waiting objects hold only
-their events: 5,000 applied at once on 1,000 nodes peaked at 494 MiB with 512, 676 MiB without)
-but every object waits for a worker (all final in 61 s instead of 24 s), so the operator keeps
-Kopf's default and its chart limit is sized for the unbounded peak (docs/install.md)."""
+their events: 5,000 applied at once on 1,000 nodes peaked at 438 to 457 MiB with 256, 521 MiB
+without) but every object waits for a worker, each of which waits for the echo of Kopf's own patch
+(all final in 40 to 50 s instead of 25 s; the no-op Kopf operator under the same bound: 22 s), so
+the operator keeps Kopf's default and its chart limit is sized for the unbounded peak
+(docs/install.md)."""
 
 KOPF_IDLE_SECONDS = 0.5
 """How long Kopf keeps an object's worker after its last event (settings.queueing.idle_timeout;
@@ -129,19 +131,19 @@ LIST_PAGE = 500
 client-go's pager does: a listing is taken a page at a time, each page trimmed to what the
 operator reads before the next is asked for, so no listing is held whole as JSON."""
 
-OPERATOR_MEMORY_BASE_BYTES = 124 * MIB
+OPERATOR_MEMORY_BASE_BYTES = 118 * MIB
 """The operator's resident memory before it holds any object (Python, Kopf, the Kubernetes client,
 vllmfit's modules and catalog: 102 MiB at import), with its empty event loop and webhook: the
 intercept of a line at or above every peak RSS `benchmarks/operator_scale.py` measured (docs/install.md,
 "Sizing the operator"). `operator.booking.own_memory.needed_bytes` adds the two figures below."""
-OPERATOR_MEMORY_PER_DEPLOYMENT_BYTES = 112 * 1024
+OPERATOR_MEMORY_PER_DEPLOYMENT_BYTES = 96 * 1024
 """The operator's peak resident memory per VLLMDeployment when every one is applied at once (or
 rebuilt at a restart): its record, bookings, status, children and Kopf's per-object state, with the
-burst's transient copies (measured: 500 -> 179.1 MiB, 2,000 -> 326.1 MiB, 5,000 -> 676.3 MiB on 100,
-400 and 1,000 nodes)."""
-OPERATOR_MEMORY_PER_NODE_BYTES = 9 * 1024
+burst's transient copies (measured: 500 -> 158.5 MiB, 2,000 -> 277.2 MiB, 5,000 -> 536 MiB,
+40,000 -> 3,981 MiB on 100, 400, 1,000 and 10,000 nodes; the largest sets the slope)."""
+OPERATOR_MEMORY_PER_NODE_BYTES = 16 * 1024
 """The operator's resident memory per GPU node (its GPUs in the ledger and its indices, the node
-object; measured: 1,000 instead of 100 nodes under 500 deployments add 7.7 MiB)."""
+object; measured: 1,000 instead of 100 nodes under 500 deployments add 12.4 MiB)."""
 OPERATOR_MEMORY_HEADROOM_PERCENT = 125
 """The memory limit an operator should have, in percent of its measured peak: the chart's default
 limit holds the documented supported cluster with this headroom, and the start-up says so (a log

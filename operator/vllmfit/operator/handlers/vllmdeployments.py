@@ -221,7 +221,9 @@ async def on_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any)
     if (body.get("status") or {}).get("memory") and not (rec is not None and rec.mine):
         children = await children_of(store, body)  # a status books only what runs where it says
     took: bool | None = False
-    if rec is None or not rec.mine:  # an echo of its own writes takes nothing (Store.adopt): no turn at the lock
+    # what Store.adopt takes nothing from takes no turn at the lock: an echo of its own writes, or
+    # the first event of a new object (no status yet: decided below)
+    if (rec is None or not rec.mine) and (rec is not None or (body.get("status") or {}).get("memory")):
         async with store.books.transaction(counted=False):
             took = store.adopt(body, children)
             if took:
