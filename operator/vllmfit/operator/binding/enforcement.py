@@ -29,9 +29,10 @@ def first_modes(store: Store, rec: Record, ledger: Ledger) -> dict[int, tuple[st
     """What `report_modes` will be told once the Deployments of a record that has none are
     written (handlers.children.sync_children, each replica written anew): each replica's (node,
     mode), for its first status, so that writing the Deployments does not need a second status
-    write. `ledger`: the one the record was just booked on. None when that is not known before they are written: a record with children or with an
-    `Enforced` condition already, a DRA replica (its claim template is made then), a group across
-    nodes, a replica waiting for drains. A wrong guess costs only that second write."""
+    write. `ledger`: the one the record was just booked on. None when that is not known before
+    they are written: a record with children or with an `Enforced` condition already, a DRA
+    replica (its claim template is made then), a group across nodes, a replica waiting for
+    drains. A wrong guess costs only that second write."""
     if rec.children or not rec.admitted or rec.going or any(c.type == CONDITION for c in rec.conditions):
         return None
     if store.books.drains.of(rec.key):

@@ -93,9 +93,10 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
     settings.persistence.diffbase_storage = DiffBase(prefix=api.GROUP, key=DIFFBASE_KEY)
     settings.persistence.finalizer = api.FINALIZER
-    # A burst (thousands applied at once, or a restart) is handled a bounded number of objects at
-    # a time: each object Kopf processes holds its body, patch, handler contexts and vllmfit's
-    # parsed spec while it waits for the writer's lock; the others' events wait in their queues.
+    # A burst (thousands applied at once, or a restart): each object Kopf processes holds its
+    # body, patch, handler contexts and vllmfit's parsed spec while it waits for the writer's
+    # lock. KOPF_WORKERS can bound how many at once (Kopf's default: no bound; core.defaults
+    # says what each costs); an object's worker is let go KOPF_IDLE_SECONDS after its last event.
     settings.queueing.worker_limit = defaults.KOPF_WORKERS
     settings.queueing.idle_timeout = defaults.KOPF_IDLE_SECONDS
     # Identity: Events say "vllmfit" (source.component, reportingComponent; `kubectl describe`
