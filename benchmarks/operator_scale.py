@@ -213,6 +213,8 @@ def deployments(n: int, rnd: random.Random, mutated: bool = True) -> list[dict[s
     """`n` VLLMDeployments as the API server stores them: with what vllmfit's mutating webhook
     adds at creation (its finalizer; verdict.finalizer_ops), which this emulator does not call;
     not `mutated`: as they are written (the no-op operator has no webhook)."""
+    import jsonpatch
+
     from vllmfit.operator.admission.verdict import finalizer_ops
 
     mix = [(m, s) for m, s, w in MIX for _ in range(w)]
@@ -224,8 +226,8 @@ def deployments(n: int, rnd: random.Random, mutated: bool = True) -> list[dict[s
                                  "resourceVersion": "1", "generation": 1,
                                  "creationTimestamp": f"2030-01-01T00:{i // 60 % 60:02d}:{i % 60:02d}Z"},
                     "spec": {"model": model, **spec}})
-        for op in finalizer_ops(out[-1]["metadata"]) if mutated else ():  # each an "add" of the whole list here
-            out[-1]["metadata"]["finalizers"] = op["value"]
+        if mutated:
+            jsonpatch.apply_patch(out[-1], finalizer_ops(out[-1]["metadata"]), in_place=True)
     return out
 
 

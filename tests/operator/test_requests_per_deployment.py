@@ -42,9 +42,11 @@ async def test_one_status_write_and_no_finalizer_patch_per_deployment(cluster: C
         types = [c["type"] for c in cluster.status(f"d{i}")["conditions"]]
         assert "Enforced" in types, types
     await cluster.store.writer.flush()
-    patches = Counter(("status" if r.subresource == "status" else "object", (r.url.path.rsplit("/", 2)[-2]
-                                                                            if r.subresource else
-                                                                            r.url.path.rsplit("/", 1)[-1]))
+    def named(path: str) -> str:  # .../vllmdeployments/NAME[/status]
+        parts = path.split("/")
+        return parts[parts.index("vllmdeployments") + 1]
+
+    patches = Counter(("status" if r.subresource == "status" else "object", named(r.url.path))
                       for r in cluster.km.sent("patch", VD))
     for i in range(N):
         assert [p["node"] for p in cluster.status(f"d{i}")["placement"]] == [f"gpu-{i}"]

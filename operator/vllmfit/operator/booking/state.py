@@ -444,6 +444,17 @@ class Store:
         self.cache.resynced = found
         return repair
 
+    def news(self, body: Mapping[str, Any]) -> bool:
+        """Whether `adopt` could take anything from `body`'s status: not what this process wrote
+        or its record shows already, not the first event of a new object (nothing booked: the
+        create handler decides it). Reads no lock: the event handler asks it first, and `adopt`
+        again under the lock."""
+        status = body.get("status") or {}
+        rec = self.cache.records.get(key_of(body))
+        if rec is None:
+            return bool(status.get("memory"))  # else new: the create handler decides it
+        return not (rec.mine or shows(rec, status))
+
     def adopt(self, body: Mapping[str, Any], children: Iterable[Mapping[str, Any]] | None = None) -> bool | None:
         """Take a status another process wrote (the previous active peer) as the truth: its
         record and its bookings. Returns whether anything was taken; None for an admitted status
@@ -451,12 +462,10 @@ class Store:
         listed; checked as at restart, `draining.status_matches`): a tenant's forged status, or a
         peer that died before writing the Deployment. Nothing is taken then; decide it again.
         Hold the lock."""
+        if not self.news(body):
+            return False
         key, status = key_of(body), body.get("status") or {}
         rec = self.cache.records.get(key)
-        if rec is not None and (rec.mine or shows(rec, status)):
-            return False
-        if rec is None and not status.get("memory"):
-            return False  # new: the create handler decides it
         try:
             st = api.VLLMDeploymentStatus.model_validate(status)
         except ValueError:

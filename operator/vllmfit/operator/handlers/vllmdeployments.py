@@ -216,14 +216,11 @@ async def on_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any)
         return
     if (body.get("metadata") or {}).get("deletionTimestamp"):
         return
-    rec = store.cache.records.get(key_of(body))
-    children = None
-    if (body.get("status") or {}).get("memory") and not (rec is not None and rec.mine):
-        children = await children_of(store, body)  # a status books only what runs where it says
     took: bool | None = False
-    # what Store.adopt takes nothing from takes no turn at the lock: an echo of its own writes, or
-    # the first event of a new object (no status yet: decided below)
-    if (rec is None or not rec.mine) and (rec is not None or (body.get("status") or {}).get("memory")):
+    if store.news(body):  # else nothing to take (its own writes' echoes, a new object): no listing, no lock
+        children = None
+        if (body.get("status") or {}).get("memory"):
+            children = await children_of(store, body)  # a status books only what runs where it says
         async with store.books.transaction(counted=False):
             took = store.adopt(body, children)
             if took:
