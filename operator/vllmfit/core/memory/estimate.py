@@ -65,5 +65,5 @@ def granted(model: ModelArch, s: Settings, gpu: GpuType, budget: int, grant: KvG
     request = size(model, request_only(s), gpu, budget)
     if not request.fits:
         return request
-    grown = size(model, s, gpu, min(budget, max(share, request.footprint.total)))
+    grown = size(model, s, gpu, grant.room(budget, request.footprint.total, budget, True))
     return grown if grown.fits and grown.footprint.kv_cache >= request.footprint.kv_cache else request

@@ -89,6 +89,16 @@ class KvGrant:
         """The most bytes a grant may grow a footprint to on a GPU of this budget (None: the room)."""
         return budget // self.tenants if self.rule == "requests" else None
 
+    def room(self, room: int, request: int, budget: int, default: bool) -> int:
+        """The bytes per GPU a growing KV cache may take where `room` is left on a GPU of `budget`,
+        its footprint at its KV request being `request`: the room; for a `default` grant (a spec
+        without kvCache) of rule `requests`, at most the fair `share`, never less than `request`;
+        with `grants` off, the request alone. Placement and `vllmfit estimate` both ask it."""
+        if not self.grants:
+            return min(room, request)
+        share = self.share(budget) if default else None
+        return room if share is None else min(room, max(share, request))
+
 
 DEFAULT_KV_GRANT = KvGrant()
 

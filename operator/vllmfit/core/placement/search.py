@@ -56,14 +56,12 @@ def _granted(ledger: Ledger, model: ModelArch, s: Settings, t: GpuType, node: st
 def grant_room(ledger: Ledger, s: Settings, node: str, gpus: tuple[int, ...], request: int, room: int) -> int:
     """The bytes per GPU a growing KV cache may take on a group with `room` left: the room; for a
     default grant of rule `requests`, at most a fair share of the GPU's budget (KvGrant.share), and
-    never less than its `request` footprint; with `kv_grant.grants` off, the request alone."""
-    if not ledger.kv_grant.grants:
-        return min(room, request)
-    if s.kv_default is not None:
-        share = ledger.kv_grant.share(min(ledger.slot(node, i).budget_bytes for i in gpus))
-        if share is not None:
-            return min(room, max(share, request))
-    return room
+    never less than its `request` footprint; with `kv_grant.grants` off, the request alone
+    (KvGrant.room, on the group's smallest budget)."""
+    grant = ledger.kv_grant
+    if not grant.grants or s.kv_default is None:
+        return grant.room(room, request, 0, False)
+    return grant.room(room, request, min(ledger.slot(node, i).budget_bytes for i in gpus), True)
 
 
 @functools.lru_cache(maxsize=8192)
