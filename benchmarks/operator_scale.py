@@ -249,7 +249,9 @@ def noop_registry(url: str, started: asyncio.Event) -> Any:
     """The baseline: a Kopf operator that decides nothing. Its create handler writes what the
     benchmark waits for, as vllmfit would, with nothing computed: one Deployment per replica
     (spec.replicas) and a status in a final phase that lists them; Kopf's settings as vllmfit's
-    (handlers.configure). What it costs is Kopf's and the emulator's share of a run."""
+    (handlers.configure) but Kopf's own diff base, which a create handler needs (vllmfit's
+    handlers queue VLLMDeployments from their events instead). What it costs is Kopf's and the
+    emulator's share of a run."""
     import kopf
     from kubernetes_asyncio import client
 
@@ -323,7 +325,8 @@ async def one_run(n_nodes: int, n_deployments: int, seed: int, timeout: float = 
     handlers.configure(settings)
     settings.batching.exit_timeout = 0.1
     probe: Any = None
-    if noop:
+    if noop:  # its create handler needs Kopf's change detection, which vllmfit's settings turn off
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
         started = asyncio.Event()
         task = asyncio.create_task(kopf.operator(registry=noop_registry(url, started), settings=settings,
                                                  clusterwide=True, standalone=True))

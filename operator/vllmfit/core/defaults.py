@@ -113,12 +113,17 @@ is longer than RESYNC_SECONDS (issue 32: an idle resync took 4.3 s of CPU at 5,0
 
 KOPF_WORKERS = None
 """How many objects of one kind Kopf processes at once (settings.queueing.worker_limit; None:
-Kopf's own, no bound). A bound holds a burst's peak memory down (the waiting objects hold only
-their events: 5,000 applied at once on 1,000 nodes peaked at 438 to 457 MiB with 256, 521 MiB
-without) but every object waits for a worker, each of which waits for the echo of Kopf's own patch
-(all final in 40 to 50 s instead of 25 s; the no-op Kopf operator under the same bound: 22 s), so
-the operator keeps Kopf's default and its chart limit is sized for the unbounded peak
-(docs/install.md)."""
+Kopf's own, no bound). Kopf's handlers of VLLMDeployments only queue a key (RECONCILE_WORKERS), so
+an object's worker is done in a moment; a bound would only make every object wait for a worker
+that waits for the echo of a patch."""
+
+RECONCILE_WORKERS = 64
+"""How many VLLMDeployments the operator reconciles at once (its work queue,
+operator.booking.workqueue). A watch event only queues its object's key; a burst (thousands
+applied at once, or a restart) waits there as keys, not as handlers in flight that each hold
+Kopf's event, contexts and a parsed spec (5,000 applied at once on 1,000 nodes: benchmarks/
+operator_scale.py; docs/install.md). Enough to overlap the API's latency of each reconcile's
+writes; the decisions themselves take the writer's lock one at a time."""
 
 KOPF_IDLE_SECONDS = 0.5
 """How long Kopf keeps an object's worker after its last event (settings.queueing.idle_timeout;

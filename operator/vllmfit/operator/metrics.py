@@ -50,10 +50,11 @@ CLAIM_STATES = ("allocated", "pending")
 ADMISSIONS = Counter("vllmfit_admissions", "Decisions on VLLMDeployment specs, by result.", ["result"])
 NODE_DATA_REFUSED = Counter("vllmfit_node_data_refused", "Node GPU labels or inventories refused (malformed, out of "
                             "range, not believable); the node kept its last good state.", ["node"])
-RECONCILE = Histogram("vllmfit_reconcile_seconds", "Time to handle one VLLMDeployment create/update/resume.",
+RECONCILE = Histogram("vllmfit_reconcile_seconds", "Time to reconcile one VLLMDeployment (a key of the work queue).",
                       buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
-RECONCILE_ERRORS = Counter("vllmfit_reconcile_errors", "Handler runs that ended in an exception (Kopf retries "
-                           "them), by handler.", ["handler"])
+RECONCILE_ERRORS = Counter("vllmfit_reconcile_errors", "Handler runs that ended in an exception (retried), by "
+                           "handler; a VLLMDeployment's reconcile from the work queue counts as \"reconcile\".",
+                           ["handler"])
 WEBHOOK = Histogram("vllmfit_webhook_duration_seconds", "Time to answer one admission review, by webhook "
                     "(validate, default) and outcome (allowed, warned, denied, invalid, error).",
                     ["webhook", "outcome"],

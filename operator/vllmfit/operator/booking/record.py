@@ -89,6 +89,7 @@ class Record:
     mine: bool = False  # this process wrote its status (echoes of it are not news)
     allocation_failure: str = ""  # the scheduler's last DRA allocation failure message for its pods
     going: bool = False  # being deleted: its children are stopped, then its booking released
+    resumed: bool = False  # read back at start-up, not reconciled since: its next event queues it
     _pruned: tuple[Any, Any, Any] = (None, None, None)  # (written, pruned(written), a status shown equal): `shows`
     _booked: tuple[Any, list[Booking] | None] = (None, None)  # (a status, what it books): `booked_by`
 

@@ -1,8 +1,10 @@
-"""The operator's state, made explicit (issue 29): four objects, built once per operator process
-and passed in (never reached through a global): `Options` (the settings, read once), `Books` (the
+"""The operator's state, made explicit (issue 29): objects built once per operator process and
+passed in (never reached through a global): `Options` (the settings, read once), `Books` (the
 writer's ledger, its lock, the committed snapshot and its version), `Cache` (the object cache: a
-record per VLLMDeployment, nodes, reservation pods, DRA objects, the agents' reports) and the
-`StatusWriter` (booking.statuswriter). `Store` holds the four (and the API client) and is handed to
+record per VLLMDeployment, nodes, reservation pods, DRA objects, the agents' reports), the
+`StatusWriter` (booking.statuswriter) and the `WorkQueue` of VLLMDeployments to reconcile with the
+background reservation pass after them (booking.workqueue). `Store` holds them (and the API
+client) and is handed to
 the Kopf handlers through Kopf's memo (handlers.common.store_of), to the webhook through its
 constructor (admission.webhook.setup), to the metrics collector explicitly (metrics.register).
 
@@ -43,7 +45,7 @@ from vllmfit.core import defaults, memory, placement
 from vllmfit.core.model.facts import ModelArch
 from vllmfit.core.placement import Ledger, Request
 from vllmfit.core.spec import api, validate
-from vllmfit.operator.booking import draining, mirror, models
+from vllmfit.operator.booking import draining, mirror, models, workqueue
 from vllmfit.operator.booking.books import Books
 from vllmfit.operator.booking.pods import PodHealth
 from vllmfit.operator.booking.record import (
@@ -204,7 +206,7 @@ class Cache:
 
 
 class Store:
-    """The operator's state, made explicit (issue 29): four parts, built once per operator
+    """The operator's state, made explicit (issue 29): its parts, built once per operator
     process (operator.main; tests build their own) and passed in, to the Kopf handlers through
     Kopf's memo (`memo.store`), to the webhook through its constructor, to the metrics collector
     explicitly. Nothing reaches it through a global.
@@ -213,6 +215,8 @@ class Store:
     - `books`: the writer's ledger, its lock, the committed snapshot and version (Books);
     - `cache`: the object cache (Cache);
     - `writer`: the status writer (StatusWriter);
+    - `queue`: the VLLMDeployments to reconcile (WorkQueue), and `placing`, the reservation pass
+      run in the background after their reconciles (Rerun);
     plus the API client, and whether this process leads. Its methods are the steps that need
     several parts at once: the start-up rebuild, the resync, adopting a peer's status, the DRA
     view of a node, resolving a spec's model."""
@@ -229,6 +233,8 @@ class Store:
         self.lead_lock = asyncio.Lock()  # taking the lead (a sweep before the first admission)
         self.tasks: list[asyncio.Task[None]] = []  # background tasks (resync), stopped with the writer
         self.collector: Any = None  # its metrics collector while it runs (operator.metrics.register)
+        self.queue = workqueue.WorkQueue(defaults.RECONCILE_WORKERS)  # VLLMDeployments to reconcile
+        self.placing = workqueue.Rerun("vllmfit reservation pass")  # the pass after queued reconciles
 
     async def stop(self) -> None:
         """Stop the background tasks and the status writer."""
@@ -237,6 +243,8 @@ class Store:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.tasks = []
+        await self.queue.stop()
+        await self.placing.stop()
         await self.writer.stop()
 
     def backend_of(self, node: str) -> str:
@@ -323,6 +331,7 @@ class Store:
         ordered = sorted(deployments, key=lambda b: ((b.get("metadata") or {}).get("creationTimestamp") or "", key_of(b)))
         for body in ordered:
             rec = record_from_object(body)
+            rec.resumed = True  # its first event reconciles it (handlers.vllmdeployments.wanted)
             self.cache.records[rec.key] = rec
         self.cache.index_records()
         pods = self.cache.managed_pods()  # read before the nodes: their GPU memory is booked, not foreign
@@ -446,13 +455,13 @@ class Store:
 
     def news(self, body: Mapping[str, Any]) -> bool:
         """Whether `adopt` could take anything from `body`'s status: not what this process wrote
-        or its record shows already, not the first event of a new object (nothing booked: the
-        create handler decides it). Reads no lock: the event handler asks it first, and `adopt`
+        or its record shows already, not the first event of a new object (nothing booked: its
+        reconcile decides it). Reads no lock: the event handler asks it first, and `adopt`
         again under the lock."""
         status = body.get("status") or {}
         rec = self.cache.records.get(key_of(body))
         if rec is None:
-            return bool(status.get("memory"))  # else new: the create handler decides it
+            return bool(status.get("memory"))  # else new: its reconcile decides it
         return not (rec.mine or shows(rec, status))
 
     def adopt(self, body: Mapping[str, Any], children: Iterable[Mapping[str, Any]] | None = None) -> bool | None:

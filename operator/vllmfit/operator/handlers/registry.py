@@ -37,10 +37,7 @@ kopf.on.login(id="login")(startup.login)
 kopf.on.cleanup(id="cleanup")(startup.cleanup)
 
 # VLLMDeployment
-kopf.on.create(*RESOURCE, id="admit")(counted("admit", vllmdeployments.on_create))
-kopf.on.update(*RESOURCE, id="readmit", field="spec")(counted("readmit", vllmdeployments.on_update))
-kopf.on.resume(*RESOURCE, id="resume")(counted("resume", vllmdeployments.on_resume))
-kopf.on.event(*RESOURCE, id="adopt")(counted("adopt", vllmdeployments.on_event))
+kopf.on.event(*RESOURCE, id="adopt")(counted("adopt", vllmdeployments.on_event))  # queues it: reconcile
 kopf.on.delete(*RESOURCE, id="release")(counted("release", vllmdeployments.on_delete))
 
 # Nodes

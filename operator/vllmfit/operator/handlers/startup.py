@@ -23,7 +23,7 @@ from vllmfit.core.spec import api
 from vllmfit.operator import metrics
 from vllmfit.operator.binding import claims, reservations
 from vllmfit.operator.booking import learning, measured, own_memory
-from vllmfit.operator.booking.record import DIFFBASE_KEY, key_of
+from vllmfit.operator.booking.record import key_of
 from vllmfit.operator.booking.report import post_event
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.children import children_state
@@ -63,35 +63,29 @@ def tune_collector() -> None:
     gc.set_threshold(GC_YOUNG, gc.get_threshold()[1], GC_OLD)
 
 
-class DiffBase(kopf.AnnotationsDiffBaseStorage):
-    """Kopf's last-handled-configuration storage, with the same essence built for less. Kopf
-    builds an object's essence (what its change detection compares: the object less its status
-    and its metadata, then its labels and annotations) on every event by deep-copying the whole
-    object, status and metadata included, and deleting both from the copy. Here the copy is
-    made from the object without its status and with only the metadata the essence or its key
-    reads (KEPT_METADATA): the same essence (tests/operator/test_diffbase.py checks it against
-    Kopf's), without copying a status Kopf then throws away (issue 32: 7 % of the operator's CPU
-    while 2,000 deployments settle). Fields a handler watches (`extra_fields`: the update
-    handler's `spec`) are copied back from the same light object; one in the status or the
-    metadata takes Kopf's own path."""
-
-    KEPT_METADATA = ("labels", "annotations", "ownerReferences")  # essence: labels, annotations; key: owners
+class DiffBase(kopf.DiffBaseStorage):
+    """No diff base. The operator does not use Kopf's change detection for VLLMDeployments: their
+    events queue them to be reconciled (handlers.vllmdeployments.on_event, booking.workqueue), which
+    compares generations itself; Kopf's only changing handler is the delete handler, which needs no
+    diff. So every object's essence is the same empty one: Kopf builds none per event (it
+    deep-copied each object to build it) and never patches an object to store one (a request, and
+    the echo of it, per object and change)."""
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
-        extra = [tuple(f.split(".")) if isinstance(f, str) else tuple(f) for f in extra_fields or ()]  # Kopf's FieldSpec
-        if any(f[0] in ("status", "metadata") for f in extra if f):
-            return super().build(body=body, extra_fields=extra)
-        meta = body.get("metadata") or {}
-        light = {k: v for k, v in body.items() if k not in ("status", "metadata")}
-        light["metadata"] = {k: meta[k] for k in self.KEPT_METADATA if k in meta}
-        return super().build(body=kopf.Body(light), extra_fields=extra)
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> Any:
+        return kopf.BodyEssence()
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
+        return None
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
     """Kopf settings the operator relies on: handler progress in annotations (not in status,
     which belongs to vllmfit and is pruned by the CRD schema), our own finalizer name."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
-    settings.persistence.diffbase_storage = DiffBase(prefix=api.GROUP, key=DIFFBASE_KEY)
+    settings.persistence.diffbase_storage = DiffBase()
     settings.persistence.finalizer = api.FINALIZER
     # A burst (thousands applied at once, or a restart): each object Kopf processes holds its
     # body, patch, handler contexts and vllmfit's parsed spec while it waits for the writer's
@@ -145,15 +139,17 @@ async def resync_once(store: Store) -> bool:
     still being written. Returns whether it resynced. On the active replica it then repairs
     (level-based, whatever events were missed or writes lost): statuses that differ from the
     records, children that differ from the bookings (written, or deleted by `sweep`), objects
-    that never got a decision, and waiting specs, which get another chance."""
-    if store.writer.busy():
+    that never got a decision, and waiting specs, which get another chance. Not while statuses
+    are being written or VLLMDeployments wait in the work queue (a burst: what it would repair is
+    under way)."""
+    if store.writer.busy() or store.queue.busy():
         return False
     before = store.books.changes
     nodes, deployments = await list_cluster(store)
     children, pods = await list_ours(store)
     fx = Effects()
     async with store.books.transaction(counted=False):
-        if store.books.changes != before or store.writer.busy():
+        if store.books.changes != before or store.writer.busy() or store.queue.busy():
             return False
         repair = store.resync(nodes, deployments, children)
         measured.forget(store)  # the samples of replicas released where no node reports any more

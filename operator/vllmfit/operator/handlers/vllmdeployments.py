@@ -1,5 +1,6 @@
-"""VLLMDeployment: create, update, resume, the events of every object (a peer's statuses
-after a fail-over, deletions) and delete."""
+"""VLLMDeployment: the events of every object queue it to be reconciled (created, changed, seen
+again at start-up; a peer's statuses after a fail-over are taken first; deletions free it), the
+queue's workers reconcile it, and delete."""
 
 from __future__ import annotations
 
@@ -38,9 +39,11 @@ from vllmfit.sources.resolve import ModelResolutionError
 logger = logging.getLogger(__name__)
 
 
-async def reconcile(store: Store, body: Mapping[str, Any], *, force: bool) -> None:
-    """create/update/resume: decide (or, when already admitted for this generation, only
-    re-write the children and status), book, write.
+async def reconcile(store: Store, body: Mapping[str, Any], *, force: bool, place_later: bool = False) -> None:
+    """A key of the work queue (booking.workqueue; `enqueue`): decide (or, when already admitted
+    for this generation, only re-write the children and status), book, write. `place_later`: the
+    reservation pass that follows is run in the background (`writes.place_soon`), not awaited:
+    the queue's workers go on to the next key, and a burst's reconciles share passes.
 
     The decision is taken on the committed snapshot, without the writer's lock (issue 29): the
     search runs in a worker while other handlers change the ledger. It is committed under the
@@ -53,7 +56,7 @@ async def reconcile(store: Store, body: Mapping[str, Any], *, force: bool) -> No
     await store.books.ready.wait()
     await lead(store)  # a new leader sweeps before it admits
     if settled(store, store.cache.records.get(key_of(body)), (body.get("metadata") or {}).get("generation"), force):
-        return  # the create handler after the event handler decided it: nothing to read, decide or write
+        return  # queued again by news that changed nothing it reads: nothing to read, decide or write
     t0 = time.monotonic()
     fx = Effects()
     req: Request | None = None
@@ -89,10 +92,10 @@ async def reconcile(store: Store, body: Mapping[str, Any], *, force: bool) -> No
                 logger.info("%s: %s; deciding again on the new snapshot", key, e)
     finally:
         store.books.deciding -= 1
-    # Kept as it was (the create handler after the event handler decided it, a resume): nothing
+    # Kept as it was (queued again by news that changed nothing, seen again at start-up): nothing
     # was booked or released, so Kubernetes holds what it held; the reservation pass and the
     # re-booking look at the whole ledger and wait for a step that changes it (issue 32).
-    await finish(store, fx, hold=not (done == KEPT and not fx.sync))
+    await finish(store, fx, hold=not (done == KEPT and not fx.sync), place_later=place_later)
     metrics.RECONCILE.observe(time.monotonic() - t0)
     if transient:
         raise kopf.TemporaryError(transient, delay=30)
@@ -122,9 +125,10 @@ def decided_already(store: Store, rec: Record | None, generation: Any, force: bo
 def settled(store: Store, rec: Record | None, generation: Any, force: bool) -> bool:
     """Nothing at all to do for this event, seen without the writer's lock: decided for this
     generation already (`decided_already`, on the committed ledger) and, when admitted, its
-    children written from what it is now (`children_state`). The create handler that runs right
-    after the event handler decided a new object ends here instead of reading the spec again and
-    queueing for the lock (a burst: thousands of them); anything else takes the whole path."""
+    children written from what it is now (`children_state`). A key queued again by news that
+    changed nothing it reads (its own status's echo that came while it ran, a forced event
+    decided meanwhile) ends here instead of reading the spec again and queueing for the lock;
+    anything else takes the whole path."""
     if rec is None or not decided_already(store, rec, generation, force, store.books.committed):
         return False
     return not rec.admitted or (rec.synced is not None and rec.synced == children_state(store, rec))
@@ -142,6 +146,7 @@ async def commit(store: Store, body: Mapping[str, Any], req: Request | None, pro
     APPLIED when a decision or a refusal was applied. `under_lock`: past the optimistic tries,
     decide here, holding the lock."""
     rec = store.cache.upsert(body)  # under the lock: a resync may have replaced the record
+    rec.resumed = False
     for held in (rec.admitted_request, rec.request):  # one parsed spec per deployment, not one per event
         if req is not None and held is not None and held is not req and held == req:
             req = held
@@ -190,24 +195,30 @@ async def commit(store: Store, body: Mapping[str, Any], req: Request | None, pro
     return APPLIED
 
 
-async def on_create(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await reconcile(store_of(memo), body, force=False)
+def enqueue(store: Store, body: Mapping[str, Any], *, force: bool = False) -> None:
+    """Queue this object to be reconciled (the work queue's workers run `reconcile`)."""
+    store.queue.start(lambda latest, forced: reconcile(store, latest, force=forced, place_later=True),
+                      on_error=lambda key, e: metrics.RECONCILE_ERRORS.labels("reconcile").inc())
+    store.queue.add(body, force=force)
 
 
-async def on_update(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await reconcile(store_of(memo), body, force=True)
-
-
-async def on_resume(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    await reconcile(store_of(memo), body, force=False)
+def wanted(store: Store, body: Mapping[str, Any]) -> bool:
+    """Whether an event of this object needs a reconcile: a new object, a new generation (its spec
+    changed), one not decided for its generation, or one read back at start-up and not reconciled
+    since (its decision and its children are checked, as Kopf's resume handlers did). The echoes of
+    the operator's own writes need none, nor a status taken from a peer (Store.adopt)."""
+    rec = store.cache.records.get(key_of(body))
+    generation = (body.get("metadata") or {}).get("generation")
+    return rec is None or rec.resumed or rec.generation != generation or rec.observed_generation != generation
 
 
 async def on_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """A status this process did not write is news from the previous active peer (after a
-    fail-over, Kopf replays every object): take its bookings, so nothing it admitted is lost.
-    An object it never heard of is decided (idempotent: the create handler may do it too).
-    A deletion seen here frees the booking even when the finalizer was never set (an object
-    deleted right after its creation: the delete handler never runs for it)."""
+    """Every event of a VLLMDeployment. A status this process did not write is news from the
+    previous active peer (after a fail-over, Kopf replays every object): take its bookings, so
+    nothing it admitted is lost. Then the object is queued to be reconciled when it needs it
+    (`wanted`: new, changed, or seen again at start-up). A deletion seen here frees the booking
+    even when the finalizer was never set (an object deleted right after its creation: the
+    delete handler never runs for it)."""
     store = store_of(memo)
     await store.books.ready.wait()
     await lead(store)  # a new leader sweeps before it admits
@@ -229,10 +240,9 @@ async def on_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any)
     if took is None:
         logger.warning("%s: its status books replicas that do not run where it says; not taken, decided again",
                        key_of(body))
-        await reconcile(store, body, force=True)
-        return
-    if key_of(body) not in store.cache.records:  # handled by a peer that died before writing its status
-        await reconcile(store, body, force=False)
+        enqueue(store, body, force=True)
+    elif wanted(store, body):
+        enqueue(store, body)
 
 
 async def children_of(store: Store, body: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -250,8 +260,9 @@ async def forget(store: Store, body: Mapping[str, Any]) -> None:
     writes.settle_drains from the pods the API lists); its neighbours' headroom grows then and
     waiting specs get another chance."""
     key = key_of(body)
-    rec = store.cache.records.get(key)
     uid = (body.get("metadata") or {}).get("uid")
+    await store.queue.forget(key, uid)  # no reconcile of it runs after this, nor alongside the release
+    rec = store.cache.records.get(key)
     if rec is None or (uid and (rec.body.get("metadata") or {}).get("uid") not in (None, uid)):
         return  # already forgotten, or a new object of the same name
     rec.going = True  # no booking covers its children any more; sync_children only deletes

@@ -26,7 +26,7 @@ from vllmfit.operator.rendering import builders
 logger = logging.getLogger(__name__)
 
 
-async def finish(store: Store, fx: Effects, *, strict: bool = True, hold: bool = True) -> None:
+async def finish(store: Store, fx: Effects, *, strict: bool = True, hold: bool = True, place_later: bool = False) -> None:
     """Apply what a step decided, in the write order named here once (issue 14: after a crash at
     any write, the API holds the booking of whatever runs; issue 29: one loop, no recursion):
 
@@ -39,11 +39,13 @@ async def finish(store: Store, fx: Effects, *, strict: bool = True, hold: bool =
        (`rebook`: reservations that got another GPU re-book it, whose effects go through 1-4;
        then reservation pods and scheduling gates).
 
-    With strict, a failed write of the handled object raises (Kopf retries); other failures
-    (and every later round) are logged and left to the resync, which repairs children and
-    statuses that differ from the records."""
+    `place_later` (a reconcile of the work queue): step 5 is `place_soon`, run in the background.
+
+    With strict, a failed write of the handled object raises (its reconcile is queued again, or
+    Kopf retries its handler); other failures (and every later round) are logged and left to the
+    resync, which repairs children and statuses that differ from the records."""
     rounds: list[tuple[Effects, bool]] = [(fx, strict)]
-    rebooked = not hold
+    rebooked = not hold or place_later
     while rounds:
         fx, strict = rounds.pop(0)
         # a record being deleted is left to its own deletion (`forget` stops its children and
@@ -59,7 +61,9 @@ async def finish(store: Store, fx: Effects, *, strict: bool = True, hold: bool =
             rebooked = True
             if (moved := await rebook(store)) is not None:
                 rounds.append((moved, False))
-    if hold:
+    if hold and place_later:
+        place_soon(store)
+    elif hold:
         await _hold(store)
 
 
@@ -242,6 +246,12 @@ async def place(store: Store) -> None:
     moved = await rebook(store)
     await finish(store, moved or Effects(), strict=False, hold=False)
     await _hold(store)
+
+
+def place_soon(store: Store) -> None:
+    """`place` in the background (store.placing: one pass at a time, one more after it when asked
+    meanwhile): the work queue's reconciles do not wait for it, and a burst's share passes."""
+    store.placing.soon(lambda: place(store))
 
 
 async def rebook(store: Store) -> Effects | None:
