@@ -131,6 +131,13 @@ def shows(rec: Record, status: Mapping[str, Any]) -> bool:
     return False
 
 
+def wrote(rec: Record, status: dict[str, Any]) -> None:
+    """The status writer wrote `status`, pruned already: the record keeps it as `written`, and
+    `shows` compares with it without pruning it again."""
+    rec.written = status
+    rec._pruned = (status, status, None)
+
+
 def booked_by(rec: Record, status: Mapping[str, Any]) -> list[Booking] | None:
     """The bookings `status` (as the API stores it, of this record's VLLMDeployment) says, or
     None when it is no valid status. Derived once per status: the record keeps the last status

@@ -16,7 +16,7 @@ from typing import Any
 
 from vllmfit.core.spec import api
 from vllmfit.operator.booking import report
-from vllmfit.operator.booking.record import pruned
+from vllmfit.operator.booking.record import pruned, wrote
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class StatusWriter:
                                 api.GROUP, api.VERSION, rec.namespace, api.PLURAL, rec.name, {"status": status},
                                 _content_type=MERGE_PATCH)
             if self.cache.records.get(key) is rec:
-                rec.written = kept
+                wrote(rec, kept)
 
     async def _write(self, key: str) -> None:
         from kubernetes_asyncio.client import ApiException

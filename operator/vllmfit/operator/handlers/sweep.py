@@ -12,6 +12,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiException
 
 from vllmfit.core import defaults
+from vllmfit.operator.booking.record import key_of, shows
 from vllmfit.operator.booking.report import as_json
 from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.children import delete_group, list_groups
@@ -208,11 +209,33 @@ async def list_ours(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, 
     return deps + groups, pods_
 
 
+def vllmdeployment_read(store: Store) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """What the operator reads of a listed VLLMDeployment: the whole object less managedFields,
+    its status and spec shared with its record when they are what the record shows (`shows`;
+    its kept spec): the resync compares them and the rebuild of a record reads them, and neither
+    needs them twice. At 40,000 deployments each resync held every status and spec a second
+    time, 700 MiB above the operator's settled size."""
+
+    def read(obj: dict[str, Any]) -> dict[str, Any]:
+        obj = without_managed_fields(obj)
+        rec = store.cache.records.get(key_of(obj))
+        if rec is None:
+            return obj
+        status = obj.get("status")
+        if status is not None and rec.written is not None and shows(rec, status):
+            obj["status"] = rec.written
+        if (spec := rec.body.get("spec")) is not None and obj.get("spec") == spec:
+            obj["spec"] = spec
+        return obj
+
+    return read
+
+
 async def list_cluster(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every Node (`node_read`) and every VLLMDeployment (whole, less managedFields), as JSON, paged."""
+    """Every Node (`node_read`) and every VLLMDeployment (`vllmdeployment_read`), as JSON, paged."""
     nodes = await paged(client.CoreV1Api(store.api).list_node, read=node_read)
     listed = await paged(client.CustomObjectsApi(store.api).list_cluster_custom_object, *RESOURCE,
-                         read=without_managed_fields)
+                         read=vllmdeployment_read(store))
     return nodes, listed
 
 
