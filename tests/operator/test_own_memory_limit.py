@@ -30,33 +30,34 @@ SUPPORTED = (5_000, 1_000)  # the size docs/install.md documents for the chart's
 
 
 def test_needed_is_the_measured_line() -> None:
-    base, per_d, per_n = 118 * MIB, 96 * 1024, 16 * 1024  # the measured line (core.defaults)
+    base, per_d, per_n = 128 * MIB, 40 * 1024, 16 * 1024  # the measured line (core.defaults)
     assert capacity.needed_bytes(0, 0) == base
-    assert capacity.needed_bytes(5_000, 1_000) == base + 5_000 * per_d + 1_000 * per_n == 631_635_968
+    assert capacity.needed_bytes(5_000, 1_000) == base + 5_000 * per_d + 1_000 * per_n == 355_401_728
     assert capacity.needed_bytes(40_000, 10_000) == base + 40_000 * per_d + 10_000 * per_n
 
 
 def test_the_charts_default_limit_holds_the_supported_size_with_its_headroom() -> None:
     values = yaml.safe_load(CHART.read_text())
     limit = parse_bytes(values["operator"]["resources"]["limits"]["memory"])
-    assert limit >= 1.25 * capacity.needed_bytes(*SUPPORTED)  # 789,544,960 B <= 1Gi
+    assert limit >= 1.25 * capacity.needed_bytes(*SUPPORTED)  # 444,252,160 B <= 1Gi
     assert capacity.advice(*SUPPORTED, limit) is None
     assert defaults.OPERATOR_MEMORY_HEADROOM_PERCENT == 125
 
 
 def test_advice_names_the_limit_and_what_to_set() -> None:
-    # 10,000 on 2,000 need 118 MiB + 10,000 x 96 KiB + 2,000 x 16 KiB = 1,139,539,968 B (1,086.75 MiB);
-    # x 1.25 = 1,358.4 MiB > 1Gi: set 1536Mi (the next multiple of 256 MiB)
-    line = capacity.advice(10_000, 2_000, 1024 * MIB)
+    # 10,000 on 2,000 need 128 MiB + 10,000 x 40 KiB + 2,000 x 16 KiB = 576,585,728 B (549.9 MiB);
+    # x 1.25 = 687.3 MiB > 512Mi: set 768Mi (the next multiple of 256 MiB)
+    line = capacity.advice(10_000, 2_000, 512 * MIB)
     assert line is not None
-    assert "1Gi" in line and "10,000 VLLMDeployments on 2,000 GPU nodes" in line
-    assert "about 1087Mi" in line and "operator.resources.limits.memory to 1536Mi" in line
-    assert capacity.suggested_limit_bytes(10_000, 2_000) == 1536 * MIB
-    # 5,000 on 1,000: 631,635,968 B x 1.25 = 789,544,960 B (753.0 MiB) -> 768 MiB
-    assert capacity.suggested_limit_bytes(5_000, 1_000) == 768 * MIB
-    assert capacity.advice(5_000, 1_000, 512 * MIB) is not None
-    # 40,000 on 10,000: (118 MiB + 40,000 x 96 KiB + 10,000 x 16 KiB) x 1.25 = 5,030.4 MiB -> 5,120 MiB (20 x 256)
-    assert capacity.suggested_limit_bytes(40_000, 10_000) == 20 * 256 * MIB
+    assert "512Mi" in line and "10,000 VLLMDeployments on 2,000 GPU nodes" in line
+    assert "about 550Mi" in line and "operator.resources.limits.memory to 768Mi" in line
+    assert capacity.suggested_limit_bytes(10_000, 2_000) == 768 * MIB
+    assert capacity.advice(10_000, 2_000, 1024 * MIB) is None
+    # 5,000 on 1,000: 355,401,728 B x 1.25 = 444,252,160 B (423.7 MiB) -> 512 MiB
+    assert capacity.suggested_limit_bytes(5_000, 1_000) == 512 * MIB
+    assert capacity.advice(5_000, 1_000, 384 * MIB) is not None
+    # 40,000 on 10,000: (128 MiB + 40,000 x 40 KiB + 10,000 x 16 KiB) x 1.25 = 2,308.4 MiB -> 2,560 MiB (10 x 256)
+    assert capacity.suggested_limit_bytes(40_000, 10_000) == 10 * 256 * MIB
     assert capacity.advice(5_000, 1_000, None) is None  # no limit: nothing to say
     assert capacity.advice(10, 2, 512 * MIB) is None
 
@@ -89,12 +90,12 @@ def test_start_up_says_when_the_limit_is_too_small(caplog: pytest.LogCaptureFixt
         def __len__(self) -> int:
             return 10_000
 
-    store = Store(Options(memory_limit_bytes=1024 * MIB))
+    store = Store(Options(memory_limit_bytes=512 * MIB))
     store.cache.records = Many()
     store.books.ledger.nodes = dict.fromkeys((f"n{i}" for i in range(2_000)), None)
     with caplog.at_level(logging.WARNING):
         startup.say_memory(store)
-    assert any("memory limit 1Gi is too small for 10,000 VLLMDeployments on 2,000 GPU nodes" in r.message
+    assert any("memory limit 512Mi is too small for 10,000 VLLMDeployments on 2,000 GPU nodes" in r.message
                for r in caplog.records)
     caplog.clear()
     store.options.memory_limit_bytes = 2 << 30
@@ -120,7 +121,7 @@ async def test_metrics_show_the_limit_and_the_need(cluster: Cluster, operator: O
     await cluster.phase("llama", "Admitted")
     m = samples()
     assert m["vllmfit_operator_memory_limit_bytes"] == 1 << 30
-    assert m["vllmfit_operator_memory_needed_bytes"] == 118 * MIB + 96 * 1024 + 16 * 1024  # 1 deployment, 1 node
+    assert m["vllmfit_operator_memory_needed_bytes"] == 128 * MIB + 40 * 1024 + 16 * 1024  # 1 deployment, 1 node
 
 
 def test_the_install_docs_table_is_the_operators_own_line() -> None:

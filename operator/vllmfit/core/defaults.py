@@ -138,19 +138,20 @@ LIST_PAGE = 500
 client-go's pager does: a listing is taken a page at a time, each page trimmed to what the
 operator reads before the next is asked for, so no listing is held whole as JSON."""
 
-OPERATOR_MEMORY_BASE_BYTES = 118 * MIB
+OPERATOR_MEMORY_BASE_BYTES = 128 * MIB
 """The operator's resident memory before it holds any object (Python, Kopf, the Kubernetes client,
 vllmfit's modules and catalog: 102 MiB at import), with its empty event loop and webhook: the
 intercept of a line at or above every peak RSS `benchmarks/operator_scale.py` measured (docs/install.md,
 "Sizing the operator"). `operator.booking.own_memory.needed_bytes` adds the two figures below."""
-OPERATOR_MEMORY_PER_DEPLOYMENT_BYTES = 96 * 1024
+OPERATOR_MEMORY_PER_DEPLOYMENT_BYTES = 40 * 1024
 """The operator's peak resident memory per VLLMDeployment when every one is applied at once (or
 rebuilt at a restart): its record, bookings, status, children and Kopf's per-object state, with the
-burst's transient copies (measured: 500 -> 158.5 MiB, 2,000 -> 277.2 MiB, 5,000 -> 536 MiB,
-40,000 -> 3,981 MiB on 100, 400, 1,000 and 10,000 nodes; the largest sets the slope)."""
+burst's keys in the work queue and a resync's listing (measured: 500 -> 141.6 MiB, 2,000 -> 203.7
+MiB, 5,000 -> 327.8 MiB, 40,000 -> 1,611 MiB on 100, 400, 1,000 and 10,000 nodes; the line sits
+at or above each)."""
 OPERATOR_MEMORY_PER_NODE_BYTES = 16 * 1024
 """The operator's resident memory per GPU node (its GPUs in the ledger and its indices, the node
-object; measured: 1,000 instead of 100 nodes under 500 deployments add 12.4 MiB)."""
+object; measured: 1,000 instead of 100 nodes under 500 deployments add 12.2 MiB)."""
 OPERATOR_MEMORY_HEADROOM_PERCENT = 125
 """The memory limit an operator should have, in percent of its measured peak: the chart's default
 limit holds the documented supported cluster with this headroom, and the start-up says so (a log

@@ -308,8 +308,8 @@ async def settle_startup_drains(memo: kopf.Memo, **_: Any) -> None:
 
 
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """The operator stops: its writer, its metrics collector and its client end, and what its
-    rebuild froze (`Store.rebuild`: gc.freeze) goes back to the collector. Frozen objects are
+    """The operator stops: its work queue, its writer, its metrics collector and its client end,
+    and what its rebuild froze (`Store.rebuild`: gc.freeze) goes back to the collector. Frozen objects are
     never collected, nor anything they reference: a Store that stopped frozen would keep every
     record it held for as long as the process lives (one operator per process in a cluster, but
     the tests and `benchmarks/operator_scale.py --runs` start many, one after another)."""
