@@ -123,7 +123,8 @@ operator.booking.workqueue). A watch event only queues its object's key; a burst
 applied at once, or a restart) waits there as keys, not as handlers in flight that each hold
 Kopf's event, contexts and a parsed spec. More workers overlap more of the API's latency; the
 decisions themselves take the writer's lock one at a time. Measured (5,000 applied at once on
-1,000 nodes, benchmarks/operator_scale.py --reviews, one run each): 16 workers, every one final
+1,000 nodes, benchmarks/operator_scale.py --reviews, one run each, reservation passes at a
+quarter of the loop): 16 workers, every one final
 in 32.0 s; 64: 29.6 s; 128: 28.3 s; 256: 26.7 s; 512: 26.0 s; peak RSS 322 to 330 MiB and reviews'
 p99 21 to 37 ms throughout (rising with the workers)."""
 
@@ -147,7 +148,7 @@ OPERATOR_MEMORY_PER_DEPLOYMENT_BYTES = 40 * 1024
 """The operator's peak resident memory per VLLMDeployment when every one is applied at once (or
 rebuilt at a restart): its record, bookings, status, children and Kopf's per-object state, with the
 burst's keys in the work queue and a resync's listing (measured: 500 -> 141.6 MiB, 2,000 -> 203.7
-MiB, 5,000 -> 327.8 MiB, 40,000 -> 1,611 MiB on 100, 400, 1,000 and 10,000 nodes; the line sits
+MiB, 5,000 -> 327.0 MiB, 40,000 -> 1,819 MiB on 100, 400, 1,000 and 10,000 nodes; the line sits
 at or above each)."""
 OPERATOR_MEMORY_PER_NODE_BYTES = 16 * 1024
 """The operator's resident memory per GPU node (its GPUs in the ledger and its indices, the node

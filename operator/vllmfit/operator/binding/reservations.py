@@ -243,8 +243,9 @@ time after that one ended; callers meanwhile join it (issue 32: at 5,000 deploym
 per event was most of the operator's CPU). Nothing is held open meanwhile: a replica pod stays
 behind its scheduling gate until the reservations of its GPUs hold them, a fraction of a second
 later even at 40,000 deployments, against the minutes a vLLM server takes to start. A tenth, not
-a quarter: the admissions of a burst go faster (5,000 on 1,000 nodes, every one final in 25.8 s
-instead of 27.4 s; 40,000 on 10,000 in 253 s instead of 280 to 283 s; benchmarks/operator_scale.py)."""
+a quarter: the admissions of a burst go faster (5,000 on 1,000 nodes, every one final in 26.9 s
+instead of 27.4 s, medians of three; 40,000 on 10,000 in 253 s instead of 280 to 283 s;
+benchmarks/operator_scale.py)."""
 
 _last_pass: weakref.WeakKeyDictionary[Store, tuple[float, float]] = weakref.WeakKeyDictionary()
 """Per store: when the last pass ended (the loop's clock) and how long its computing took (s)."""

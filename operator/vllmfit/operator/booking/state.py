@@ -237,7 +237,8 @@ class Store:
         self.placing = workqueue.Rerun("vllmfit reservation pass")  # the pass after queued reconciles
 
     async def stop(self) -> None:
-        """Stop the background tasks and the status writer."""
+        """Stop the background tasks, the work queue, the background reservation pass and the
+        status writer."""
         for task in self.tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -83,14 +83,14 @@ class DiffBase(kopf.DiffBaseStorage):
 
 def configure(settings: kopf.OperatorSettings) -> None:
     """Kopf settings the operator relies on: handler progress in annotations (not in status,
-    which belongs to vllmfit and is pruned by the CRD schema), our own finalizer name."""
+    which belongs to vllmfit and is pruned by the CRD schema), no diff base (`DiffBase`), our own
+    finalizer name."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
     settings.persistence.diffbase_storage = DiffBase()
     settings.persistence.finalizer = api.FINALIZER
-    # A burst (thousands applied at once, or a restart): each object Kopf processes holds its
-    # body, patch, handler contexts and vllmfit's parsed spec while it waits for the writer's
-    # lock. KOPF_WORKERS can bound how many at once (Kopf's default: no bound; core.defaults
-    # says what each costs); an object's worker is let go KOPF_IDLE_SECONDS after its last event.
+    # A burst (thousands applied at once, or a restart): the handlers only queue VLLMDeployments
+    # (booking.workqueue), so Kopf needs no bound on its workers (KOPF_WORKERS: its default, none);
+    # an object's worker is let go KOPF_IDLE_SECONDS after its last event (it holds that event).
     settings.queueing.worker_limit = defaults.KOPF_WORKERS
     settings.queueing.idle_timeout = defaults.KOPF_IDLE_SECONDS
     # Identity: Events say "vllmfit" (source.component, reportingComponent; `kubectl describe`
@@ -309,9 +309,9 @@ async def settle_startup_drains(memo: kopf.Memo, **_: Any) -> None:
 
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     """The operator stops: its work queue, its writer, its metrics collector and its client end,
-    and what its rebuild froze (`Store.rebuild`: gc.freeze) goes back to the collector. Frozen objects are
-    never collected, nor anything they reference: a Store that stopped frozen would keep every
-    record it held for as long as the process lives (one operator per process in a cluster, but
+    and what its rebuild froze (`Store.rebuild`: gc.freeze) goes back to the collector. Frozen
+    objects are never collected, nor anything they reference: a Store that stopped frozen would
+    keep every record it held for as long as the process lives (one operator per process in a cluster, but
     the tests and `benchmarks/operator_scale.py --runs` start many, one after another)."""
     store = store_of(memo)
     await store.stop()
