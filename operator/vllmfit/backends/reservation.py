@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -294,15 +294,15 @@ def gate_open(pinned: Sequence[str], held: set[str]) -> bool:
     return bool(pinned) and all(u in held for u in pinned)
 
 
-def reservation_name(node: str, index: int, taken: Iterable[str]) -> str:
+def reservation_name(node: str, index: int, taken: Container[str]) -> str:
     """`vllmfit-gpu-<hash of the node>-<index>`, with `-<n>` added if that name is taken (a
-    reservation asked for this slot that got another GPU keeps its name)."""
+    reservation asked for this slot that got another GPU keeps its name). `taken`: looked up, not
+    copied (a pass names thousands of reservations against a set of thousands)."""
     base = f"vllmfit-gpu-{hashlib.sha256(node.encode()).hexdigest()[:10]}-{index}"
-    names = set(taken)
-    if base not in names:
+    if base not in taken:
         return base
     n = 1
-    while f"{base}-{n}" in names:
+    while f"{base}-{n}" in taken:
         n += 1
     return f"{base}-{n}"
 
