@@ -78,6 +78,7 @@ def child(owner: dict[str, Any], where: str, uid: str | None = None) -> dict[str
 async def resync(store: Any) -> None:
     for _ in range(200):  # it skips while a status write or a change is in flight
         if await startup.resync_once(store):
+            await store.queue.join()  # the reconciles it queued
             return
         await asyncio.sleep(0.02)
     raise AssertionError("resync never ran")

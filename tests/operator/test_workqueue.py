@@ -3,10 +3,11 @@ reconciled once at a time, by at most `workers` at once, from the latest body; n
 runs it once more after; a failed run comes back after its delay; a deleted object's waiting run
 is dropped and its running one waited for, so the deletion frees whatever it booked.
 
-The last test replays a deletion that comes while the object's reconcile is deciding (asyncio
+The last two tests replay a deletion that comes while the object's reconcile is deciding (asyncio
 events, no clock): without `WorkQueue.forget` in the deletion (handlers.vllmdeployments.forget),
 the deletion finds no record yet and returns, then the reconcile commits: a deleted object
-booked on its GPU, with a Deployment (seen failing so)."""
+booked on its GPU, with a Deployment (seen failing so); the same when the resync, not an event,
+asked for the reconcile and ran it itself (seen failing so)."""
 
 from __future__ import annotations
 
@@ -171,6 +172,49 @@ async def test_an_object_deleted_while_its_reconcile_decides_is_never_booked(
         await asyncio.sleep(1)
         go.set()
         await deletion
+        await store.queue.join()
+        await store.placing.stop()
+        assert store.books.ledger.deployments() == []
+        assert "default/a" not in store.cache.records
+        assert not [d for d in cluster.objects(DEPLOYMENTS) if d["metadata"]["name"].startswith("a-")]
+    finally:
+        await store.stop()
+        await store.api.close()
+        await cluster.api.close()
+
+
+async def test_an_object_the_resync_decides_and_that_is_deleted_meanwhile_is_never_booked(
+        km: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resync decides an object that has no status through the work queue, so its deletion
+    waits for that reconcile too. When the resync reconciled it itself (seen failing so), the
+    deletion did not wait: it released nothing, then the reconcile booked the deleted object."""
+    from vllmfit.operator.handlers import startup
+
+    cluster = Cluster(km)
+    await cluster.create(vd("a", "Qwen/Qwen2.5-0.5B-Instruct", maxModelLen=4096, maxNumSeqs=16))
+    await cluster.create(node("gpu-a", gpus=1))
+    a = cluster.get(VD, "a")
+    store = Store()
+    store.api = client.ApiClient(client.Configuration(host=km_url(km)))
+    store.rebuild([node("gpu-a", gpus=1)], [a])  # a: read back with no status, undecided
+    store.leading = True
+    deciding, go = asyncio.Event(), asyncio.Event()
+    real = bounded.decide
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        deciding.set()
+        await go.wait()
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(bounded, "decide", held)
+    try:
+        resync = asyncio.create_task(startup.resync_once(store))
+        await deciding.wait()  # the resync's reconcile of a decides
+        deletion = asyncio.create_task(vllmdeployments.forget(store, a))  # a is deleted meanwhile
+        await asyncio.sleep(1)
+        go.set()
+        await deletion
+        assert await resync
         await store.queue.join()
         await store.placing.stop()
         assert store.books.ledger.deployments() == []

@@ -106,7 +106,7 @@ class WorkQueue:
         return bool(self._ready or self._active)
 
     def depth(self) -> int:
-        """Keys waiting to run (metrics)."""
+        """Keys waiting to run, not yet taken by a worker."""
         return len(self._ready)
 
     async def join(self, timeout: float = 30.0) -> None:
@@ -171,9 +171,6 @@ class Rerun:
         self._again = True
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._loop(step), name=self.name)
-
-    def busy(self) -> bool:
-        return self._task is not None and not self._task.done()
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -129,9 +129,10 @@ def children_state(store: Store, rec: Record, table: reservations.UuidTable | No
     written only with its claim template), and the inputs each replica's Deployment is rendered
     from (replica_inputs: builders.deployment's arguments, as the writer passes them; the Service
     is rendered from the same object). `table`: a reservations.uuid_table of the store as it is,
-    for a pass over many records. A digest of their repr (every input is a value type: pydantic
-    models, dataclasses, strings, numbers, lists and dicts), so each record keeps 16 bytes, not
-    the objects (a parsed VLLMDeployment and each replica's inputs: 3.5 KB a record)."""
+    for a pass over many records. A digest of their text (every input is a value type: pydantic
+    models, as their JSON, and dataclasses, strings, numbers, lists and dicts, as their repr), so
+    each record keeps 16 bytes, not the objects (a parsed VLLMDeployment and each replica's
+    inputs: 3.5 KB a record)."""
     running = rec.admitted and not rec.going
     obj = desired_object(rec) if running else None
     blocked = tuple(waiting_for_drains(store, rec))

@@ -30,7 +30,7 @@ from vllmfit.operator.handlers.children import children_state
 from vllmfit.operator.handlers.common import Effects, store_of
 from vllmfit.operator.handlers.decide import retry_waiting
 from vllmfit.operator.handlers.sweep import list_cluster, list_ours, sweep
-from vllmfit.operator.handlers.vllmdeployments import reconcile
+from vllmfit.operator.handlers.vllmdeployments import enqueue
 from vllmfit.operator.handlers.writes import finish, settle_drains
 from vllmfit.operator.rendering import lws
 
@@ -139,7 +139,7 @@ async def resync_once(store: Store) -> bool:
     still being written. Returns whether it resynced. On the active replica it then repairs
     (level-based, whatever events were missed or writes lost): statuses that differ from the
     records, children that differ from the bookings (written, or deleted by `sweep`), objects
-    that never got a decision, and waiting specs, which get another chance. Not while statuses
+    that never got a decision (queued to be decided), and waiting specs, which get another chance. Not while statuses
     are being written or VLLMDeployments wait in the work queue (a burst: what it would repair is
     under way)."""
     if store.writer.busy() or store.queue.busy():
@@ -169,12 +169,13 @@ async def resync_once(store: Store) -> bool:
     await finish(store, fx, strict=False)
     await sweep(store, listed=(children, pods))  # re-read under the lock before a deletion
     await settle_drains(store)  # pods of stopped replicas whose deletion no event told
+    # queued, not reconciled here: one reconcile of an object at a time, and a deletion waits for it
     for body in undecided:
         logger.warning("resync: %s has no status; deciding it", key_of(body))
-        await reconcile(store, body, force=False)
+        enqueue(store, body)
     for body in lost:
         logger.warning("resync: %s is booked on GPUs that are gone; deciding it again", key_of(body))
-        await reconcile(store, body, force=False)
+        enqueue(store, body)
     return True
 
 
