@@ -180,6 +180,7 @@ class Settled:
     def __init__(self, vd: Any, deployments: Any) -> None:
         self.vd, self.deployments = vd, deployments
         self.vds: dict[tuple[str, str], tuple[bool, int]] = {}  # (final, replicas placed)
+        self.final = self.placed = 0  # their sums, kept as they change: counts() is read every 50 ms
         self.children: set[tuple[str, str]] = set()
 
     def seen(self, event: Any) -> None:
@@ -189,16 +190,19 @@ class Settled:
         kind = (obj.get("apiVersion"), obj.get("kind"))
         if kind == (f"{GROUP}/{VERSION}", "VLLMDeployment"):
             st = obj.get("status") or {}
-            if gone:
-                self.vds.pop(key, None)
-            else:
-                self.vds[key] = (st.get("phase") in FINAL, len(st.get("placement") or []))
+            final, placed = self.vds.pop(key, (False, 0))
+            self.final, self.placed = self.final - final, self.placed - placed
+            if not gone:
+                final, placed = st.get("phase") in FINAL, len(st.get("placement") or [])
+                self.vds[key] = (final, placed)
+                self.final, self.placed = self.final + final, self.placed + placed
         elif kind == ("apps/v1", "Deployment"):
             (self.children.discard if gone else self.children.add)(key)
 
     def counts(self) -> list[int]:
-        return [len(self.vds), sum(f for f, _ in self.vds.values()), sum(n for _, n in self.vds.values()),
-                len(self.children)]
+        """O(1): the emulator publishes them every 50 ms (a sum over 40,000 statuses each time
+        was a tenth of its CPU, on the cores the operator runs on)."""
+        return [len(self.vds), self.final, self.placed, len(self.children)]
 
 
 def nodes(n: int, rnd: random.Random) -> list[dict[str, Any]]:

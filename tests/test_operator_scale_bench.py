@@ -48,3 +48,25 @@ def test_operator_scale_quick_noop_kopf_baseline() -> None:
     r = _run("--noop-kopf")
     assert r["baseline"] == "noop-kopf" and r["timed_out_runs_count"] == 0 and r["children_s"] is not None
     assert r["admitted_count"] == r["deployments"] == 20 and r["requests_count"] > 0
+
+
+def test_settled_keeps_what_a_listing_would_show() -> None:
+    """The emulator's progress counters (read every 50 ms, kept as each write is published):
+    after these events, a listing would show two VLLMDeployments, one of them final with two
+    replicas placed, and one Deployment."""
+    sys.path.insert(0, str(BENCH.parent))
+    from operator_scale import Settled
+
+    def vd(name: str, kind: str = "MODIFIED", phase: str | None = None, placed: int = 0) -> dict:
+        status = {"phase": phase, "placement": [{}] * placed} if phase else {}
+        return {"type": kind, "object": {"apiVersion": "vllmfit.dev/v1alpha1", "kind": "VLLMDeployment",
+                                         "metadata": {"namespace": "ns", "name": name}, "status": status}}
+
+    s = Settled(None, None)
+    for e in (vd("a", "ADDED"), vd("b", "ADDED"), vd("c", "ADDED"), vd("a", phase="Admitted", placed=1),
+              vd("a", phase="Running", placed=2), vd("b", phase="Pending"), vd("c", phase="Admitted", placed=3),
+              vd("c", "DELETED", phase="Admitted", placed=3),
+              {"type": "ADDED", "object": {"apiVersion": "apps/v1", "kind": "Deployment",
+                                           "metadata": {"namespace": "ns", "name": "a-0"}}}):
+        s.seen(e)
+    assert s.counts() == [2, 1, 2, 1]
