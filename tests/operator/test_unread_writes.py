@@ -86,3 +86,15 @@ async def test_the_operator_collects_its_youngest_and_oldest_objects_less_often(
 
     assert gc.get_threshold()[0] == GC_YOUNG > 700  # Python's default: 700
     assert gc.get_threshold()[2] == GC_OLD > 10  # Python's default: 10
+
+
+async def test_the_operators_client_sends_its_json_as_it_is(operator: Operator) -> None:
+    """The bodies the operator writes are JSON already: its client sends them without rebuilding
+    them (kubernetes_asyncio's own client copies each one, object by object), and the API gets
+    the same document."""
+    from kubernetes_asyncio import client
+
+    body = {"metadata": {"name": "x", "labels": {"a": "b"}}, "spec": {"replicas": 2, "paused": False,
+                                                                       "ports": [{"port": 8000}]}}
+    assert operator.store.api.sanitize_for_serialization(body) is body
+    assert client.ApiClient.sanitize_for_serialization(operator.store.api, body) == body  # what it would have sent
