@@ -51,13 +51,13 @@ class Ledger:
         self._on_gpu: Any = {}  # node -> GPU -> bookings (each node's copied when it changes)
         self._used: Any = {}  # GpuKey -> booked bytes
         self._by_deployment: Any = {}  # key -> its bookings (a list never changed in place)
-        self._beyond: set[str] = set()  # deployments with a booking that holds KV above its request
+        self._beyond: Any = {}  # deployments with a booking that holds KV above its request (-> True)
         self.heads: Any = {}  # GpuKey -> headroom as indexed (others read it); these maps: dicts until shared
         self._free: dict[GpuType, Index] = {}
         self._by_type: dict[str, dict[GpuType, list[int]]] = {}  # node -> type -> indices (non-MIG)
         self.census = Census()  # the nodes by what a refusal counts (core.placement.census; read only)
         self._groups: dict[tuple[GpuType, int], Index] = {}
-        self._group_key: dict[tuple[GpuType, int], dict[str, int]] = {}  # (type, n) -> node -> its key
+        self._group_key: dict[tuple[GpuType, int], Any] = {}  # (type, n) -> node -> its key (a dict or a layer)
         self._selected = Selections()  # (nodeSelector, affinity) -> matches, and summaries (one per node state)
         self._stale: set[tuple[str, GpuType]] = set()  # (node, type) whose group keys lag its bookings
         self._load(list(nodes))
@@ -255,7 +255,7 @@ class Ledger:
             book[who] = b
             self._used[gkey] = self._used.get(gkey, 0) + b.footprint.total - (old.footprint.total if old else 0)
             if b.kv_beyond:
-                self._beyond.add(key)
+                self._beyond[key] = True
         self._by_deployment[key] = [*self._by_deployment.get(key, ()), *bookings]  # a new list: never changed in place
         self._reindex(bookings)
 
@@ -268,7 +268,7 @@ class Ledger:
             return []
         self._changing("acct", "deps")
         bookings = self._by_deployment.pop(key)
-        self._beyond.discard(key)
+        self._beyond.pop(key, None)
         for b in bookings:
             gkey = (b.node, b.index)
             if b.node in self._on_gpu and (old := self._gpu_book(b.node).get(b.index, {}).pop(
@@ -330,7 +330,7 @@ class Ledger:
                 # dict() is one step under the GIL, while a thread may publish a lazy index there
                 self._free, self._groups, self._group_key = dict(self._free), dict(self._groups), dict(self._group_key)
             elif unit == "deps":
-                self._by_deployment, self._beyond = _Layer.over(self._by_deployment), set(self._beyond)
+                self._by_deployment, self._beyond = _Layer.over(self._by_deployment), _Layer.over(self._beyond)
             self._owned.add(unit)
 
     def _free_list(self, t: GpuType) -> Index:
@@ -344,10 +344,10 @@ class Ledger:
             found = self._free[t] = Index()
         return found
 
-    def _group_list(self, t: GpuType, n: int) -> tuple[Index, dict[str, int]]:
+    def _group_list(self, t: GpuType, n: int) -> tuple[Index, Any]:
         """The group index of (t, n) and its keys per node, this object's own."""
         if self._shared and ("groups", t, n) not in self._owned:
-            self._group_key[(t, n)] = dict(self._group_key.get((t, n), {}))
+            self._group_key[(t, n)] = _Layer.over(self._group_key.get((t, n), {}))  # its changes only
             self._groups[(t, n)] = self._groups[(t, n)].copy()
             self._owned.add(("groups", t, n))
         return self._groups[(t, n)], self._group_key[(t, n)]
