@@ -29,7 +29,7 @@ from vllmfit.operator.booking.state import Store
 from vllmfit.operator.handlers.children import children_state
 from vllmfit.operator.handlers.common import Effects, store_of
 from vllmfit.operator.handlers.decide import retry_waiting
-from vllmfit.operator.handlers.sweep import list_cluster, list_ours, sweep
+from vllmfit.operator.handlers.sweep import Abandoned, list_cluster, list_ours, sweep
 from vllmfit.operator.handlers.vllmdeployments import enqueue
 from vllmfit.operator.handlers.writes import finish, settle_drains
 from vllmfit.operator.rendering import lws
@@ -142,14 +142,21 @@ async def resync_once(store: Store) -> bool:
     that never got a decision (queued to be decided), and waiting specs, which get another chance. Not while statuses
     are being written or VLLMDeployments wait in the work queue (a burst: what it would repair is
     under way)."""
-    if store.writer.busy() or store.queue.busy():
-        return False
     before = store.books.changes
-    nodes, deployments = await list_cluster(store)
-    children, pods = await list_ours(store)
+
+    def moved() -> bool:  # what it would repair is under way: a listing taken now is thrown away
+        return store.books.changes != before or store.writer.busy() or store.queue.busy()
+
+    if moved():
+        return False
+    try:  # given up at the first page after anything moved (a burst: thousands of objects a listing)
+        nodes, deployments = await list_cluster(store, abandon=moved)
+        children, pods = await list_ours(store, abandon=moved)
+    except Abandoned:
+        return False
     fx = Effects()
     async with store.books.transaction(counted=False):
-        if store.books.changes != before or store.writer.busy() or store.queue.busy():
+        if moved():
             return False
         repair = store.resync(nodes, deployments, children)
         measured.forget(store)  # the samples of replicas released where no node reports any more

@@ -174,16 +174,23 @@ def without_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
+class Abandoned(Exception):
+    """A listing given up between two pages: what it was for would be thrown away (`paged`'s `abandon`)."""
+
+
 async def paged(call: Callable[..., Awaitable[Any]], *args: Any, read: Callable[[dict[str, Any]], dict[str, Any]],
-                **kwargs: Any) -> list[dict[str, Any]]:
+                abandon: Callable[[], bool] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
     """Every item of a listing, as JSON, a page of defaults.LIST_PAGE at a time (client-go's
     pager): each page is trimmed to what the operator reads (`read`) before the next is asked
     for, and the event loop runs between pages, so neither a whole listing's JSON is held nor
     the loop held while it is decoded. A continue token that expired (410) starts it again,
-    whole, as client-go's pager falls back to a full listing."""
+    whole, as client-go's pager falls back to a full listing. `abandon`: asked before each page;
+    when it says so, the listing stops there (raises Abandoned)."""
     items: list[dict[str, Any]] = []
     token: str | None = None
     while True:
+        if abandon is not None and abandon():
+            raise Abandoned(f"{getattr(call, '__name__', 'a listing')}: abandoned after {len(items)} items")
         try:
             page = await as_json(call, *args, limit=defaults.LIST_PAGE, _continue=token, **kwargs)
         except ApiException as e:
@@ -197,15 +204,17 @@ async def paged(call: Callable[..., Awaitable[Any]], *args: Any, read: Callable[
         await asyncio.sleep(0)
 
 
-async def list_ours(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+async def list_ours(store: Store, abandon: Callable[[], bool] | None = None,
+                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every Deployment and LeaderWorkerSet (a replica across nodes; `kind` set) and every pod
     vllmfit owns (found by label), as JSON; the Deployments and pods paged, trimmed to what the
-    operator reads of them (`child_read`, `pod_read`)."""
+    operator reads of them (`child_read`, `pod_read`); `abandon`: as `paged`'s."""
     apps, core = client.AppsV1Api(store.api), client.CoreV1Api(store.api)
     selector = builders.selector()
-    deps = await paged(apps.list_deployment_for_all_namespaces, label_selector=selector, read=child_read)
+    deps = await paged(apps.list_deployment_for_all_namespaces, label_selector=selector, read=child_read,
+                       abandon=abandon)
     groups = await list_groups(store, selector=selector)
-    pods_ = await paged(core.list_pod_for_all_namespaces, label_selector=selector, read=pod_read)
+    pods_ = await paged(core.list_pod_for_all_namespaces, label_selector=selector, read=pod_read, abandon=abandon)
     return deps + groups, pods_
 
 
@@ -231,11 +240,13 @@ def vllmdeployment_read(store: Store) -> Callable[[dict[str, Any]], dict[str, An
     return read
 
 
-async def list_cluster(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every Node (`node_read`) and every VLLMDeployment (`vllmdeployment_read`), as JSON, paged."""
-    nodes = await paged(client.CoreV1Api(store.api).list_node, read=node_read)
+async def list_cluster(store: Store, abandon: Callable[[], bool] | None = None,
+                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every Node (`node_read`) and every VLLMDeployment (`vllmdeployment_read`), as JSON, paged;
+    `abandon`: as `paged`'s."""
+    nodes = await paged(client.CoreV1Api(store.api).list_node, read=node_read, abandon=abandon)
     listed = await paged(client.CustomObjectsApi(store.api).list_cluster_custom_object, *RESOURCE,
-                         read=vllmdeployment_read(store))
+                         read=vllmdeployment_read(store), abandon=abandon)
     return nodes, listed
 
 
