@@ -1,6 +1,6 @@
 """The running operator (KMock) binds a sharing replica's booking to the driver's per-container limit
 where the node's agent reports it can (driver r615+), and says so where it cannot: condition
-`Enforced` False and a `NotEnforced` Event. No GPU was lent to this work: what the driver does with
+`Enforced` False, and its admission's Event is a Warning that says so. No GPU was lent to this work: what the driver does with
 the env is NVIDIA's; this checks what vllmfit writes."""
 
 from __future__ import annotations
@@ -59,4 +59,33 @@ async def test_a_replica_without_enforcement_is_said_to_run_without_it(cluster: 
     assert "NVIDIA_GPU_MEMORY_LIMIT" not in env_of(dep)
     c = await cluster.until(lambda: condition(cluster, "a"), what="Enforced")
     assert (c["status"], c["reason"]) == ("False", "NotEnforced") and "replica 0 on gpu-a" in c["message"]
-    await cluster.until(lambda: any(e.get("reason") == "NotEnforced" for e in cluster.events("a")), what="the Event")
+    admitted = await cluster.event("a", "Admitted")  # its admission's Event says it, as a Warning
+    assert admitted["type"] == "Warning" and c["message"] in admitted["message"]
+
+
+
+
+async def test_enforcement_that_changes_after_the_admission_gets_a_warning_of_its_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A change of `Enforced` written after the admission (its Deployments written again, a
+    replica added where nothing enforces its booking) posts a `NotEnforced` Warning of its own,
+    once per message; the admission says it in its own Event (`post=False`: nothing posted)."""
+    import bookkit
+
+    from vllmfit.backends.enforcement import NONE
+    from vllmfit.operator.binding import enforcement
+
+    posted: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(enforcement, "post_event", lambda body, *event: posted.append(event))
+    store = bookkit.two_nodes()
+    rec = store.cache.records["ns/a"]
+    on = rec.placement[0].node
+    assert [c.status for c in rec.conditions if c.type == "Enforced"] == ["True"]  # its node to itself, then
+    why = (f"replica 0 on {on}: the node reports no per-container GPU memory limit (NVIDIA driver r615+ or an MPS "
+           "daemon): its booking is counted, not enforced")
+    assert enforcement.said(store, rec, {0: (on, NONE)}, post=False) == why and posted == []
+    assert await enforcement.report_modes(store, rec, {0: (on, NONE)}) is False and posted == []  # nothing new
+    assert await enforcement.report_modes(store, rec, {0: (on, NONE), 1: ("gpu-x", NONE)}) is True
+    assert posted == [("Warning", "NotEnforced", why.replace(":", ", replica 1 on gpu-x:", 1))]
+    assert await enforcement.report_modes(store, rec, {0: (on, NONE), 1: ("gpu-x", NONE)}) is False
+    assert len(posted) == 1

@@ -85,10 +85,12 @@ async def test_create_admits_and_writes_deployment_service_and_status(cluster: C
         assert child["metadata"]["labels"]["vllmfit.dev/deployment"] == "llama"
     container = dep["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in container["env"]
-    await cluster.event("llama", "Admitted")
-    # a node whose agent reports no enforcement: the replica runs counted, not enforced, and says so
-    await cluster.event("llama", "NotEnforced")
-    assert sorted(e["reason"] for e in cluster.events("llama")) == ["Admitted", "NotEnforced"]
+    # a node whose agent reports no enforcement: the replica runs counted, not enforced, and the
+    # admission's Event says so, as a Warning (one Event a decision)
+    admitted = await cluster.event("llama", "Admitted")
+    assert admitted["type"] == "Warning" and "replica 0 on gpu-a: the node reports no per-container GPU memory" \
+        in admitted["message"] and admitted["message"].endswith("its booking is counted, not enforced")
+    assert [e["reason"] for e in cluster.events("llama")] == ["Admitted"]
     assert condition(cluster.status("llama"), "Enforced")["status"] == "False"
 
 

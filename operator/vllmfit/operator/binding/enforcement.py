@@ -55,7 +55,7 @@ async def report_modes(store: Store, rec: Record, modes: Mapping[int, tuple[str,
     if _unchanged(rec, modes):
         return False  # what its first status said already (first_modes): no lock, no write
     async with store.books.changing():
-        return said(store, rec, modes)
+        return said(store, rec, modes) is not None
 
 
 def _condition(modes: Mapping[int, tuple[str, str]]) -> tuple[str, str, str, bool]:
@@ -73,13 +73,16 @@ def _unchanged(rec: Record, modes: Mapping[int, tuple[str, str]]) -> bool:
     return old is not None and (old.status, old.reason, old.message) == _condition(modes)[:3]
 
 
-def said(store: Store, rec: Record, modes: Mapping[int, tuple[str, str]]) -> bool:
-    """report_modes, in a change the caller holds (Books.changing)."""
+def said(store: Store, rec: Record, modes: Mapping[int, tuple[str, str]], *, post: bool = True) -> str | None:
+    """report_modes, in a change the caller holds (Books.changing). Returns what it newly says of
+    the replicas that run without enforcement (None: nothing new, or every one enforced), posted
+    as a `NotEnforced` Warning Event unless `post` is False: the admission that books it says it
+    in its own Event (handlers.decide.apply_decision: one Event a decision)."""
     if _unchanged(rec, modes):
-        return False
+        return None
     status, reason, message, bare = _condition(modes)
-    if bare:
+    if bare and post:
         post_event(rec.body, "Warning", reason, message)
     rec.conditions = report.set_condition(rec.conditions, CONDITION, status, reason, message, now(), rec.generation)
     store.writer.mark([rec.key])
-    return bare
+    return message if bare else None

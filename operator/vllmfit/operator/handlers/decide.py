@@ -111,25 +111,30 @@ def apply_decision(store: Store, rec: Record, req: Request, d: Decision, fx: Eff
                                                 rec.generation)
         rec.conditions = report.set_condition(rec.conditions, "Placed", "True",
                                                 "Moved" if moved or d.moved else "Placed", where, t, rec.generation)
+        # how its Deployments will be bound, in the status that books it (no second status write),
+        # and in this decision's Event: a replica that runs without enforcement makes it a Warning
+        bare = None
+        if (modes := enforcement.first_modes(store, rec, ledger)) is not None:
+            bare = enforcement.said(store, rec, modes, post=False)
+        if bare:
+            metrics.not_enforced(key)
+        kind, tail = ("Warning", f"; {bare}") if bare else ("Normal", "")
         message = d.message + (f"; warnings: {'; '.join(d.warnings)}" if d.warnings else "")
         if moved:
             message = f"moved from {', '.join(old)} to {', '.join(new)}" + (f" ({cause})" if cause else "")
-            fx.events.append((rec.body, "Warning", "Moved", message))
+            fx.events.append((rec.body, "Warning", "Moved", message + tail))
         elif scaled:
             message = f"scaled from {len(old)} to {len(new)} replicas: {where}"
-            fx.events.append((rec.body, "Normal", "Scaled", message))
+            fx.events.append((rec.body, kind, "Scaled", message + tail))
         elif old and cause and rec.flags != old_flags:
             message = (f"resized on {', '.join(new)} ({cause}): --max-model-len {old_flags and old_flags.max_model_len}"
                        f" -> {rec.flags and rec.flags.max_model_len}")
-            fx.events.append((rec.body, "Warning", "Resized", message))
-        elif message != rec.last_event:
-            fx.events.append((rec.body, "Normal", "Admitted", message))
+            fx.events.append((rec.body, "Warning", "Resized", message + tail))
+        elif message != rec.last_event or bare:
+            fx.events.append((rec.body, kind, "Admitted", message + tail))
         rec.last_event = message
         fx.sync.add(key)
         metrics.ADMISSIONS.labels("Admitted").inc()
-        # how its Deployments will be bound, in the status that books it: no second status write
-        if (modes := enforcement.first_modes(store, rec, ledger)) is not None and enforcement.said(store, rec, modes):
-            metrics.not_enforced(key)
     else:
         message = f"{cause}: {d.message}" if cause else d.message
         not_admitted(rec, d.phase, d.phase, message, fx, reasons=d.reasons, suggestions=d.suggestions,
