@@ -147,15 +147,17 @@ async def test_forget_drops_a_waiting_run_and_waits_for_a_running_one() -> None:
     await q.stop()
 
 
-async def test_an_object_deleted_while_its_reconcile_decides_is_never_booked(
-        km: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    cluster = Cluster(km)
-    await cluster.create(vd("a", "Qwen/Qwen2.5-0.5B-Instruct", maxModelLen=4096, maxNumSeqs=16))
-    a = cluster.get(VD, "a")  # as the API stores it (its uid)
+def store_on(km: Any, objects: list[dict[str, Any]]) -> Store:
+    """The operator's state on the emulator: one node with one GPU, `objects` read back at start-up, leading."""
     store = Store()
     store.api = client.ApiClient(client.Configuration(host=km_url(km)))
-    store.rebuild([node("gpu-a", gpus=1)], [])
+    store.rebuild([node("gpu-a", gpus=1)], objects)
     store.leading = True
+    return store
+
+
+def held_decisions(monkeypatch: pytest.MonkeyPatch) -> tuple[asyncio.Event, asyncio.Event]:
+    """Every decision waits for `go` once `deciding` says one has begun."""
     deciding, go = asyncio.Event(), asyncio.Event()
     real = bounded.decide
 
@@ -165,18 +167,37 @@ async def test_an_object_deleted_while_its_reconcile_decides_is_never_booked(
         return await real(*args, **kwargs)
 
     monkeypatch.setattr(bounded, "decide", held)
+    return deciding, go
+
+
+async def deleted_meanwhile(store: Store, a: dict[str, Any], deciding: asyncio.Event, go: asyncio.Event) -> None:
+    """`a` is deleted while its reconcile decides; the decision ends after the deletion began."""
+    await deciding.wait()
+    deletion = asyncio.create_task(vllmdeployments.forget(store, a))
+    await asyncio.sleep(1)
+    go.set()
+    await deletion
+
+
+async def never_booked(store: Store, cluster: Cluster) -> None:
+    await store.queue.join()
+    await store.placing.stop()
+    assert store.books.ledger.deployments() == []
+    assert "default/a" not in store.cache.records
+    assert not [d for d in cluster.objects(DEPLOYMENTS) if d["metadata"]["name"].startswith("a-")]
+
+
+async def test_an_object_deleted_while_its_reconcile_decides_is_never_booked(
+        km: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = Cluster(km)
+    await cluster.create(vd("a", "Qwen/Qwen2.5-0.5B-Instruct", maxModelLen=4096, maxNumSeqs=16))
+    a = cluster.get(VD, "a")  # as the API stores it (its uid)
+    store = store_on(km, [])
+    deciding, go = held_decisions(monkeypatch)
     try:
-        vllmdeployments.enqueue(store, a)  # its first event
-        await deciding.wait()  # its reconcile decides
-        deletion = asyncio.create_task(vllmdeployments.forget(store, a))  # it is deleted meanwhile
-        await asyncio.sleep(1)
-        go.set()
-        await deletion
-        await store.queue.join()
-        await store.placing.stop()
-        assert store.books.ledger.deployments() == []
-        assert "default/a" not in store.cache.records
-        assert not [d for d in cluster.objects(DEPLOYMENTS) if d["metadata"]["name"].startswith("a-")]
+        vllmdeployments.enqueue(store, a)  # its first event; its reconcile decides while it is deleted
+        await deleted_meanwhile(store, a, deciding, go)
+        await never_booked(store, cluster)
     finally:
         await store.stop()
         await store.api.close()
@@ -194,32 +215,13 @@ async def test_an_object_the_resync_decides_and_that_is_deleted_meanwhile_is_nev
     await cluster.create(vd("a", "Qwen/Qwen2.5-0.5B-Instruct", maxModelLen=4096, maxNumSeqs=16))
     await cluster.create(node("gpu-a", gpus=1))
     a = cluster.get(VD, "a")
-    store = Store()
-    store.api = client.ApiClient(client.Configuration(host=km_url(km)))
-    store.rebuild([node("gpu-a", gpus=1)], [a])  # a: read back with no status, undecided
-    store.leading = True
-    deciding, go = asyncio.Event(), asyncio.Event()
-    real = bounded.decide
-
-    async def held(*args: Any, **kwargs: Any) -> Any:
-        deciding.set()
-        await go.wait()
-        return await real(*args, **kwargs)
-
-    monkeypatch.setattr(bounded, "decide", held)
+    store = store_on(km, [a])  # a: read back with no status, undecided
+    deciding, go = held_decisions(monkeypatch)
     try:
-        resync = asyncio.create_task(startup.resync_once(store))
-        await deciding.wait()  # the resync's reconcile of a decides
-        deletion = asyncio.create_task(vllmdeployments.forget(store, a))  # a is deleted meanwhile
-        await asyncio.sleep(1)
-        go.set()
-        await deletion
+        resync = asyncio.create_task(startup.resync_once(store))  # its reconcile of a decides while a is deleted
+        await deleted_meanwhile(store, a, deciding, go)
         assert await resync
-        await store.queue.join()
-        await store.placing.stop()
-        assert store.books.ledger.deployments() == []
-        assert "default/a" not in store.cache.records
-        assert not [d for d in cluster.objects(DEPLOYMENTS) if d["metadata"]["name"].startswith("a-")]
+        await never_booked(store, cluster)
     finally:
         await store.stop()
         await store.api.close()
